@@ -1,0 +1,69 @@
+"""Identity and authorisation: gateway key → principal, actions, scope, delegation (SPEC §3).
+
+Owns: reading the presented key (`Authorization: Bearer` or `x-api-key`), constant-time
+lookup through the runtime, the action check, scope resolution and delegation.
+Must not: log or forward the presented key, or trust any client-supplied identity.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from gateway.config.runtime import Principal, Runtime
+from gateway.errors import GatewayError
+from gateway.inspection import verdict as rc
+
+SCOPE_HEADER = "x-wiregate-scope"
+ON_BEHALF_HEADER = "x-wiregate-on-behalf-of"
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    principal: Principal
+    scope: str
+    on_behalf_of: str | None = None
+
+
+def presented_key(headers: Mapping[str, str]) -> str | None:
+    auth = headers.get("authorization")
+    if auth is not None:
+        scheme, _, token = auth.strip().partition(" ")
+        if scheme.lower() == "bearer" and token.strip():
+            return token.strip()
+        return None
+    key = headers.get("x-api-key")
+    return key.strip() if key and key.strip() else None
+
+
+def authenticate(runtime: Runtime, headers: Mapping[str, str]) -> Principal:
+    key = presented_key(headers)
+    principal = runtime.authenticate(key) if key else None
+    if principal is None:
+        raise GatewayError(401, "authentication_error", (rc.UNAUTHENTICATED,))
+    return principal
+
+
+def require(principal: Principal, action: str) -> None:
+    if not principal.may(action):
+        raise GatewayError(403, "permission_denied", (rc.FORBIDDEN_ACTION,))
+
+
+def identify(
+    runtime: Runtime, headers: Mapping[str, str], action: str, *, body_scope: str | None = None
+) -> Identity:
+    """Authenticate, check the action, resolve scope (body, then header, then the
+    principal's default) and delegation."""
+    principal = authenticate(runtime, headers)
+    require(principal, action)
+    header_scope = headers.get(SCOPE_HEADER)
+    scope = body_scope or header_scope or principal.default_scope
+    if body_scope is not None and header_scope is not None and header_scope != body_scope:
+        raise GatewayError(422, "invalid_request", (rc.INVALID_REQUEST,))
+    if scope not in principal.scopes and "*" not in principal.scopes:
+        raise GatewayError(403, "permission_denied", (rc.FORBIDDEN_ACTION,))
+    subject = headers.get(ON_BEHALF_HEADER)
+    if subject is not None:
+        if not principal.may("delegate") or subject not in principal.may_act_for:
+            raise GatewayError(403, "permission_denied", (rc.FORBIDDEN_ACTION,))
+    return Identity(principal, scope, subject)

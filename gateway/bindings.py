@@ -1,0 +1,212 @@
+"""Bindings: AEAD-sealed, versioned, short-lived claims that tie a decision to a payload.
+
+Format: ``wgb1.<key id>.<base64url(nonce ‖ ciphertext ‖ tag)>``; the ``wgb1.<key id>``
+header is the associated data, so the version and key id cannot be swapped. The cipher is
+ChaCha20-Poly1305 (256-bit keys, 96-bit random nonces): constant-time in software on any
+CPU, which matters for replicas without AES instructions; AES-256-GCM would be equally
+sound where AES-NI is guaranteed.
+
+Owns: the key ring (one active key, older keys still accepted, retired keys that grant
+nothing), sealing claims, and opening with a distinct reason for each failure:
+`binding_invalid` (malformed, too long, unknown or retired key, tampered),
+`binding_expired`, `binding_phase` (wrong kind or phase) and `binding_mismatch`
+(another audience, principal, scope, target or payload).
+Must not: log claims or keys.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+
+from gateway.inspection import verdict as rc
+
+PREFIX = "wgb1"
+MAX_LENGTH = 2048  # bindings are bearer-ish strings in JSON bodies; keep them bounded
+_NONCE = 12
+
+
+class KeyRingError(ValueError):
+    pass
+
+
+class BindingError(Exception):
+    """Why a binding grants nothing. `reason` is a content-free reason code."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class RingKey:
+    id: str
+    secret: bytes  # never logged
+    state: str  # "active" | "accepted" | "retired"
+
+    def __repr__(self) -> str:
+        return f"RingKey(id={self.id!r}, state={self.state!r})"
+
+
+@dataclass(frozen=True)
+class KeyRing:
+    active: RingKey
+    keys: Mapping[str, RingKey]
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> KeyRing:
+        try:
+            keys: dict[str, RingKey] = {}
+            for item in data["keys"]:
+                secret = base64.b64decode(item["secret"], validate=True)
+                if len(secret) != 32:
+                    raise KeyRingError(f"key {item['id']}: secret must be 32 bytes")
+                if item["state"] not in ("active", "accepted", "retired"):
+                    raise KeyRingError(f"key {item['id']}: unknown state")
+                keys[str(item["id"])] = RingKey(str(item["id"]), secret, item["state"])
+            active = keys[str(data["active"])]
+        except KeyRingError:
+            raise
+        except (KeyError, TypeError, ValueError):
+            raise KeyRingError("not a key ring (version, active, keys[id, secret, state])") from None
+        if active.state != "active":
+            raise KeyRingError("the active key is not in state 'active'")
+        return cls(active, keys)
+
+    def usable(self, key_id: str) -> RingKey | None:
+        key = self.keys.get(key_id)
+        if key is None or key.state == "retired":
+            return None
+        return key
+
+
+def load_keyring(path: Path) -> KeyRing:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise KeyRingError(f"{path}: cannot be read ({exc.strerror})") from None
+    except ValueError:
+        raise KeyRingError(f"{path}: not JSON") from None
+    try:
+        return KeyRing.from_json(data)
+    except KeyRingError as exc:
+        raise KeyRingError(f"{path}: {exc}") from None
+
+
+def rotate_keyring_file(path: Path, *, retire_after: bool = False) -> str:
+    """Add a new active key; the previous active key stays accepted (bindings it sealed
+    keep verifying until they expire). With `retire_after`, keys that were only accepted
+    are retired and grant nothing from the next reload on."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        KeyRing.from_json(data)
+    except (OSError, ValueError) as exc:
+        raise KeyRingError(f"{path}: {exc}") from None
+    for item in data["keys"]:
+        if item["state"] == "accepted" and retire_after:
+            item["state"] = "retired"
+        if item["state"] == "active":
+            item["state"] = "accepted"
+    new_id = "k-" + secrets.token_hex(4)
+    data["keys"].append({
+        "id": new_id,
+        "secret": base64.b64encode(secrets.token_bytes(32)).decode(),
+        "state": "active",
+        "created": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    })
+    data["active"] = new_id
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)
+    return new_id
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def seal(ring: KeyRing, claims: Mapping[str, Any]) -> str:
+    key = ring.active
+    header = f"{PREFIX}.{key.id}"
+    nonce = os.urandom(_NONCE)
+    plaintext = json.dumps(claims, separators=(",", ":"), sort_keys=True).encode()
+    sealed = ChaCha20Poly1305(key.secret).encrypt(nonce, plaintext, header.encode())
+    token = f"{header}.{_b64(nonce + sealed)}"
+    if len(token) > MAX_LENGTH:
+        raise ValueError("binding claims too large")  # a programming error: claims are ours
+    return token
+
+
+def open_binding(ring: KeyRing, token: object) -> dict[str, Any]:
+    """Decrypt and authenticate. Raises BindingError(binding_invalid) on any failure."""
+    if not isinstance(token, str) or len(token) > MAX_LENGTH or not token.isascii():
+        raise BindingError(rc.BINDING_INVALID)
+    parts = token.split(".")
+    if len(parts) != 3 or parts[0] != PREFIX:
+        raise BindingError(rc.BINDING_INVALID)
+    key = ring.usable(parts[1])
+    if key is None:
+        raise BindingError(rc.BINDING_INVALID)  # unknown or retired key: grants nothing
+    try:
+        blob = _unb64(parts[2])
+        if _b64(blob) != parts[2]:  # only the canonical encoding is accepted
+            raise ValueError
+        plaintext = ChaCha20Poly1305(key.secret).decrypt(
+            blob[:_NONCE], blob[_NONCE:], f"{PREFIX}.{key.id}".encode()
+        )
+        claims = json.loads(plaintext)
+    except (InvalidTag, ValueError):
+        raise BindingError(rc.BINDING_INVALID) from None
+    if not isinstance(claims, dict) or claims.get("kid") != key.id:
+        raise BindingError(rc.BINDING_INVALID)
+    return claims
+
+
+def check_claims(
+    claims: Mapping[str, Any],
+    *,
+    now: float,
+    kind: str,
+    audience: str,
+    expect: Mapping[str, Any],
+    deadline_claim: str = "exp",
+) -> None:
+    """Validate opened claims: audience, expiry (`deadline_claim`), kind, then each
+    expected claim. Raises BindingError with the specific reason."""
+    if claims.get("aud") != audience:
+        raise BindingError(rc.BINDING_MISMATCH)
+    deadline = claims.get(deadline_claim)
+    if not isinstance(deadline, (int, float)) or now >= deadline:
+        raise BindingError(rc.BINDING_EXPIRED)
+    if claims.get("kind") != kind:
+        raise BindingError(rc.BINDING_PHASE)
+    for name, value in expect.items():
+        if claims.get(name) != value:
+            raise BindingError(rc.BINDING_MISMATCH)
+
+
+def new_claims(
+    ring: KeyRing, *, kind: str, audience: str, now: float, ttl_s: float, **fields: Any
+) -> dict[str, Any]:
+    claims: dict[str, Any] = {
+        "v": 1, "kind": kind, "kid": ring.active.id, "aud": audience,
+        "iat": int(now), "exp": int(now + ttl_s), "jti": secrets.token_hex(8),
+    }
+    claims.update(fields)
+    return claims

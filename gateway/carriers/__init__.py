@@ -1,0 +1,27 @@
+"""Carriers: one pure module per wire schema, listed explicitly in `CARRIERS`.
+
+Adding a provider schema is one module, one test file and one line here.
+"""
+
+from gateway.carriers.anthropic_messages import AnthropicMessages
+from gateway.carriers.base import Carrier
+from gateway.carriers.openai_chat import OpenAIChat
+from gateway.carriers.openai_embeddings import OpenAIEmbeddings
+from gateway.carriers.openai_responses import OpenAIResponses
+
+CARRIERS: dict[str, Carrier] = {
+    "openai.chat": OpenAIChat(),
+    "openai.responses": OpenAIResponses(),
+    "openai.embeddings": OpenAIEmbeddings(),
+    "anthropic.messages": AnthropicMessages(),
+}
+
+# Profile `carriers` entries use the short names from SPEC §4.
+SHORT_NAMES: dict[str, str] = {
+    "chat": "openai.chat",
+    "responses": "openai.responses",
+    "embeddings": "openai.embeddings",
+    "messages": "anthropic.messages",
+}
+
+__all__ = ["CARRIERS", "SHORT_NAMES", "Carrier"]

@@ -1,0 +1,159 @@
+"""Anthropic Messages (`POST /v1/messages`), JSON and SSE forms.
+
+Owns: what the provider reads in a Messages request (system, messages, tools — every
+string; text blocks of one message, and of `system`, joined; images, base64/URL documents,
+container uploads and redacted thinking as opaque content) and how a stream folds back:
+`text_delta`, `input_json_delta` and `thinking_delta` per content block index; usage split
+between `message_start` and the cumulative `message_delta`; `message_stop` or `error` ends it.
+Must not: do I/O or judge content.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from gateway.carriers import base, common
+from gateway.carriers.base import CarrierLimits, FoldedResponse, ParsedRequest, TextUnit, UsageReport
+from gateway.carriers.jsonraw import JsonError, Path
+from gateway.carriers.sse import SSEEvent
+from gateway.inspection import verdict as rc
+
+_DELTA_FIELDS = {"text_delta": "text", "input_json_delta": "partial_json", "thinking_delta": "thinking"}
+_FOLDED_NAME = {"text_delta": "text", "input_json_delta": "input", "thinking_delta": "thinking"}
+
+
+def _is_opaque_block(block: dict[str, Any]) -> bool:
+    kind = block.get("type")
+    if kind in ("image", "container_upload", "redacted_thinking"):
+        return True
+    if kind == "document":
+        source = block.get("source")
+        # Plain-text and nested-content documents are text we read; base64 PDFs, URLs and
+        # file references are not.
+        return not (isinstance(source, dict) and source.get("type") in ("text", "content"))
+    return False
+
+
+class AnthropicMessages:
+    name = "anthropic.messages"
+    provider: Literal["openai", "anthropic"] = "anthropic"
+    path = "/v1/messages"
+
+    def parse_request(self, raw: bytes, limits: CarrierLimits) -> ParsedRequest:
+        doc = base.require_object(raw, limits)
+        model = base.require_model(doc)
+        stream = base.stream_flag(doc)
+        messages = doc.get("messages")
+        if not isinstance(messages, list):
+            raise JsonError(rc.UNSUPPORTED_CARRIER)
+        units, dups = base.units_of(doc, limits)
+        opaque: list[str] = []
+        system = doc.get("system")
+        if isinstance(system, list):
+            unit = base.joined(("system",), _texts(system, "/system", opaque))
+            if unit is not None:
+                units.append(unit)
+        for i, msg in enumerate(messages):
+            if not isinstance(msg, dict):
+                raise JsonError(rc.UNSUPPORTED_CARRIER)
+            content = msg.get("content")
+            if isinstance(content, list):
+                texts = _texts(content, f"/messages/{i}/content", opaque)
+                unit = base.joined(("messages", i, "content"), texts)
+                if unit is not None:
+                    units.append(unit)
+        return ParsedRequest(
+            carrier=self.name,
+            doc=doc,
+            model=model,
+            stream=stream,
+            units=tuple(units),
+            opaque=tuple(opaque),
+            duplicate_keys=base.duplicate_pointers(doc) + tuple(dups),
+        )
+
+    def parse_response(self, raw: bytes, limits: CarrierLimits) -> FoldedResponse:
+        return common.json_response(raw, limits, error_key="error")
+
+    def fold_stream(self, events: Sequence[SSEEvent], limits: CarrierLimits) -> FoldedResponse:
+        decoder = common.EventDecoder(limits)
+        pieces: dict[tuple[int, str], list[str]] = {}
+        usage: dict[str, Any] = {}
+        response_id: str | None = None
+        stopped = is_error = False
+        for n, ev in enumerate(events):
+            try:
+                obj = decoder.decode(ev.data, n)
+            except JsonError as exc:
+                return FoldedResponse(units=(), complete=False, incomplete_reason=exc.reason)
+            if not isinstance(obj, dict):
+                return FoldedResponse(units=(), complete=False, incomplete_reason=rc.JSON_INVALID)
+            kind = common.get_str(obj, "type") or ev.event
+            if kind == "message_start":
+                msg = obj.get("message")
+                response_id = common.get_str(msg, "id")
+                _merge_usage(usage, msg.get("usage") if isinstance(msg, dict) else None)
+            elif kind == "content_block_delta":
+                delta = obj.get("delta")
+                dkind = common.get_str(delta, "type")
+                field = _DELTA_FIELDS.get(dkind or "")
+                piece = common.get_str(delta, field) if field else None
+                if piece is not None and dkind is not None:
+                    index = common.get_int(obj, "index") or 0
+                    pieces.setdefault((index, dkind), []).append(piece)
+            elif kind == "message_delta":
+                _merge_usage(usage, obj.get("usage"))
+            elif kind == "message_stop":
+                stopped = True
+            elif kind == "error":
+                stopped = is_error = True
+        units: list[TextUnit] = list(decoder.units)
+        dups = list(decoder.dups)
+        for (index, dkind), parts in pieces.items():
+            path: Path = ("content", index, _FOLDED_NAME[dkind])
+            base.folded_units(path, "".join(parts), limits, units, dups)
+        return FoldedResponse(
+            units=tuple(units),
+            complete=stopped,
+            incomplete_reason=None if stopped else rc.RESPONSE_INCOMPLETE,
+            usage=UsageReport(usage) if usage else None,
+            response_id=response_id,
+            is_error=is_error,
+            duplicate_keys=tuple(dups),
+            events=tuple(events),
+        )
+
+    def stream_error_event(self, code: str, reason_codes: Sequence[str], message: str) -> bytes:
+        body = {"type": "error", "error": {"type": "permission_error", "message": message,
+                                           "code": code, "reason_codes": list(reason_codes)}}
+        return b"event: error\ndata: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"
+
+
+def _texts(blocks: list[Any], where: str, opaque: list[str]) -> list[str]:
+    """Text of the text blocks in a block list; opaque blocks (also inside tool results)
+    are recorded by pointer."""
+    texts: list[str] = []
+    for j, block in enumerate(blocks):
+        if not isinstance(block, dict):
+            continue
+        if _is_opaque_block(block):
+            opaque.append(f"{where}/{j}")
+        elif block.get("type") == "text" and isinstance(block.get("text"), str):
+            texts.append(block["text"])
+        inner = block.get("content")
+        if block.get("type") == "tool_result" and isinstance(inner, list):
+            _texts(inner, f"{where}/{j}/content", opaque)
+        source = block.get("source")
+        if isinstance(source, dict) and isinstance(source.get("content"), list):
+            _texts(source["content"], f"{where}/{j}/source/content", opaque)
+    return texts
+
+
+def _merge_usage(into: dict[str, Any], usage: Any) -> None:
+    """Anthropic stream usage: start values, overwritten by any non-null cumulative value."""
+    if isinstance(usage, dict):
+        for key, value in usage.items():
+            if value is not None:
+                into[key] = value

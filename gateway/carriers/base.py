@@ -1,0 +1,197 @@
+"""Shapes shared by every carrier: the Carrier protocol and what it produces.
+
+Owns: `TextUnit`, `ParsedRequest`, `FoldedResponse`, `UsageReport`, `CarrierLimits`, the
+`Carrier` protocol, and helpers that turn a decoded document into text units (every string,
+key and number; JSON held inside strings decoded again to a bounded depth).
+Must not: do I/O or know about policy. Carriers describe what the provider will read;
+inspection decides what that means.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from gateway.carriers import jsonraw
+from gateway.carriers.jsonraw import JsonError, Path
+from gateway.carriers.sse import SSEEvent
+from gateway.inspection import verdict as rc
+
+# What a unit is, for inspection and attribution. Every unit is inspected the same way;
+# the kind only explains where the text came from.
+UnitKind = Literal[
+    "string",  # any string value anywhere in the document
+    "key",  # an object key
+    "number",  # a number's exact lexical form
+    "embedded",  # a string/key inside JSON that was itself held in a string (tool args, results)
+    "joined",  # the text parts of one message (or one streamed block) joined together
+    "folded",  # a streamed field reassembled from its deltas
+]
+
+
+@dataclass(frozen=True, slots=True)
+class TextUnit:
+    path: Path
+    text: str
+    kind: UnitKind
+
+    @property
+    def pointer(self) -> str:
+        return jsonraw.pointer(self.path)
+
+
+@dataclass(frozen=True, slots=True)
+class CarrierLimits:
+    max_depth: int = 64  # JSON nesting accepted from clients and providers
+    embedded_json_depth: int = 3  # how many times JSON-inside-a-string is decoded again
+
+
+@dataclass(frozen=True, slots=True)
+class UsageReport:
+    """Token usage exactly as the provider reported it (normalised later by usage.py)."""
+
+    fields: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedRequest:
+    carrier: str
+    doc: dict[str, Any]
+    model: str
+    stream: bool
+    units: tuple[TextUnit, ...]
+    opaque: tuple[str, ...] = ()  # pointers of content nobody can read as text
+    duplicate_keys: tuple[str, ...] = ()  # pointers of objects with duplicate keys
+
+
+@dataclass(frozen=True, slots=True)
+class FoldedResponse:
+    """A complete provider response, reassembled (stream) or decoded (non-stream)."""
+
+    units: tuple[TextUnit, ...]
+    complete: bool  # the body parsed and, for a stream, a terminal event was seen
+    incomplete_reason: str | None = None
+    usage: UsageReport | None = None
+    response_id: str | None = None
+    is_error: bool = False  # an error object/event from the provider
+    duplicate_keys: tuple[str, ...] = ()
+    opaque: tuple[str, ...] = ()
+    events: tuple[SSEEvent, ...] = field(default=())  # the parsed events, for re-framing
+    raw_scan: bool = True  # False only where the raw bytes are non-text model output
+
+
+class Carrier(Protocol):
+    """One wire schema. Bytes in, values out."""
+
+    name: str  # registry key, e.g. "openai.chat"
+    provider: Literal["openai", "anthropic"]
+    path: str  # the upstream path appended to a profile's base_url
+
+    def parse_request(self, raw: bytes, limits: CarrierLimits) -> ParsedRequest: ...
+
+    def parse_response(self, raw: bytes, limits: CarrierLimits) -> FoldedResponse: ...
+
+    def fold_stream(self, events: Sequence[SSEEvent], limits: CarrierLimits) -> FoldedResponse: ...
+
+    def stream_error_event(self, code: str, reason_codes: Sequence[str], message: str) -> bytes: ...
+
+
+# ---------------------------------------------------------------------------------------
+# Unit collection shared by all carriers.
+
+def _looks_like_json(text: str) -> bool:
+    head = text.lstrip()[:1]
+    return head == "{" or head == "["
+
+
+def units_of(doc: Any, limits: CarrierLimits, base: Path = ()) -> tuple[list[TextUnit], list[str]]:
+    """Every string, key and number in `doc`, plus the strings of any JSON held inside a
+    string (tool-call arguments, tool results, unknown fields alike), decoded again up to
+    `limits.embedded_json_depth` times. Embedded units keep the path of the string that
+    held them: that is the field a client or provider can address.
+
+    Returns the units and the pointers of strings whose embedded JSON had duplicate keys."""
+    out: list[TextUnit] = []
+    dups: list[str] = []
+    _collect(doc, base, limits, limits.embedded_json_depth, False, out, dups)
+    return out, dups
+
+
+def _collect(
+    doc: Any,
+    base: Path,
+    limits: CarrierLimits,
+    budget: int,
+    embedded: bool,
+    out: list[TextUnit],
+    dups: list[str],
+) -> None:
+    for path, text, k in jsonraw.walk(doc, base):
+        if embedded:
+            kind: UnitKind = "embedded"
+            path = base
+        elif k == jsonraw.KIND_STRING:
+            kind = "string"
+        elif k == jsonraw.KIND_NUMBER:
+            kind = "number"
+        else:
+            kind = "key"
+        out.append(TextUnit(path, text, kind))
+        if k == jsonraw.KIND_STRING and budget > 0 and _looks_like_json(text):
+            _decode_embedded(text, path, limits, budget, out, dups)
+
+
+def _decode_embedded(
+    text: str, path: Path, limits: CarrierLimits, budget: int, out: list[TextUnit], dups: list[str]
+) -> None:
+    try:
+        inner = jsonraw.loads_text(text, max_depth=limits.max_depth)
+    except JsonError:
+        return  # an ordinary string that merely starts with a bracket
+    if jsonraw.has_duplicates(inner):
+        dups.append(jsonraw.pointer(path))
+    _collect(inner, path, limits, budget - 1, True, out, dups)
+
+
+def joined(path: Path, parts: Sequence[str]) -> TextUnit | None:
+    """The text parts of one message joined, so a value split across parts is seen whole."""
+    if len(parts) < 2:
+        return None
+    return TextUnit(path, "".join(parts), "joined")
+
+
+def folded_units(
+    path: Path, text: str, limits: CarrierLimits, out: list[TextUnit], dups: list[str]
+) -> None:
+    """A reassembled streamed field, plus its strings if it is JSON (tool arguments)."""
+    out.append(TextUnit(path, text, "folded"))
+    if _looks_like_json(text):
+        _decode_embedded(text, path, limits, limits.embedded_json_depth, out, dups)
+
+
+def require_object(raw: bytes, limits: CarrierLimits) -> dict[str, Any]:
+    doc = jsonraw.loads(raw, max_depth=limits.max_depth)
+    if not isinstance(doc, dict):
+        raise JsonError(rc.UNSUPPORTED_CARRIER)
+    return doc
+
+
+def require_model(doc: dict[str, Any]) -> str:
+    model = doc.get("model")
+    if not jsonraw.is_str(model) or not model or len(model) > 256:
+        raise JsonError(rc.UNSUPPORTED_CARRIER)
+    return str(model)
+
+
+def stream_flag(doc: dict[str, Any]) -> bool:
+    value = doc.get("stream", False)
+    if value is None:
+        return False
+    if type(value) is not bool:
+        raise JsonError(rc.UNSUPPORTED_CARRIER)
+    return value
+
+
+def duplicate_pointers(doc: Any) -> tuple[str, ...]:
+    return tuple(jsonraw.pointer(p) for p in jsonraw.has_duplicates(doc))

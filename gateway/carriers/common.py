@@ -1,0 +1,73 @@
+"""Helpers several carriers share: non-stream response decoding and event decoding.
+
+Must not: do I/O or know any one provider's schema.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.carriers import jsonraw
+from gateway.carriers.base import CarrierLimits, FoldedResponse, TextUnit, UsageReport, units_of
+from gateway.carriers.jsonraw import JsonError, Path
+from gateway.inspection import verdict as rc
+
+
+def json_response(
+    raw: bytes,
+    limits: CarrierLimits,
+    *,
+    error_key: str,
+    skip: frozenset[str] = frozenset(),
+) -> FoldedResponse:
+    """Decode a complete non-stream JSON response. `skip` names top-level members whose
+    values are not text (embedding vectors) and are left out of the units."""
+    try:
+        doc = jsonraw.loads(raw, max_depth=limits.max_depth)
+    except JsonError as exc:
+        return FoldedResponse(units=(), complete=False, incomplete_reason=exc.reason)
+    if not isinstance(doc, dict):
+        return FoldedResponse(units=(), complete=False, incomplete_reason=rc.JSON_INVALID)
+    target: Any = doc
+    if skip:
+        target = {k: v for k, v in doc.items() if k not in skip}
+    units, dups = units_of(target, limits)
+    usage = doc.get("usage")
+    rid = doc.get("id")
+    return FoldedResponse(
+        units=tuple(units),
+        complete=True,
+        usage=UsageReport(dict(usage)) if isinstance(usage, dict) else None,
+        response_id=rid if jsonraw.is_str(rid) else None,
+        is_error=error_key in doc,
+        duplicate_keys=tuple(jsonraw.pointer(p) for p in jsonraw.has_duplicates(doc)) + tuple(dups),
+    )
+
+
+class EventDecoder:
+    """Decodes each event's JSON payload, collecting every string it holds as units (every
+    raw event is inspected decoded, not only the folded result)."""
+
+    def __init__(self, limits: CarrierLimits) -> None:
+        self.limits = limits
+        self.units: list[TextUnit] = []
+        self.dups: list[str] = []
+
+    def decode(self, data: str, index: int) -> Any:
+        doc = jsonraw.loads_text(data, max_depth=self.limits.max_depth)
+        base: Path = ("~events", index)
+        units, dups = units_of(doc, self.limits, base)
+        self.units.extend(units)
+        self.dups.extend(dups)
+        self.dups.extend(jsonraw.pointer((*base, *p)) for p in jsonraw.has_duplicates(doc))
+        return doc
+
+
+def get_int(obj: Any, key: str) -> int | None:
+    value = obj.get(key) if isinstance(obj, dict) else None
+    return value if type(value) is int else None
+
+
+def get_str(obj: Any, key: str) -> str | None:
+    value = obj.get(key) if isinstance(obj, dict) else None
+    return value if jsonraw.is_str(value) else None

@@ -1,0 +1,178 @@
+"""The strict raw JSON reader every carrier uses (SPEC §6.2).
+
+Owns: decoding provider JSON without losing anything an inspector must see — duplicate keys
+(every value kept), exact numbers (floats keep their lexical form), depth and size limits,
+strict UTF-8, no lone surrogates, no NaN/Infinity — and the walk that yields every string,
+key and number with its RFC 6901 path.
+Must not: do I/O, or "repair" input. A parse failure raises `JsonError`; callers refuse.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from typing import Any
+
+from gateway.inspection import verdict as rc
+
+
+class JsonError(ValueError):
+    """Input that must not be sent or released. `reason` is a content-free reason code."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class DupDict(dict[str, Any]):
+    """A JSON object that had duplicate keys. The dict holds the last value (what most
+    parsers keep); `shadowed` holds every earlier value so nothing escapes inspection."""
+
+    __slots__ = ("shadowed",)
+
+    def __init__(self, data: dict[str, Any], shadowed: list[tuple[str, Any]]) -> None:
+        super().__init__(data)
+        self.shadowed = shadowed
+
+
+class JsonFloat(str):
+    """A JSON number with a fraction or exponent, kept as its exact lexical form."""
+
+    __slots__ = ()
+
+
+def _pairs_hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) == len(pairs):
+        return obj
+    last: dict[str, int] = {}
+    for i, (key, _) in enumerate(pairs):
+        last[key] = i
+    shadowed = [(k, v) for i, (k, v) in enumerate(pairs) if last[k] != i]
+    return DupDict(obj, shadowed)
+
+
+def _refuse_constant(name: str) -> Any:
+    raise JsonError(rc.JSON_INVALID)  # NaN, Infinity, -Infinity are not JSON
+
+
+_DECODER = json.JSONDecoder(
+    object_pairs_hook=_pairs_hook, parse_float=JsonFloat, parse_constant=_refuse_constant
+)
+# A \uD800-\uDFFF escape in the raw text: only then can a lone surrogate appear after decoding.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def loads_text(text: str, *, max_depth: int) -> Any:
+    """Decode JSON text strictly; see `loads`."""
+    try:
+        doc = _DECODER.decode(text)
+    except JsonError:
+        raise
+    except RecursionError:
+        raise JsonError(rc.TOO_DEEP) from None
+    except ValueError:  # JSONDecodeError, int digit limits, ...
+        raise JsonError(rc.JSON_INVALID) from None
+    _check_depth(doc, max_depth)
+    return doc
+
+
+def loads(raw: bytes, *, max_depth: int) -> Any:
+    """Decode a JSON document from exact wire bytes. Raises JsonError(reason)."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise JsonError(rc.JSON_INVALID) from None
+    doc = loads_text(text, max_depth=max_depth)
+    if _SURROGATE_ESCAPE.search(raw) and any(
+        _SURROGATE.search(s) for _, s, _ in walk(doc)
+    ):
+        raise JsonError(rc.JSON_INVALID)
+    return doc
+
+
+def _check_depth(doc: Any, max_depth: int) -> None:
+    stack: list[tuple[Any, int]] = [(doc, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict):
+            children: Any = node.values()
+        elif isinstance(node, list):
+            children = node
+        else:
+            continue
+        if depth > max_depth:
+            raise JsonError(rc.TOO_DEEP)
+        for child in children:
+            if isinstance(child, (dict, list)):
+                stack.append((child, depth + 1))
+        if isinstance(node, DupDict):
+            stack.extend((v, depth + 1) for _, v in node.shadowed if isinstance(v, (dict, list)))
+
+
+Path = tuple[str | int, ...]
+
+KIND_STRING = "string"
+KIND_KEY = "key"
+KIND_NUMBER = "number"
+
+
+def walk(doc: Any, base: Path = ()) -> Iterator[tuple[Path, str, str]]:
+    """Yield (path, text, kind) for every string value, object key and number lexical form
+    anywhere in `doc`, including values shadowed by duplicate keys. For a key, `path` is the
+    path of the object holding it."""
+    stack: list[tuple[Path, Any]] = [(base, doc)]
+    while stack:
+        path, node = stack.pop()
+        cls = type(node)
+        if cls is str:
+            yield path, node, KIND_STRING
+        elif cls is dict or cls is DupDict:
+            for key, value in node.items():
+                yield path, key, KIND_KEY
+                stack.append(((*path, key), value))
+            if cls is DupDict:
+                for key, value in node.shadowed:
+                    stack.append(((*path, key), value))
+        elif cls is list:
+            stack.extend(((*path, i), v) for i, v in enumerate(node))
+        elif cls is JsonFloat:
+            yield path, str(node), KIND_NUMBER
+        elif cls is int:
+            yield path, str(node), KIND_NUMBER
+
+
+def has_duplicates(doc: Any) -> list[Path]:
+    """Paths of every object that had duplicate keys."""
+    found: list[Path] = []
+    stack: list[tuple[Path, Any]] = [((), doc)]
+    while stack:
+        path, node = stack.pop()
+        if isinstance(node, dict):
+            if isinstance(node, DupDict):
+                found.append(path)
+                stack.extend(((*path, k), v) for k, v in node.shadowed)
+            stack.extend(((*path, k), v) for k, v in node.items())
+        elif isinstance(node, list):
+            stack.extend(((*path, i), v) for i, v in enumerate(node))
+    return found
+
+
+def pointer(path: Path) -> str:
+    """RFC 6901 JSON pointer for a path."""
+    if not path:
+        return ""
+    parts = []
+    for p in path:
+        s = str(p)
+        if "~" in s or "/" in s:
+            s = s.replace("~", "~0").replace("/", "~1")
+        parts.append(s)
+    return "/" + "/".join(parts)
+
+
+def is_str(value: Any) -> bool:
+    """A real JSON string (not a number kept as its lexical form)."""
+    return type(value) is str

@@ -1,0 +1,136 @@
+"""OpenAI Chat Completions (`POST /v1/chat/completions`), JSON and SSE forms.
+
+Owns: what the provider reads in a chat request (every string; text parts of a message
+joined; images, audio and files as opaque content) and how a chat stream folds back into
+choices (text, refusal and tool-call argument deltas per `tool_calls[].index`).
+Must not: do I/O or judge content.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from gateway.carriers import base, common
+from gateway.carriers.base import CarrierLimits, FoldedResponse, ParsedRequest, TextUnit, UsageReport
+from gateway.carriers.jsonraw import JsonError, Path
+from gateway.carriers.sse import SSEEvent
+from gateway.inspection import verdict as rc
+
+_OPAQUE_PARTS = frozenset({"image_url", "input_audio", "file"})
+
+
+class OpenAIChat:
+    name = "openai.chat"
+    provider: Literal["openai", "anthropic"] = "openai"
+    path = "/chat/completions"
+
+    def parse_request(self, raw: bytes, limits: CarrierLimits) -> ParsedRequest:
+        doc = base.require_object(raw, limits)
+        model = base.require_model(doc)
+        stream = base.stream_flag(doc)
+        messages = doc.get("messages")
+        if not isinstance(messages, list):
+            raise JsonError(rc.UNSUPPORTED_CARRIER)
+        units, dups = base.units_of(doc, limits)
+        opaque: list[str] = []
+        for i, msg in enumerate(messages):
+            if not isinstance(msg, dict):
+                raise JsonError(rc.UNSUPPORTED_CARRIER)
+            content = msg.get("content")
+            if isinstance(content, list):
+                texts: list[str] = []
+                for j, part in enumerate(content):
+                    kind = part.get("type") if isinstance(part, dict) else None
+                    if kind in _OPAQUE_PARTS:
+                        opaque.append(f"/messages/{i}/content/{j}")
+                    elif isinstance(part, dict) and isinstance(part.get("text"), str):
+                        texts.append(part["text"])
+                unit = base.joined(("messages", i, "content"), texts)
+                if unit is not None:
+                    units.append(unit)
+            if isinstance(msg.get("audio"), dict):
+                opaque.append(f"/messages/{i}/audio")
+        return ParsedRequest(
+            carrier=self.name,
+            doc=doc,
+            model=model,
+            stream=stream,
+            units=tuple(units),
+            opaque=tuple(opaque),
+            duplicate_keys=base.duplicate_pointers(doc) + tuple(dups),
+        )
+
+    def parse_response(self, raw: bytes, limits: CarrierLimits) -> FoldedResponse:
+        return common.json_response(raw, limits, error_key="error")
+
+    def fold_stream(self, events: Sequence[SSEEvent], limits: CarrierLimits) -> FoldedResponse:
+        decoder = common.EventDecoder(limits)
+        texts: dict[tuple[int, str], list[str]] = {}
+        args: dict[tuple[int, int], list[str]] = {}
+        usage: dict[str, Any] | None = None
+        response_id: str | None = None
+        done = is_error = False
+        for n, ev in enumerate(events):
+            if ev.data == "[DONE]":
+                done = True
+                continue
+            try:
+                chunk = decoder.decode(ev.data, n)
+            except JsonError as exc:
+                return FoldedResponse(units=(), complete=False, incomplete_reason=exc.reason)
+            if not isinstance(chunk, dict):
+                return FoldedResponse(units=(), complete=False, incomplete_reason=rc.JSON_INVALID)
+            if "error" in chunk:
+                is_error = True
+            response_id = response_id or common.get_str(chunk, "id")
+            if isinstance(chunk.get("usage"), dict):
+                usage = chunk["usage"]
+            for choice in chunk.get("choices") or ():
+                _fold_choice(choice, texts, args)
+        units: list[TextUnit] = list(decoder.units)
+        dups = list(decoder.dups)
+        for (ci, field), pieces in texts.items():
+            base.folded_units(("choices", ci, "message", field), "".join(pieces), limits, units, dups)
+        for (ci, ti), pieces in args.items():
+            path: Path = ("choices", ci, "message", "tool_calls", ti, "function", "arguments")
+            base.folded_units(path, "".join(pieces), limits, units, dups)
+        complete = done or is_error
+        return FoldedResponse(
+            units=tuple(units),
+            complete=complete,
+            incomplete_reason=None if complete else rc.RESPONSE_INCOMPLETE,
+            usage=UsageReport(dict(usage)) if usage is not None else None,
+            response_id=response_id,
+            is_error=is_error,
+            duplicate_keys=tuple(dups),
+            events=tuple(events),
+        )
+
+    def stream_error_event(self, code: str, reason_codes: Sequence[str], message: str) -> bytes:
+        body = {"error": {"message": message, "type": "permission_error", "param": None,
+                          "code": code, "reason_codes": list(reason_codes)}}
+        return b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"
+
+
+def _fold_choice(
+    choice: Any, texts: dict[tuple[int, str], list[str]], args: dict[tuple[int, int], list[str]]
+) -> None:
+    ci = common.get_int(choice, "index") or 0
+    delta = choice.get("delta") if isinstance(choice, dict) else None
+    if not isinstance(delta, dict):
+        return
+    for field in ("content", "refusal", "reasoning_content"):
+        piece = common.get_str(delta, field)
+        if piece:
+            texts.setdefault((ci, field), []).append(piece)
+    for call in delta.get("tool_calls") or ():
+        ti = common.get_int(call, "index") or 0
+        if not isinstance(call, dict):
+            continue
+        piece = common.get_str(call.get("function"), "arguments") or common.get_str(
+            call.get("custom"), "input"
+        )
+        if piece:
+            args.setdefault((ci, ti), []).append(piece)

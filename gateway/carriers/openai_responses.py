@@ -1,0 +1,136 @@
+"""OpenAI Responses (`POST /v1/responses`), JSON and SSE forms.
+
+Owns: what the provider reads in a Responses request (instructions, input items, tools —
+every string; text parts of one message joined; images, files, audio and encrypted
+reasoning state as opaque content) and how named `response.*` events fold back: every
+`*.delta` event is reassembled per output item and content part, function-call arguments
+per output item; `response.completed | incomplete | failed` and `error` are terminal.
+Must not: do I/O or judge content.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from gateway.carriers import base, common
+from gateway.carriers.base import CarrierLimits, FoldedResponse, ParsedRequest, TextUnit, UsageReport
+from gateway.carriers.jsonraw import JsonError, Path
+from gateway.carriers.sse import SSEEvent
+from gateway.inspection import verdict as rc
+
+_OPAQUE_PARTS = frozenset({"input_image", "input_file", "input_audio"})
+_TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed", "error"})
+
+
+class OpenAIResponses:
+    name = "openai.responses"
+    provider: Literal["openai", "anthropic"] = "openai"
+    path = "/responses"
+
+    def parse_request(self, raw: bytes, limits: CarrierLimits) -> ParsedRequest:
+        doc = base.require_object(raw, limits)
+        model = base.require_model(doc)
+        stream = base.stream_flag(doc)
+        items = doc.get("input")
+        if items is not None and not isinstance(items, (str, list)):
+            raise JsonError(rc.UNSUPPORTED_CARRIER)
+        units, dups = base.units_of(doc, limits)
+        opaque: list[str] = []
+        for i, item in enumerate(items if isinstance(items, list) else ()):
+            if not isinstance(item, dict):
+                raise JsonError(rc.UNSUPPORTED_CARRIER)
+            if item.get("type") == "reasoning" and item.get("encrypted_content") is not None:
+                opaque.append(f"/input/{i}/encrypted_content")
+            content = item.get("content")
+            if isinstance(content, list):
+                texts: list[str] = []
+                for j, part in enumerate(content):
+                    kind = part.get("type") if isinstance(part, dict) else None
+                    if kind in _OPAQUE_PARTS:
+                        opaque.append(f"/input/{i}/content/{j}")
+                    elif isinstance(part, dict) and isinstance(part.get("text"), str):
+                        texts.append(part["text"])
+                unit = base.joined(("input", i, "content"), texts)
+                if unit is not None:
+                    units.append(unit)
+        return ParsedRequest(
+            carrier=self.name,
+            doc=doc,
+            model=model,
+            stream=stream,
+            units=tuple(units),
+            opaque=tuple(opaque),
+            duplicate_keys=base.duplicate_pointers(doc) + tuple(dups),
+        )
+
+    def parse_response(self, raw: bytes, limits: CarrierLimits) -> FoldedResponse:
+        return common.json_response(raw, limits, error_key="__never__")
+
+    def fold_stream(self, events: Sequence[SSEEvent], limits: CarrierLimits) -> FoldedResponse:
+        decoder = common.EventDecoder(limits)
+        pieces: dict[Path, list[str]] = {}
+        usage: dict[str, Any] | None = None
+        response_id: str | None = None
+        terminal = is_error = False
+        for n, ev in enumerate(events):
+            if ev.data == "[DONE]":
+                continue  # tolerated (the SDK stops on it); completion needs a terminal event
+            try:
+                obj = decoder.decode(ev.data, n)
+            except JsonError as exc:
+                return FoldedResponse(units=(), complete=False, incomplete_reason=exc.reason)
+            if not isinstance(obj, dict):
+                return FoldedResponse(units=(), complete=False, incomplete_reason=rc.JSON_INVALID)
+            kind = common.get_str(obj, "type") or ev.event or ""
+            if kind in _TERMINAL:
+                terminal = True
+                is_error = kind in ("error", "response.failed")
+            resp = obj.get("response")
+            if isinstance(resp, dict):
+                response_id = response_id or common.get_str(resp, "id")
+                if isinstance(resp.get("usage"), dict):
+                    usage = resp["usage"]
+            delta = common.get_str(obj, "delta")
+            if delta is not None and kind.endswith(".delta"):
+                pieces.setdefault(_delta_path(kind, obj), []).append(delta)
+        units: list[TextUnit] = list(decoder.units)
+        dups = list(decoder.dups)
+        for path, parts in pieces.items():
+            base.folded_units(path, "".join(parts), limits, units, dups)
+        return FoldedResponse(
+            units=tuple(units),
+            complete=terminal,
+            incomplete_reason=None if terminal else rc.RESPONSE_INCOMPLETE,
+            usage=UsageReport(dict(usage)) if usage is not None else None,
+            response_id=response_id,
+            is_error=is_error,
+            duplicate_keys=tuple(dups),
+            events=tuple(events),
+        )
+
+    def stream_error_event(self, code: str, reason_codes: Sequence[str], message: str) -> bytes:
+        # `error` mapping included so the SDK raises APIError on this event.
+        body = {"type": "error", "code": code, "message": message, "param": None,
+                "reason_codes": list(reason_codes),
+                "error": {"message": message, "type": "permission_error", "code": code,
+                          "reason_codes": list(reason_codes)}}
+        return b"event: error\ndata: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"
+
+
+def _delta_path(kind: str, obj: dict[str, Any]) -> Path:
+    """Where a delta's reassembled text lives in the final response object."""
+    out_i = common.get_int(obj, "output_index") or 0
+    part_i = common.get_int(obj, "content_index")
+    family = kind[: -len(".delta")].removeprefix("response.")
+    if family == "function_call_arguments":
+        return ("output", out_i, "arguments")
+    if family == "output_text" and part_i is not None:
+        return ("output", out_i, "content", part_i, "text")
+    path: list[str | int] = ["output", out_i, family]
+    for key in ("content_index", "summary_index"):
+        value = common.get_int(obj, key)
+        if value is not None:
+            path.append(value)
+    return tuple(path)

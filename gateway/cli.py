@@ -1,0 +1,277 @@
+"""`wiregate` command line: argument parsing only; each subcommand calls one function.
+
+  wiregate init [--dir DIR] [--force]
+  wiregate serve --config FILE
+  wiregate keys new-signing-key --out FILE
+  wiregate keys rotate --keyring FILE
+  wiregate profiles new --id ID --provider P --base-url URL --models PAT [PAT ...]
+                        --credential env:NAME|file:PATH [--loopback-http] --sign-key FILE [--out FILE]
+  wiregate profiles sign FILE --key KEYFILE
+  wiregate profiles verify FILE [FILE ...] (--trusted PUBFILE ... | --config FILE)
+  wiregate principals add --id ID --profiles P [P ...] [--actions A ...] (--config FILE | --file FILE)
+  wiregate mock-provider (--port N | --uds PATH) [--api-key KEY]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+
+def _cmd_init(args: argparse.Namespace) -> int:
+    from gateway import devsetup
+
+    try:
+        facts = devsetup.init(Path(args.dir), force=args.force)
+    except FileExistsError as exc:
+        print(f"wiregate init: {exc}", file=sys.stderr)
+        return 1
+    print(f"Created {facts['dir']}")
+    print(f"  config:        {facts['config']}")
+    print(f"  dev CA:        {facts['ca']}  (trust this in clients)")
+    print(f"  unix socket:   {facts['socket']}")
+    print(f"  gateway key:   {facts['gateway_key']}")
+    print("  (shown once; also saved 0600 in dev-gateway-key for the README examples)")
+    return 0
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from gateway.config.load import ConfigError, read_config
+    from gateway.listeners import ListenerError
+    from gateway.obs import logging as log
+    from gateway.server import serve
+
+    path = Path(args.config)
+    try:
+        level = read_config(path.resolve()).logging.level
+    except ConfigError as exc:
+        print(f"wiregate serve: {exc}", file=sys.stderr)
+        return 2
+    log.configure(level)
+    try:
+        asyncio.run(serve(path))
+    except ConfigError as exc:
+        log.error("config_refused", reason=str(exc))
+        print(f"wiregate serve: {exc}", file=sys.stderr)
+        return 2
+    except (ListenerError, OSError) as exc:
+        log.error("listen_failed", reason=str(exc), error_class=type(exc).__name__)
+        print(f"wiregate serve: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def _cmd_new_signing_key(args: argparse.Namespace) -> int:
+    from gateway import devsetup
+
+    out = Path(args.out)
+    if out.exists():
+        print(f"wiregate keys: {out} exists; refusing to overwrite a key", file=sys.stderr)
+        return 1
+    key_id, public = devsetup.new_signing_key(out)
+    print(json.dumps({"key_id": key_id, "public_key": public, "private_key_file": str(out)}))
+    return 0
+
+
+def _cmd_rotate(args: argparse.Namespace) -> int:
+    from gateway import bindings
+
+    try:
+        new_id = bindings.rotate_keyring_file(Path(args.keyring), retire_after=args.retire)
+    except bindings.KeyRingError as exc:
+        print(f"wiregate keys rotate: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps({"active": new_id}))
+    return 0
+
+
+def _cmd_profiles_new(args: argparse.Namespace) -> int:
+    from gateway import devsetup
+    from gateway.config.load import ConfigError
+    from gateway.profiles import signing
+    from gateway.profiles.model import UpstreamProfile
+
+    doc = devsetup.profile_document(
+        id=args.id, provider=args.provider, base_url=args.base_url, models=args.models,
+        credential=args.credential, carriers=args.carriers, loopback_http=args.loopback_http,
+        fallbacks=args.fallbacks, expires=args.expires,
+    )
+    try:
+        UpstreamProfile.model_validate(doc)
+    except ValueError as exc:
+        from pydantic import ValidationError
+
+        from gateway.config.load import _validation_message
+
+        msg = _validation_message(exc) if isinstance(exc, ValidationError) else str(exc)
+        print(f"wiregate profiles new: invalid profile: {msg}", file=sys.stderr)
+        return 1
+    try:
+        key = signing.load_private_key(Path(args.sign_key).read_bytes())
+    except (OSError, ValueError, ConfigError) as exc:
+        print(f"wiregate profiles new: cannot load signing key: {type(exc).__name__}", file=sys.stderr)
+        return 1
+    out = Path(args.out or f"{args.id}.json")
+    devsetup.write_profile(out, doc, key)
+    print(f"wrote signed profile {out}")
+    return 0
+
+
+def _cmd_profiles_sign(args: argparse.Namespace) -> int:
+    from gateway import devsetup
+    from gateway.config.load import parse_profile_json
+    from gateway.profiles import signing
+
+    path = Path(args.file)
+    try:
+        doc = parse_profile_json(path.read_bytes())
+        key = signing.load_private_key(Path(args.key).read_bytes())
+    except (OSError, ValueError) as exc:
+        print(f"wiregate profiles sign: {path}: {exc}", file=sys.stderr)
+        return 1
+    devsetup.write_profile(path, doc, key)
+    print(f"signed {path} with {signing.key_id_for(key.public_key())}")
+    return 0
+
+
+def _cmd_profiles_verify(args: argparse.Namespace) -> int:
+    from gateway.config.load import ConfigError, load_profile, load_trusted_keys, read_config, resolve
+
+    try:
+        if args.config:
+            cfg_path = Path(args.config).resolve()
+            cfg = read_config(cfg_path)
+            base = cfg_path.parent
+            trusted = load_trusted_keys(cfg.trust.profile_keys, base)
+        else:
+            base = Path.cwd()
+            trusted = load_trusted_keys(tuple(args.trusted or ()), base)
+    except ConfigError as exc:
+        print(f"wiregate profiles verify: {exc}", file=sys.stderr)
+        return 1
+    status = 0
+    now = datetime.now(UTC)
+    for name in args.files:
+        try:
+            loaded = load_profile(resolve(base, name) if args.config else Path(name), trusted, now, base)
+        except ConfigError as exc:
+            print(f"REFUSED {exc}")
+            status = 1
+        else:
+            print(f"OK      profile {loaded.source}: id={loaded.profile.id} {loaded.digest}")
+    return status
+
+
+def _cmd_principals_add(args: argparse.Namespace) -> int:
+    from gateway import devsetup
+    from gateway.config.load import ConfigError, read_config, resolve
+
+    if args.config:
+        cfg_path = Path(args.config).resolve()
+        try:
+            cfg = read_config(cfg_path)
+        except ConfigError as exc:
+            print(f"wiregate principals add: {exc}", file=sys.stderr)
+            return 1
+        target = resolve(cfg_path.parent, cfg.principals_file)
+    else:
+        target = Path(args.file)
+    key, digest = devsetup.new_gateway_key()
+    block = devsetup.principal_block(args.id, [digest], args.actions, args.profiles, args.scopes)
+    with target.open("a", encoding="utf-8") as fh:
+        fh.write(block)
+    print(f"added principal {args.id} to {target} (reload the gateway: SIGHUP)")
+    print(f"gateway key (shown once): {key}")
+    return 0
+
+
+def _cmd_mock(args: argparse.Namespace) -> int:
+    from gateway.mockprovider import serve_forever
+    from gateway.obs import logging as log
+
+    log.configure("info")
+    try:
+        asyncio.run(serve_forever(host=args.host, port=args.port, uds=args.uds, api_key=args.api_key))
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="wiregate", description="wiregate model gateway")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("init", help="create a working directory with dev keys, profiles and certificates")
+    p.add_argument("--dir", default=".wiregate")
+    p.add_argument("--force", action="store_true")
+    p.set_defaults(func=_cmd_init)
+
+    p = sub.add_parser("serve", help="serve HTTPS and the Unix socket")
+    p.add_argument("--config", required=True)
+    p.set_defaults(func=_cmd_serve)
+
+    keys = sub.add_parser("keys", help="profile-signing keys and the binding key ring").add_subparsers(dest="keys_cmd", required=True)
+    p = keys.add_parser("new-signing-key", help="create an Ed25519 profile-signing key")
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=_cmd_new_signing_key)
+    p = keys.add_parser("rotate", help="add a new active binding key; the old one stays accepted")
+    p.add_argument("--keyring", required=True)
+    p.add_argument("--retire", action="store_true", help="retire previously accepted keys")
+    p.set_defaults(func=_cmd_rotate)
+
+    profiles = sub.add_parser("profiles", help="create, sign and verify UpstreamProfiles").add_subparsers(dest="profiles_cmd", required=True)
+    p = profiles.add_parser("new", help="write a new signed profile")
+    p.add_argument("--id", required=True)
+    p.add_argument("--provider", required=True, choices=["openai", "anthropic", "openai-compatible"])
+    p.add_argument("--base-url", required=True)
+    p.add_argument("--models", required=True, nargs="+")
+    p.add_argument("--credential", required=True, help="env:NAME or file:PATH (a reference, never the secret)")
+    p.add_argument("--carriers", nargs="+", choices=["chat", "responses", "embeddings", "messages"])
+    p.add_argument("--loopback-http", action="store_true")
+    p.add_argument("--fallbacks", nargs="+")
+    p.add_argument("--expires", help="RFC 3339 time with timezone")
+    p.add_argument("--sign-key", required=True)
+    p.add_argument("--out")
+    p.set_defaults(func=_cmd_profiles_new)
+    p = profiles.add_parser("sign", help="(re)sign a profile file in place")
+    p.add_argument("file")
+    p.add_argument("--key", required=True)
+    p.set_defaults(func=_cmd_profiles_sign)
+    p = profiles.add_parser("verify", help="verify profile files against trusted keys")
+    p.add_argument("files", nargs="+")
+    group = p.add_mutually_exclusive_group(required=True)
+    group.add_argument("--trusted", nargs="+")
+    group.add_argument("--config")
+    p.set_defaults(func=_cmd_profiles_verify)
+
+    principals = sub.add_parser("principals", help="manage principals").add_subparsers(dest="principals_cmd", required=True)
+    p = principals.add_parser("add", help="add a principal and print its new gateway key once")
+    p.add_argument("--id", required=True)
+    p.add_argument("--profiles", required=True, nargs="+")
+    p.add_argument("--actions", nargs="+", default=["proxy"],
+                   choices=["proxy", "context.prepare", "context.write", "context.check", "observe", "admin", "delegate"])
+    p.add_argument("--scopes", nargs="+")
+    group = p.add_mutually_exclusive_group(required=True)
+    group.add_argument("--config")
+    group.add_argument("--file")
+    p.set_defaults(func=_cmd_principals_add)
+
+    p = sub.add_parser("mock-provider", help="run the bundled mock OpenAI/Anthropic provider")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--port", type=int)
+    where.add_argument("--uds")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--api-key")
+    p.set_defaults(func=_cmd_mock)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))

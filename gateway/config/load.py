@@ -1,0 +1,285 @@
+"""The only place configuration files, profile files and secret sources are read.
+
+Owns: reading `wiregate.toml` and the files it names, verifying every profile's signature
+*before* parsing its content, resolving credential and secret-value references, and
+compiling the result into a `Runtime`. Every failure is a `ConfigError` whose message names
+the file and the reason — never a secret value, credential or file content.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tomllib
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from gateway.bindings import KeyRingError, load_keyring
+from gateway.carriers.base import CarrierLimits
+from gateway.config.model import GatewayConfig, ModeOverride, PolicyFile, PrincipalsFile
+from gateway.config.runtime import LoadedProfile, Policy, Principal, Runtime
+from gateway.inspection import literals
+from gateway.inspection.build import EngineUnavailable, FormatSource, build_engine
+from gateway.inspection.verdict import Mode, Phase
+from gateway.profiles import signing
+from gateway.profiles.model import UpstreamProfile
+
+
+class ConfigError(Exception):
+    """Configuration that must not be served. The message is safe to log."""
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def _validation_message(exc: ValidationError) -> str:
+    # Never echo input values: they may be credentials or secret material.
+    parts = []
+    for err in exc.errors(include_url=False, include_context=False, include_input=False)[:5]:
+        loc = ".".join(str(p) for p in err["loc"]) or "(root)"
+        parts.append(f"{loc}: {err['msg']}")
+    return "; ".join(parts)
+
+
+def _model(cls: type[M], data: Any, where: str) -> M:
+    try:
+        return cls.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"{where}: invalid: {_validation_message(exc)}") from None
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: not found") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML ({exc.args[0][:120] if exc.args else ''})") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot be read ({exc.strerror})") from None
+
+
+def resolve(base: Path, path: str) -> Path:
+    p = Path(path)
+    return p if p.is_absolute() else base / p
+
+
+def read_config(path: Path) -> GatewayConfig:
+    return _model(GatewayConfig, _read_toml(path), str(path))
+
+
+# --- secrets -------------------------------------------------------------------------
+
+def read_reference(ref: str, base: Path, what: str) -> str:
+    """Resolve `env:NAME` or `file:PATH` to its value. Errors name the reference only."""
+    if ref.startswith("env:"):
+        name = ref[4:]
+        value = os.environ.get(name)
+        if value is None:
+            raise ConfigError(f"{what}: environment variable {name} is not set")
+        return value
+    if ref.startswith("file:"):
+        path = resolve(base, ref[5:])
+        try:
+            return path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"{what}: {path} cannot be read ({exc.strerror})") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"{what}: {path} is not UTF-8") from None
+    raise ConfigError(f"{what}: references must be env:NAME or file:PATH")
+
+
+def read_secret_values(sources: tuple[str, ...], base: Path, min_length: int) -> tuple[str, ...]:
+    values: list[str] = []
+    for ref in sources:
+        text = read_reference(ref, base, "policy secret_values")
+        if ref.startswith("file:") and ref.endswith(".json"):
+            try:
+                loaded = json.loads(text)
+            except ValueError:
+                raise ConfigError(f"policy secret_values: {ref[5:]} is not a JSON list") from None
+            if not isinstance(loaded, list) or not all(isinstance(v, str) for v in loaded):
+                raise ConfigError(f"policy secret_values: {ref[5:]} must be a JSON list of strings")
+            values.extend(loaded)
+        else:
+            values.extend(line for line in text.splitlines() if line)
+    try:
+        return literals.validate(values, min_length=min_length)
+    except literals.LiteralError as exc:
+        raise ConfigError(f"policy secret_values: {exc}") from None
+
+
+# --- profiles ------------------------------------------------------------------------
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        raise ValueError("duplicate key")
+    return obj
+
+
+def _refuse_constant(_: str) -> Any:
+    raise ValueError("non-finite number")
+
+
+def parse_profile_json(data: bytes) -> dict[str, Any]:
+    doc = json.loads(data, object_pairs_hook=_no_duplicates, parse_constant=_refuse_constant)
+    if not isinstance(doc, dict):
+        raise ValueError("not a JSON object")
+    return doc
+
+
+def load_trusted_keys(paths: tuple[str, ...], base: Path) -> dict[str, signing.TrustedKey]:
+    keys: dict[str, signing.TrustedKey] = {}
+    for ref in paths:
+        path = resolve(base, ref)
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+            key = signing.trusted_key(str(doc["key_id"]), str(doc["public_key"]))
+        except OSError as exc:
+            raise ConfigError(f"{path}: trusted key cannot be read ({exc.strerror})") from None
+        except (ValueError, KeyError, TypeError):
+            raise ConfigError(f"{path}: not a trusted-key file (key_id, public_key)") from None
+        keys[key.key_id] = key
+    return keys
+
+
+def load_profile(path: Path, trusted: dict[str, signing.TrustedKey], now: datetime, base: Path) -> LoadedProfile:
+    where = f"profile {path.name}"
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{where}: cannot be read ({exc.strerror})") from None
+    try:
+        doc = parse_profile_json(data)
+    except ValueError:
+        raise ConfigError(f"{where}: refused: not a valid JSON object (or duplicate keys)") from None
+    try:
+        signing.verify(doc, trusted)  # before anything in the document is believed
+    except signing.SignatureError as exc:
+        raise ConfigError(f"{where}: refused: {exc}") from None
+    profile = _model(UpstreamProfile, doc, f"{where}: refused")
+    if profile.expires is not None and profile.expires <= now:
+        raise ConfigError(f"{where}: refused: expired at {profile.expires.isoformat()}")
+    if profile.not_before is not None and now < profile.not_before:
+        raise ConfigError(f"{where}: refused: not valid before {profile.not_before.isoformat()}")
+    digest = "sha256:" + hashlib.sha256(signing.canonical_payload(doc)).hexdigest()
+    credential: str | None = None
+    error: str | None = None
+    if profile.credential != "none":
+        try:
+            credential = read_reference(profile.credential, base, where).strip()
+            if not credential:
+                error = "credential is empty"
+        except ConfigError as exc:
+            error = str(exc)
+    return LoadedProfile(profile, path.name, digest, credential, error)
+
+
+def load_profiles(directory: Path, trusted: dict[str, signing.TrustedKey], now: datetime, base: Path) -> dict[str, LoadedProfile]:
+    if not directory.is_dir():
+        raise ConfigError(f"{directory}: profiles directory not found")
+    if not trusted:
+        raise ConfigError("trust.profile_keys is empty: no profile can be trusted")
+    loaded: dict[str, LoadedProfile] = {}
+    for path in sorted(directory.glob("*.json")):
+        item = load_profile(path, trusted, now, base)
+        if item.profile.id in loaded:
+            raise ConfigError(f"profile {path.name}: refused: duplicate id {item.profile.id}")
+        loaded[item.profile.id] = item
+    for item in loaded.values():
+        for fallback in item.profile.fallbacks:
+            if fallback not in loaded:
+                raise ConfigError(f"profile {item.source}: fallback {fallback} is not a loaded profile")
+    return loaded
+
+
+# --- principals and policy -------------------------------------------------------------
+
+def load_principals(path: Path, profiles: dict[str, LoadedProfile]) -> tuple[tuple[bytes, Principal], ...]:
+    file = _model(PrincipalsFile, _read_toml(path), str(path))
+    out: list[tuple[bytes, Principal]] = []
+    seen_ids: set[str] = set()
+    seen_keys: set[str] = set()
+    for entry in file.principal:
+        if entry.id in seen_ids:
+            raise ConfigError(f"{path}: duplicate principal id {entry.id}")
+        seen_ids.add(entry.id)
+        for pid in entry.profiles:
+            if pid not in profiles:
+                raise ConfigError(f"{path}: principal {entry.id} names unknown profile {pid}")
+        if entry.default_scope not in entry.scopes:
+            raise ConfigError(f"{path}: principal {entry.id}: default_scope is not among its scopes")
+        principal = Principal.from_entry(entry)
+        for digest in entry.key_sha256:
+            if digest in seen_keys:
+                raise ConfigError(f"{path}: a key digest is listed for two principals")
+            seen_keys.add(digest)
+            out.append((bytes.fromhex(digest), principal))
+    return tuple(out)
+
+
+def _modes(override: ModeOverride) -> dict[Phase, Mode]:
+    out: dict[Phase, Mode] = {}
+    if override.before_send is not None:
+        out[Phase.BEFORE_SEND] = Mode(override.before_send)
+    if override.before_release is not None:
+        out[Phase.BEFORE_RELEASE] = Mode(override.before_release)
+    return out
+
+
+def load_policy(
+    path: Path, base: Path, profiles: dict[str, LoadedProfile], max_matches: int,
+    formats: FormatSource | None,
+) -> Policy:
+    file = _model(PolicyFile, _read_toml(path), str(path))
+    for pid in [*file.profile_modes, *file.allow_opaque_profiles]:
+        if pid not in profiles:
+            raise ConfigError(f"{path}: names unknown profile {pid}")
+    values = read_secret_values(file.secret_values.sources, base, file.secret_values.min_length)
+    try:
+        engine = build_engine(
+            secret_values=values, formats=formats, policy_version=file.version,
+            engine=file.engine, max_matches=max_matches,
+        )
+    except EngineUnavailable as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    return Policy(
+        version=file.version,
+        modes={Phase.BEFORE_SEND: Mode(file.modes.before_send), Phase.BEFORE_RELEASE: Mode(file.modes.before_release)},
+        profile_modes={k: _modes(v) for k, v in file.profile_modes.items()},
+        route_modes={k: _modes(v) for k, v in file.route_modes.items()},
+        allow_opaque_profiles=frozenset(file.allow_opaque_profiles),
+        engine=engine,
+        secret_value_count=len(values),
+    )
+
+
+def load_runtime(config_path: Path, *, now: datetime | None = None, generation: int = 0) -> Runtime:
+    """Read and compile everything. Raises ConfigError; never returns a partial runtime."""
+    now = now or datetime.now(UTC)
+    config_path = config_path.resolve()
+    base = config_path.parent
+    config = read_config(config_path)
+    trusted = load_trusted_keys(config.trust.profile_keys, base)
+    profiles = load_profiles(resolve(base, config.profiles_dir), trusted, now, base)
+    principals = load_principals(resolve(base, config.principals_file), profiles)
+    policy = load_policy(
+        resolve(base, config.policy_file), base, profiles, config.limits.max_matches, None
+    )
+    try:
+        keyring = load_keyring(resolve(base, config.keyring_file))
+    except KeyRingError as exc:
+        raise ConfigError(f"binding key ring: {exc}") from None
+    limits = CarrierLimits(
+        max_depth=config.limits.json_depth, embedded_json_depth=config.limits.embedded_json_depth
+    )
+    return Runtime(
+        config=config, base_dir=base, profiles=profiles, principals=principals,
+        policy=policy, carrier_limits=limits, keyring=keyring, generation=generation,
+    )

@@ -1,0 +1,155 @@
+"""The configuration files as validated models (pydantic, frozen, extra fields rejected).
+
+Owns: the schema of `wiregate.toml` (server, limits, trust, files), `principals.toml` and
+`policy.toml`, each setting's default and a one-line reason for it.
+Must not: read files, resolve secrets or compile anything (`load.py` and `runtime.py` do).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class HttpsListener(_Strict):
+    host: str = "127.0.0.1"  # loopback by default: exposing the gateway is a deliberate act
+    port: int = Field(8443, ge=0, le=65535)
+    cert: str = "tls/server.pem"
+    key: str = "tls/server.key"
+
+
+class UdsListener(_Strict):
+    path: str = "run/wiregate.sock"
+    mode: str = Field("0660", pattern=r"^0?[0-7]{3}$")  # owner + group; a socket is not a credential
+
+
+class ServerSettings(_Strict):
+    https: HttpsListener | None = HttpsListener()
+    uds: UdsListener | None = UdsListener()
+    # Client disconnects cancel the handler (and with it the upstream request).
+    shutdown_grace_s: float = Field(10.0, ge=0, le=300)
+
+
+class Limits(_Strict):
+    """Every limit is an explicit refusal when exceeded, never a truncation."""
+
+    # Largest request body accepted (matches Anthropic's 32 MB Messages limit).
+    request_bytes: int = Field(32 * 1024 * 1024, ge=1024)
+    # Largest body after gzip decoding: bounds decompression bombs.
+    decompressed_request_bytes: int = Field(32 * 1024 * 1024, ge=1024)
+    # Largest buffered provider response (a full 2048-input embeddings batch fits).
+    response_bytes: int = Field(64 * 1024 * 1024, ge=1024)
+    # Longest time a response may take to buffer completely (long reasoning streams).
+    buffer_seconds: float = Field(600.0, gt=0, le=7200)
+    # Responses held in memory at once; past it new calls get 503 instead of queuing.
+    concurrent_buffered_responses: int = Field(256, ge=1, le=100_000)
+    # JSON nesting accepted from clients and providers (deep tool schemas fit).
+    json_depth: int = Field(64, ge=4, le=512)
+    # Times JSON held inside a string (tool arguments) is decoded again for inspection.
+    embedded_json_depth: int = Field(3, ge=0, le=8)
+    # Candidate matches per scan before inspection gives up and withholds (fail closed).
+    max_matches: int = Field(100_000, ge=100)
+
+
+class TrustSettings(_Strict):
+    # Public keys (files written by `wiregate keys new-signing-key`) allowed to sign profiles.
+    profile_keys: tuple[str, ...] = ()
+
+
+class StreamingSettings(_Strict):
+    # Send SSE comment heartbeats while a strict stream buffers, after this many seconds
+    # (0 = never). Once a heartbeat is out, a block becomes the protocol's error event.
+    heartbeat_after_s: float = Field(0.0, ge=0, le=600)
+    heartbeat_every_s: float = Field(15.0, gt=0, le=600)
+
+
+class LoggingSettings(_Strict):
+    level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+class GatewayConfig(_Strict):
+    deployment_id: str = Field(pattern=r"^[A-Za-z0-9._-]{1,64}$")
+    server: ServerSettings = ServerSettings()
+    limits: Limits = Limits()
+    trust: TrustSettings = TrustSettings()
+    streaming: StreamingSettings = StreamingSettings()
+    logging: LoggingSettings = LoggingSettings()
+    profiles_dir: str = "profiles"
+    principals_file: str = "principals.toml"
+    policy_file: str = "policy.toml"
+    keyring_file: str = "keys/bindings-keyring.json"
+
+
+Action = Literal["proxy", "context.prepare", "context.write", "context.check", "observe", "admin", "delegate"]
+
+
+class PrincipalEntry(_Strict):
+    id: str = Field(pattern=r"^[A-Za-z0-9._@-]{1,128}$")
+    type: Literal["user", "service"] = "service"
+    # sha256 hex of each accepted gateway key; the keys themselves are never stored.
+    key_sha256: tuple[str, ...] = Field(min_length=1)
+    actions: tuple[Action, ...] = ("proxy",)
+    profiles: tuple[str, ...] = ()  # in priority order: the first that serves the model wins
+    models: tuple[str, ...] = ("*",)
+    scopes: tuple[str, ...] = ("default",)
+    default_scope: str = "default"
+    may_act_for: tuple[str, ...] = ()  # subjects this principal may delegate for
+
+    @field_validator("key_sha256")
+    @classmethod
+    def _hex(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for digest in value:
+            if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+                raise ValueError("key_sha256 entries must be 64 lowercase hex characters")
+        return value
+
+
+class PrincipalsFile(_Strict):
+    principal: tuple[PrincipalEntry, ...] = ()
+
+
+PhaseMode = Literal["enforce", "observe", "off"]
+
+
+class Modes(_Strict):
+    before_send: PhaseMode = "enforce"
+    before_release: PhaseMode = "enforce"
+
+
+class ModeOverride(_Strict):
+    before_send: PhaseMode | None = None
+    before_release: PhaseMode | None = None
+
+
+class SecretValues(_Strict):
+    # Where configured literals come from: "file:PATH" (one per line, or a JSON list if
+    # PATH ends in .json) or "env:NAME" (newline-separated). Never inline.
+    sources: tuple[str, ...] = ()
+    min_length: int = Field(8, ge=4, le=4096)  # shorter values would block ordinary text
+
+    @field_validator("sources")
+    @classmethod
+    def _refs(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for ref in value:
+            if not (ref.startswith("file:") or ref.startswith("env:")):
+                raise ValueError("secret value sources must be file:PATH or env:NAME references")
+        return value
+
+
+class PolicyFile(_Strict):
+    version: str = Field(pattern=r"^[A-Za-z0-9._:-]{1,64}$")
+    # "hyperscan" is the engine of record; "python" is the documented slow engine, allowed
+    # only when chosen here (a missing hyperscan never silently downgrades matching).
+    engine: Literal["hyperscan", "python"] = "hyperscan"
+    modes: Modes = Modes()
+    profile_modes: dict[str, ModeOverride] = {}
+    route_modes: dict[str, ModeOverride] = {}
+    secret_values: SecretValues = SecretValues()
+    # Profiles whose targets may receive content nobody can inspect (images, files, audio,
+    # token arrays, encrypted reasoning). Empty: such content is withheld.
+    allow_opaque_profiles: tuple[str, ...] = ()

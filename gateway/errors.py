@@ -1,0 +1,152 @@
+"""Errors that may reach a client, and how each dialect renders them.
+
+Owns: `GatewayError` (HTTP status, public code, content-free reason codes, a fixed public
+message) and the three renderers (OpenAI, Anthropic, context/ops API).
+Must not: put request or response content, secrets, credentials or library exception text
+into a message. Messages here are fixed strings chosen by us; reason codes are from the
+closed vocabulary in `inspection.verdict`.
+"""
+
+from __future__ import annotations
+
+import json
+from enum import StrEnum
+from typing import Any
+
+from gateway.inspection import verdict as rc
+
+
+class Dialect(StrEnum):
+    OPENAI = "openai"
+    ANTHROPIC = "anthropic"
+    CONTEXT = "context"  # the gateway's own routes: {"error": {code, message, details}}
+
+
+class GatewayError(Exception):
+    """A refusal with a status, a public code and reason codes — nothing else is shown."""
+
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        reason_codes: tuple[str, ...] | list[str] = (),
+        message: str | None = None,
+        *,
+        headers: dict[str, str] | None = None,
+        retryable: bool = False,
+    ) -> None:
+        for reason in reason_codes:
+            if not rc.is_reason_code(reason):  # a programming error, never user input
+                raise ValueError(f"unknown reason code {reason!r}")
+        self.status = status
+        self.code = code
+        self.reason_codes = tuple(reason_codes)
+        self.public_message = message or _DEFAULT_MESSAGES.get(code, "Request refused by wiregate.")
+        self.headers = dict(headers or {})
+        self.retryable = retryable
+        super().__init__(f"{status} {code} {','.join(self.reason_codes)}")
+
+
+_DEFAULT_MESSAGES: dict[str, str] = {
+    "request_blocked": "wiregate blocked this request: a configured rule forbids sending it.",
+    "request_withheld": "wiregate withheld this request: it could not be fully checked.",
+    "response_blocked": "wiregate blocked the provider's response: a configured rule forbids releasing it.",
+    "response_withheld": "wiregate withheld the provider's response: it could not be fully checked.",
+    "response_incomplete": "The provider's response was incomplete; nothing was released.",
+    "payload_too_large": "The request body exceeds wiregate's size limit.",
+    "unsupported_encoding": "Only identity and gzip request encodings are accepted.",
+    "unsupported_media_type": "Requests must be JSON (application/json).",
+    "invalid_request": "The request is not valid for this route.",
+    "authentication_error": "A valid wiregate key is required (Authorization: Bearer or x-api-key).",
+    "permission_denied": "This wiregate key may not perform this request.",
+    "not_found": "No such route.",
+    "method_not_allowed": "Method not allowed on this route.",
+    "upstream_unavailable": "The upstream provider could not be reached.",
+    "upstream_timeout": "The upstream provider did not answer in time.",
+    "gateway_busy": "wiregate is at its limit of concurrently buffered responses.",
+    "internal_error": "wiregate failed to process the request; nothing was sent or released.",
+}
+
+# The error `type` each status maps to, per dialect (WIRE-FORMATS §1.8, §3.6).
+_OPENAI_TYPES = {
+    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+    404: "not_found_error", 405: "invalid_request_error", 413: "invalid_request_error",
+    415: "invalid_request_error", 422: "invalid_request_error", 429: "rate_limit_error",
+}
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+    404: "not_found_error", 405: "invalid_request_error", 413: "request_too_large",
+    415: "invalid_request_error", 422: "invalid_request_error", 429: "rate_limit_error",
+    500: "api_error", 503: "overloaded_error", 504: "timeout_error", 529: "overloaded_error",
+}
+
+
+def render_body(err: GatewayError, dialect: Dialect, request_id: str) -> bytes:
+    body: dict[str, Any]
+    if dialect is Dialect.OPENAI:
+        body = {
+            "error": {
+                "message": err.public_message,
+                "type": _OPENAI_TYPES.get(err.status, "server_error" if err.status >= 500 else "invalid_request_error"),
+                "param": None,
+                "code": err.code,
+                "reason_codes": list(err.reason_codes),
+            }
+        }
+    elif dialect is Dialect.ANTHROPIC:
+        body = {
+            "type": "error",
+            "error": {
+                "type": _ANTHROPIC_TYPES.get(err.status, "api_error" if err.status >= 500 else "invalid_request_error"),
+                "message": err.public_message,
+                "code": err.code,
+                "reason_codes": list(err.reason_codes),
+            },
+            "request_id": request_id,
+        }
+    else:
+        body = {
+            "error": {
+                "code": err.code,
+                "message": err.public_message,
+                "details": {"reason_codes": list(err.reason_codes)},
+            }
+        }
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def response_headers(err: GatewayError) -> dict[str, str]:
+    """Headers for a refusal. Refusals a retry cannot fix tell SDKs not to retry."""
+    headers = {"content-type": "application/json"}
+    if not err.retryable:
+        headers["x-should-retry"] = "false"
+    headers.update(err.headers)
+    return headers
+
+
+# Constructors for the common refusals, so call sites read as intent.
+
+def blocked_request(reasons: tuple[str, ...]) -> GatewayError:
+    return GatewayError(403, "request_blocked", reasons)
+
+
+# Withholds that mean "the checker could not decide" rather than "this content is refused".
+_UNAVAILABLE = frozenset({rc.INSPECTION_ERROR, rc.POLICY_UNAVAILABLE, rc.DETECTOR_UNAVAILABLE})
+
+
+def withheld_request(reasons: tuple[str, ...]) -> GatewayError:
+    if _UNAVAILABLE.intersection(reasons):
+        return GatewayError(503, "request_withheld", reasons, retryable=True)
+    return GatewayError(422, "request_withheld", reasons)
+
+
+def blocked_response(reasons: tuple[str, ...]) -> GatewayError:
+    return GatewayError(403, "response_blocked", reasons)
+
+
+def withheld_response(reasons: tuple[str, ...]) -> GatewayError:
+    if rc.RESPONSE_INCOMPLETE in reasons:
+        return GatewayError(503, "response_incomplete", reasons, retryable=True)
+    if _UNAVAILABLE.intersection(reasons):
+        return GatewayError(503, "response_withheld", reasons, retryable=True)
+    return GatewayError(403, "response_withheld", reasons)

@@ -1,0 +1,93 @@
+"""JSON log lines with an allow-list of fields.
+
+Owns: the log format and the only list of field names that may appear in a log line.
+Anything not on the list is dropped before formatting; values are reduced to short
+primitives. Bodies, prompts, responses, matched text, keys, credentials and headers have no
+field here, so they cannot be logged through this module.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from typing import Any
+
+ALLOWED_FIELDS = frozenset(
+    {
+        "event", "request_id", "trace_id", "route", "method", "status", "duration_ms",
+        "principal", "delegate_for", "scope", "profile", "carrier", "model", "phase",
+        "decision", "mode", "reason_codes", "locations", "upstream_status", "attempt",
+        "attempts", "bytes_in", "bytes_out", "error_class", "reason", "generation",
+        "listener", "address", "file", "count", "policy_version", "stream", "outcome",
+        "wait_ms", "engine", "observed",
+    }
+)
+_MAX_STR = 300
+
+LOGGER_NAME = "wiregate"
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, bool) or value is None or isinstance(value, (int, float)):
+        return value
+    if isinstance(value, (list, tuple, frozenset, set)):
+        return [_clean(v) for v in list(value)[:32]]
+    return str(value)[:_MAX_STR]
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, Any] = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "event": record.getMessage()[:_MAX_STR],
+        }
+        fields = getattr(record, "wg_fields", None)
+        if isinstance(fields, dict):
+            for key, value in fields.items():
+                if key in ALLOWED_FIELDS and key != "event":
+                    line[key] = _clean(value)
+        if record.exc_info and record.exc_info[0] is not None:
+            # The class name only: exception text can carry content.
+            line["error_class"] = record.exc_info[0].__name__
+        return json.dumps(line, separators=(",", ":"), ensure_ascii=True)
+
+
+def get_logger() -> logging.Logger:
+    return logging.getLogger(LOGGER_NAME)
+
+
+def log(level: int, event: str, **fields: Any) -> None:
+    get_logger().log(level, event, extra={"wg_fields": fields})
+
+
+def info(event: str, **fields: Any) -> None:
+    log(logging.INFO, event, **fields)
+
+
+def warning(event: str, **fields: Any) -> None:
+    log(logging.WARNING, event, **fields)
+
+
+def error(event: str, **fields: Any) -> None:
+    log(logging.ERROR, event, **fields)
+
+
+def configure(level: str = "info", stream: Any = None) -> None:
+    """Route wiregate's and aiohttp's loggers through the JSON formatter."""
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.setFormatter(JsonFormatter())
+    root = get_logger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    root.propagate = False
+    # aiohttp's own loggers can print exception text that carries request data; we keep
+    # only warnings and above, through the same allow-listing formatter.
+    for name in ("aiohttp.access", "aiohttp.server", "aiohttp.web", "aiohttp.client"):
+        lib = logging.getLogger(name)
+        lib.handlers[:] = [handler]
+        lib.setLevel(logging.WARNING)
+        lib.propagate = False

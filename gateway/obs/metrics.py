@@ -1,0 +1,57 @@
+"""Every Prometheus metric, defined once, on a registry owned by the app.
+
+Label values are bounded: route, carrier, profile id, phase, decision, reason code, mode,
+outcome. Never scope ids, principal ids, request ids or content.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "wiregate_requests", "Requests by route and outcome",
+            ["route", "carrier", "profile", "outcome"], registry=r,
+        )
+        self.request_seconds = Histogram(
+            "wiregate_request_seconds", "End-to-end request latency",
+            ["route"], buckets=_LATENCY_BUCKETS, registry=r,
+        )
+        self.stage_seconds = Histogram(
+            "wiregate_stage_seconds", "Latency of each stage of the wire path",
+            ["stage"], buckets=_LATENCY_BUCKETS, registry=r,
+        )
+        self.decisions = Counter(
+            "wiregate_decisions", "Check decisions by phase, decision, reason and mode",
+            ["phase", "decision", "reason", "mode"], registry=r,
+        )
+        self.check_seconds = Histogram(
+            "wiregate_check_seconds", "Duration of a check", ["phase"],
+            buckets=_LATENCY_BUCKETS, registry=r,
+        )
+        self.upstream_attempts = Counter(
+            "wiregate_upstream_attempts", "Upstream attempts by profile and outcome",
+            ["profile", "outcome"], registry=r,
+        )
+        self.buffered_bytes = Gauge(
+            "wiregate_buffered_bytes", "Response bytes currently held for checking", registry=r,
+        )
+        self.buffered_responses = Gauge(
+            "wiregate_buffered_responses", "Responses currently being buffered", registry=r,
+        )
+        self.usage_tokens = Counter(
+            "wiregate_usage_tokens", "Tokens by kind, profile and provenance",
+            ["kind", "profile", "provenance"], registry=r,
+        )
+        self.reloads = Counter(
+            "wiregate_config_reloads", "Configuration reloads by outcome", ["outcome"], registry=r,
+        )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,145 @@
+"""UpstreamProfile: the trusted, signed description of where a request may go (SPEC §4).
+
+Owns: the closed schema (pydantic, frozen, extra fields rejected) and the validation that
+needs no I/O: https unless `loopback_http` with a loopback IP literal, carriers matching the
+provider, sane limits.
+Must not: read files or environment variables (credentials are references here and are
+resolved by `config.load`).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from datetime import datetime
+from fnmatch import fnmatchcase
+from typing import Literal
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+Provider = Literal["openai", "anthropic", "openai-compatible"]
+CarrierName = Literal["chat", "responses", "embeddings", "messages"]
+
+_PROVIDER_CARRIERS: dict[str, frozenset[str]] = {
+    "openai": frozenset({"chat", "responses", "embeddings"}),
+    "openai-compatible": frozenset({"chat", "responses", "embeddings"}),
+    "anthropic": frozenset({"messages"}),
+}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class CacheSettings(_Strict):
+    mode: Literal["anthropic-cache-control", "openai-prompt-cache-key", "none"] = "none"
+    max_breakpoints: int = Field(4, ge=0, le=4)
+    min_prefix_tokens: int = Field(1024, ge=0)
+    ttl: Literal["5m", "1h"] = "5m"
+    retention: Literal["in_memory", "24h"] | None = None
+    sharing_boundary: Literal["principal", "scope", "profile"] = "scope"
+
+
+class EstimatorSettings(_Strict):
+    name: str = "runes/4"
+    safety_margin: float = Field(1.2, ge=1.0, le=4.0)
+
+
+class Timeouts(_Strict):
+    connect_s: float = Field(10.0, gt=0, le=120)
+    read_s: float = Field(300.0, gt=0, le=3600)  # longest silence between bytes
+    total_s: float = Field(600.0, gt=0, le=7200)  # whole attempt incl. buffering
+
+
+class RetryPolicy(_Strict):
+    attempts: int = Field(2, ge=0, le=10)  # retries after the first try
+    statuses: tuple[int, ...] = (429, 500, 502, 503, 504, 529)
+    on_connection_error: bool = True
+    backoff_initial_ms: int = Field(250, ge=0, le=60_000)
+    backoff_max_ms: int = Field(8_000, ge=0, le=120_000)
+    max_retry_after_s: float = Field(30.0, ge=0, le=600)  # longer waits are not retried
+
+
+class Signature(_Strict):
+    key_id: str
+    alg: Literal["ed25519"]
+    value: str
+
+
+class UpstreamProfile(_Strict):
+    id: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]{0,63}$")
+    version: int = Field(ge=1)
+    provider: Provider
+    carriers: tuple[CarrierName, ...]
+    base_url: str
+    loopback_http: bool = False
+    models: tuple[str, ...] = Field(min_length=1)
+    credential: str = Field(pattern=r"^(env:[A-Za-z_][A-Za-z0-9_]*|file:.+|none)$")
+    account: str | None = None
+    region: str | None = None
+    cache: CacheSettings = CacheSettings()
+    usage_fields: tuple[str, ...] = ()
+    context_window: int | None = Field(None, ge=1)
+    max_output_tokens: int | None = Field(None, ge=1)
+    estimator: EstimatorSettings = EstimatorSettings()
+    timeouts: Timeouts = Timeouts()
+    retry: RetryPolicy = RetryPolicy()
+    fallbacks: tuple[str, ...] = ()
+    passthrough_headers: tuple[str, ...] = ()
+    retention: str | None = None
+    not_before: datetime | None = None
+    expires: datetime | None = None
+    signature: Signature | None = None
+
+    @field_validator("passthrough_headers")
+    @classmethod
+    def _lower_headers(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        forbidden = {"authorization", "x-api-key", "host", "content-length", "cookie"}
+        out = tuple(h.lower() for h in value)
+        if forbidden.intersection(out):
+            raise ValueError("passthrough_headers may not include credentials or framing headers")
+        return out
+
+    @model_validator(mode="after")
+    def _check(self) -> UpstreamProfile:
+        url = urlsplit(self.base_url)
+        if url.query or url.fragment or url.username or url.password:
+            raise ValueError("base_url must not carry a query, fragment or userinfo")
+        if not url.hostname:
+            raise ValueError("base_url has no host")
+        if url.scheme == "http":
+            if not self.loopback_http or not _is_loopback_literal(url.hostname):
+                raise ValueError("http base_url needs loopback_http: true and a loopback IP literal")
+        elif url.scheme != "https":
+            raise ValueError("base_url must be https")
+        allowed = _PROVIDER_CARRIERS[self.provider]
+        if not self.carriers or not set(self.carriers) <= allowed:
+            raise ValueError(f"carriers for provider {self.provider} must be among {sorted(allowed)}")
+        if self.id in self.fallbacks:
+            raise ValueError("a profile cannot be its own fallback")
+        if self.not_before and self.expires and self.expires <= self.not_before:
+            raise ValueError("expires must be after not_before")
+        for stamp in (self.not_before, self.expires):
+            if stamp is not None and stamp.tzinfo is None:
+                raise ValueError("not_before/expires must carry a timezone")
+        return self
+
+    def serves(self, model: str) -> bool:
+        return any(fnmatchcase(model, pattern) for pattern in self.models)
+
+    def carries(self, short_name: str) -> bool:
+        return short_name in self.carriers
+
+    @property
+    def origin(self) -> tuple[str, str, int]:
+        """(scheme, host, port) of the approved destination."""
+        url = urlsplit(self.base_url)
+        port = url.port or (443 if url.scheme == "https" else 80)
+        return url.scheme, (url.hostname or "").lower(), port
+
+
+def _is_loopback_literal(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -1,0 +1,375 @@
+"""The wire path for one provider request (SPEC §5). This module alone orders the steps.
+
+Theory of operation
+-------------------
+A provider call arrives on the TLS or Unix-socket listener and reaches `handle`:
+
+  1  authenticate the gateway key, then read the whole body (size limit; identity or gzip)
+  2  resolve principal, scope and the profile chain (primary + usable fallbacks)
+  3  parse the body with the route's carrier: every text unit, opaque parts, duplicates
+  4  plan native cache markers for the target profile → the final upstream body
+  5  token-window admission for that profile
+  6  before_send on the final bytes, forwarded headers and the actual target
+  7  send with the profile's retries; on failure move to the next profile in the chain
+     and go back to 4 (a new target is planned and checked again)
+  8  strict: buffer the complete raw response (bytes, time and concurrency limits)
+  9  before_release on the complete response, tied to the admission of step 6
+ 10  release the original bytes (non-stream) or the re-framed events (stream), or refuse
+ 11  record usage (never changes or delays the decision)
+
+Observe mode (per route or profile, per phase) lets a non-allow decision through and
+records it; for the release phase it streams the response through unchanged and checks a
+copy. A client disconnect cancels the handler task: the upstream request is closed by the
+`finally` blocks below and nothing keeps running. Every refusal is a `GatewayError`, which
+the middleware renders in the caller's provider dialect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+import zlib
+from datetime import UTC, datetime
+
+import aiohttp
+from aiohttp import web
+
+from gateway import auth, checks, errors
+from gateway.carriers import SHORT_NAMES, sse
+from gateway.carriers.base import Carrier, FoldedResponse, ParsedRequest
+from gateway.carriers.jsonraw import JsonError
+from gateway.checks import CheckOutcome, SendAdmission
+from gateway.config.model import Limits
+from gateway.config.runtime import LoadedProfile, Runtime
+from gateway.errors import GatewayError
+from gateway.inspection import verdict as rc
+from gateway.inspection.verdict import Decision, Mode, Phase
+from gateway.obs import logging as log
+from gateway.proxy import release, routing
+from gateway.proxy.upstream import Sent, Target, checked_headers, upstream_headers
+from gateway.state import CALL, SERVICES, Call, Services
+
+_SHORT_OF = {full: short for short, full in SHORT_NAMES.items()}
+
+
+async def handle(request: web.Request, carrier: Carrier) -> web.StreamResponse:
+    services = request.app[SERVICES]
+    call: Call = request[CALL]
+    runtime = services.holder.current  # one configuration for the whole call
+    limits = runtime.config.limits
+    call.carrier = carrier.name
+
+    identity = auth.identify(runtime, request.headers, "proxy")  # 1 (before reading a byte)
+    call.principal, call.scope = identity.principal.id, identity.scope
+    call.delegate_for = identity.on_behalf_of
+    raw = await read_body(request, limits)  # 1
+    call.bytes_in = len(raw)
+
+    parsed = parse_request(carrier, raw, runtime)  # 3
+    call.model, call.stream = parsed.model, parsed.stream
+
+    now = datetime.now(UTC)  # 2: the profile chain
+    short = _SHORT_OF[carrier.name]
+    requested = request.headers.get(routing.PROFILE_HEADER)
+    first = routing.primary(runtime, identity.principal, short, parsed.model, requested, now)
+    chain = [first, *routing.fallbacks(runtime, identity.principal, first, short, parsed.model, now)]
+
+    if not services.capacity.try_acquire(limits.concurrent_buffered_responses):
+        raise GatewayError(503, "gateway_busy", (rc.CAPACITY_EXCEEDED,), retryable=True)
+    try:
+        deadline = time.monotonic() + limits.buffer_seconds
+        sent, target, admission = await _send_along_chain(  # 4-7
+            request, services, runtime, carrier, parsed, raw, chain, deadline
+        )
+        return await _receive(request, services, runtime, carrier, sent, target, admission, deadline)  # 8-10
+    finally:
+        services.capacity.release()
+        _record_usage(services, call)  # 11
+
+
+# --- 1 and 3 ---------------------------------------------------------------------------
+
+async def read_body(request: web.Request, limits: Limits) -> bytes:
+    encoding = request.headers.get("content-encoding", "identity").strip().lower()
+    if encoding not in ("identity", "gzip", ""):
+        raise GatewayError(415, "unsupported_encoding", (rc.UNSUPPORTED_ENCODING,))
+    if request.content_type != "application/json":
+        raise GatewayError(415, "unsupported_media_type", (rc.UNSUPPORTED_MEDIA_TYPE,))
+    if request.content_length is not None and request.content_length > limits.request_bytes:
+        raise GatewayError(413, "payload_too_large", (rc.PAYLOAD_TOO_LARGE,))
+    chunks: list[bytes] = []
+    total = 0
+    async for chunk in request.content.iter_any():
+        total += len(chunk)
+        if total > limits.request_bytes:
+            raise GatewayError(413, "payload_too_large", (rc.PAYLOAD_TOO_LARGE,))
+        chunks.append(chunk)
+    raw = b"".join(chunks)
+    if encoding == "gzip":
+        raw = _gunzip(raw, limits.decompressed_request_bytes)
+    return raw
+
+
+def _gunzip(data: bytes, limit: int) -> bytes:
+    inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+    try:
+        out = inflater.decompress(data, limit + 1)
+    except zlib.error:
+        raise GatewayError(400, "invalid_request", (rc.INVALID_REQUEST,)) from None
+    if len(out) > limit or inflater.unconsumed_tail:
+        raise GatewayError(413, "payload_too_large", (rc.PAYLOAD_TOO_LARGE,))
+    if not inflater.eof or inflater.unused_data:
+        raise GatewayError(400, "invalid_request", (rc.INVALID_REQUEST,))
+    return out
+
+
+def parse_request(carrier: Carrier, raw: bytes, runtime: Runtime) -> ParsedRequest:
+    try:
+        return carrier.parse_request(raw, runtime.carrier_limits)
+    except JsonError as exc:
+        status = 422 if exc.reason in (rc.UNSUPPORTED_CARRIER, rc.TOO_DEEP) else 400
+        raise GatewayError(status, "request_withheld", (exc.reason,)) from None
+
+
+# --- 4 to 7 ----------------------------------------------------------------------------
+
+async def _send_along_chain(
+    request: web.Request, services: Services, runtime: Runtime, carrier: Carrier,
+    parsed: ParsedRequest, raw: bytes, chain: list[LoadedProfile], deadline: float,
+) -> tuple[Sent, Target, SendAdmission]:
+    call: Call = request[CALL]
+    assert services.upstream is not None
+    route = request.path
+    for index, loaded in enumerate(chain):
+        more = index + 1 < len(chain)
+        target = Target.for_profile(loaded, carrier.name, carrier.path)
+        call.profile = loaded.profile.id
+        body, planned = plan(carrier, parsed, raw, loaded, runtime)  # 4
+        admit(planned, loaded)  # 5
+        headers = upstream_headers(loaded.profile, loaded.credential, request.headers)
+        bound = checked_headers(headers)
+        outcome, admission = checks.before_send(  # 6
+            runtime, parsed=planned, body=body, headers=bound, target=target, loaded=loaded,
+            route=route,
+        )
+        _note_check(services, call, outcome, loaded.profile.id)
+        if not outcome.proceed or admission is None:
+            raise _send_refusal(outcome)
+        if loaded.credential_error is not None:
+            log.error("credential_unavailable", request_id=call.request_id, profile=loaded.profile.id)
+            if more:
+                continue
+            raise GatewayError(503, "upstream_unavailable", (rc.CREDENTIAL_UNAVAILABLE,), retryable=True)
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise GatewayError(503, "upstream_timeout", (rc.UPSTREAM_TIMEOUT,), retryable=True)
+        try:
+            async with asyncio.timeout(min(remaining, loaded.profile.timeouts.total_s)):
+                sent = await services.upstream.send(  # 7
+                    target, loaded, body, headers, deadline=deadline
+                )
+        except TimeoutError:
+            sent = Sent(response=None, failure=rc.UPSTREAM_TIMEOUT)
+        call.attempts.extend(sent.attempts)
+        for attempt in sent.attempts:
+            services.metrics.upstream_attempts.labels(loaded.profile.id, attempt.outcome).inc()
+        failed = sent.response is None or sent.response.status in loaded.profile.retry.statuses
+        if failed and more:
+            if sent.response is not None:
+                sent.response.close()
+            log.warning("fallback", request_id=call.request_id, profile=loaded.profile.id,
+                        upstream_status=sent.response.status if sent.response else None,
+                        reason=sent.failure)
+            continue
+        if sent.response is None:
+            failure = sent.failure or rc.UPSTREAM_UNAVAILABLE
+            code = "upstream_timeout" if failure == rc.UPSTREAM_TIMEOUT else "upstream_unavailable"
+            raise GatewayError(503, code, (failure,), retryable=True)
+        return sent, target, admission
+    raise GatewayError(503, "upstream_unavailable", (rc.NO_PROFILE,), retryable=True)
+
+
+def plan(
+    carrier: Carrier, parsed: ParsedRequest, raw: bytes, loaded: LoadedProfile, runtime: Runtime
+) -> tuple[bytes, ParsedRequest]:
+    """Step 4: native cache markers for this profile. The received bytes are never mutated;
+    when planning changes the body, the new bytes are parsed again so that before_send
+    sees exactly what leaves. (Cache planning arrives with its own issue; until then the
+    body goes unmodified, which SPEC §8 allows when a profile cannot express caching.)"""
+    return raw, parsed
+
+
+def admit(parsed: ParsedRequest, loaded: LoadedProfile) -> None:
+    """Step 5: token-window admission (arrives with the usage/admission issue)."""
+
+
+def _send_refusal(outcome: CheckOutcome) -> GatewayError:
+    codes = outcome.verdict.reason_codes
+    if outcome.verdict.decision is Decision.BLOCK:
+        return errors.blocked_request(codes)
+    return errors.withheld_request(codes)
+
+
+def _release_refusal(outcome: CheckOutcome) -> GatewayError:
+    codes = outcome.verdict.reason_codes
+    if outcome.verdict.decision is Decision.BLOCK:
+        return errors.blocked_response(codes)
+    return errors.withheld_response(codes)
+
+
+# --- 8 to 10 ---------------------------------------------------------------------------
+
+class _TooLarge(Exception):
+    pass
+
+
+async def _read_all(response: aiohttp.ClientResponse, limit: int, services: Services) -> bytes:
+    chunks: list[bytes] = []
+    total = 0
+    gauge = services.metrics.buffered_bytes
+    try:
+        async for chunk in response.content.iter_any():
+            total += len(chunk)
+            if total > limit:
+                raise _TooLarge
+            gauge.inc(len(chunk))
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        gauge.dec(sum(len(c) for c in chunks))
+
+
+async def _receive(
+    request: web.Request, services: Services, runtime: Runtime, carrier: Carrier,
+    sent: Sent, target: Target, admission: SendAdmission, deadline: float,
+) -> web.StreamResponse:
+    call: Call = request[CALL]
+    response = sent.response
+    assert response is not None
+    call.upstream_status = response.status
+    limits = runtime.config.limits
+    try:
+        mode = runtime.policy.mode(Phase.BEFORE_RELEASE, profile=target.profile_id, route=request.path)
+        if mode is not Mode.ENFORCE:
+            return await _pass_through(request, services, runtime, carrier, response, admission, mode)
+        try:
+            async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                body = await _read_all(response, limits.response_bytes, services)  # 8
+        except TimeoutError:
+            raise GatewayError(503, "upstream_timeout", (rc.BUFFER_TIMEOUT,), retryable=True) from None
+        except _TooLarge:
+            raise GatewayError(503, "response_withheld", (rc.RESPONSE_TOO_LARGE,)) from None
+        except (aiohttp.ClientError, OSError):
+            raise GatewayError(503, "response_incomplete", (rc.RESPONSE_INCOMPLETE,), retryable=True) from None
+    finally:
+        response.close()  # never back to the pool half-read; a no-op once fully read
+
+    is_stream = response.content_type == "text/event-stream"
+    folded, released = _decode(carrier, body, is_stream, runtime)
+    if not 200 <= response.status < 300 and not folded.complete:
+        # A provider error we cannot read (an HTML page from a proxy, say): say so, without it.
+        raise GatewayError(502, "upstream_error", (rc.UPSTREAM_INVALID_RESPONSE,))
+    passed = release.released_headers(response.headers)
+    outcome = checks.before_release(  # 9
+        runtime, folded=folded, raw=released, released_headers=passed, admission=admission,
+        route=request.path,
+    )
+    _note_check(services, call, outcome, target.profile_id)
+    if not outcome.proceed:
+        raise _release_refusal(outcome)
+    call.outcome = "released" if 200 <= response.status < 300 else "upstream_error_released"
+    call.bytes_out = len(released)
+    if is_stream:  # 10
+        return release.release_stream(response.status, passed, released)
+    return release.release_body(response.status, passed, released, response.headers.get("content-type", "application/json"))
+
+
+def _decode(carrier: Carrier, body: bytes, is_stream: bool, runtime: Runtime) -> tuple[FoldedResponse, bytes]:
+    """The folded response and the exact bytes that would be released."""
+    limits = runtime.carrier_limits
+    if not is_stream:
+        return carrier.parse_response(body, limits), body
+    try:
+        events, clean = sse.parse_all(body)
+    except JsonError as exc:
+        return FoldedResponse(units=(), complete=False, incomplete_reason=exc.reason), b""
+    folded = carrier.fold_stream(events, limits)
+    if not clean and folded.complete:
+        folded = dataclasses.replace(folded, complete=False, incomplete_reason=rc.RESPONSE_INCOMPLETE)
+    return folded, release.reframe(folded.events or events)
+
+
+async def _pass_through(
+    request: web.Request, services: Services, runtime: Runtime, carrier: Carrier,
+    response: aiohttp.ClientResponse, admission: SendAdmission, mode: Mode,
+) -> web.StreamResponse:
+    """Observe/off: stream the response through unchanged; check a bounded copy after."""
+    call: Call = request[CALL]
+    limit = runtime.config.limits.response_bytes
+    passed = release.released_headers(response.headers)
+    out = web.StreamResponse(status=response.status, headers=passed)
+    out.content_type = response.content_type
+    await out.prepare(request)
+    copy: list[bytes] = []
+    size = 0
+    broken = False
+    try:
+        async for chunk in response.content.iter_any():
+            await out.write(chunk)
+            size += len(chunk)
+            if size <= limit:
+                copy.append(chunk)
+    except (aiohttp.ClientError, OSError):
+        broken = True
+    call.bytes_out = size
+    call.outcome = "observed"
+    if mode is Mode.OBSERVE:
+        body = b"".join(copy)
+        is_stream = response.content_type == "text/event-stream"
+        folded, released = _decode(carrier, body, is_stream, runtime)
+        if broken or size > limit:
+            folded = dataclasses.replace(folded, complete=False, incomplete_reason=rc.RESPONSE_INCOMPLETE)
+        outcome = checks.before_release(
+            runtime, folded=folded, raw=released if not is_stream else body,
+            released_headers=passed, admission=admission, route=request.path,
+        )
+        _note_check(services, call, outcome, admission.target.profile_id)
+    if broken:
+        # Do not end the stream cleanly: the client must see that it was cut.
+        if request.transport is not None:
+            request.transport.close()
+        return out
+    await out.write_eof()
+    return out
+
+
+# --- bookkeeping -----------------------------------------------------------------------
+
+def _note_check(services: Services, call: Call, outcome: CheckOutcome, profile: str) -> None:
+    call.checks.append(outcome)
+    verdict = outcome.verdict
+    services.metrics.check_seconds.labels(outcome.phase.value).observe(outcome.seconds)
+    for reason in verdict.reason_codes or ("none",):
+        services.metrics.decisions.labels(
+            outcome.phase.value, verdict.decision.value, reason, outcome.mode.value
+        ).inc()
+    if not verdict.allowed or outcome.mode is not Mode.ENFORCE:
+        log.info(
+            "decision", request_id=call.request_id, phase=outcome.phase.value,
+            decision=verdict.decision.value, mode=outcome.mode.value,
+            reason_codes=verdict.reason_codes, locations=verdict.locations()[:16],
+            profile=profile, policy_version=verdict.policy_version,
+            observed=outcome.observed_only,
+        )
+    if not verdict.allowed:
+        call.reason_codes = verdict.reason_codes
+
+
+def _record_usage(services: Services, call: Call) -> None:
+    """Step 11. Normalised per-attempt usage records arrive with the usage issue; this hook
+    is where they are written. It must never raise into the request."""
+    try:
+        services.metrics.stage_seconds.labels("checks").observe(sum(c.seconds for c in call.checks))
+    except Exception as exc:  # accounting never fails a request
+        log.error("usage_record_failed", request_id=call.request_id, error_class=type(exc).__name__)

@@ -1,0 +1,194 @@
+"""Talking to providers: one pooled ClientSession, attempts, retries, backoff.
+
+Owns: building the upstream request for a target (URL from the profile only, credential
+from the profile only, an allow-list of forwarded headers), per-profile timeouts, never
+following redirects, retrying connection errors and retryable statuses with backoff that
+honours `retry-after-ms` / `retry-after`, and translating client-library exceptions into
+content-free outcomes at this boundary. Cancellation (a client that went away) propagates
+and closes the upstream connection.
+Must not: decide about content, fallbacks or release (flow.py does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import random
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import aiohttp
+
+from gateway.config.runtime import LoadedProfile
+from gateway.inspection import verdict as rc
+from gateway.profiles.model import UpstreamProfile
+
+USER_AGENT = "wiregate/0.1"
+ANTHROPIC_VERSION = "2023-06-01"
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """Where one attempt goes: a loaded profile and the exact URL built from it."""
+
+    profile_id: str
+    profile_digest: str
+    url: str
+    carrier: str
+
+    @classmethod
+    def for_profile(cls, loaded: LoadedProfile, carrier: str, path: str) -> Target:
+        base = loaded.profile.base_url.rstrip("/")
+        return cls(loaded.profile.id, loaded.digest, base + path, carrier)
+
+
+@dataclass(slots=True)
+class AttemptRecord:
+    """One upstream attempt, for usage accounting and logs (no content)."""
+
+    profile_id: str
+    attempt: int
+    outcome: str  # "response" | "retry" | "connection_error" | "timeout"
+    status: int | None = None
+    seconds: float = 0.0
+
+
+@dataclass(slots=True)
+class Sent:
+    """The outcome of sending to one profile (after its retries)."""
+
+    response: aiohttp.ClientResponse | None  # headers received, body not yet read
+    failure: str | None = None  # a reason code when no response could be had
+    attempts: list[AttemptRecord] = field(default_factory=list)
+
+    @property
+    def retryable_failure(self) -> bool:
+        return self.response is None
+
+
+def upstream_headers(
+    profile: UpstreamProfile, credential: str | None, client_headers: Mapping[str, str]
+) -> dict[str, str]:
+    """The headers that leave: our own, the profile's credential, and only the client
+    headers the profile allows. The caller's gateway key is never among them."""
+    headers = {"content-type": "application/json", "user-agent": USER_AGENT}
+    if profile.provider == "anthropic":
+        headers["anthropic-version"] = client_headers.get("anthropic-version", ANTHROPIC_VERSION)
+        if credential:
+            headers["x-api-key"] = credential
+    elif credential:
+        headers["authorization"] = f"Bearer {credential}"
+    for name in profile.passthrough_headers:
+        value = client_headers.get(name)
+        if value is not None:
+            headers[name] = value
+    return headers
+
+
+def checked_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """The forwarded headers that a check binds and inspects (credentials excluded)."""
+    return {k: v for k, v in headers.items() if k not in ("authorization", "x-api-key")}
+
+
+def retry_delay(
+    headers: Mapping[str, str], attempt: int, initial_ms: int, max_ms: int,
+    jitter: Callable[[], float] = random.random,
+) -> float:
+    """Seconds to wait before the next attempt: the provider's hint when it gives one,
+    else exponential backoff with jitter."""
+    hint = _retry_after(headers)
+    if hint is not None:
+        return hint
+    base = min(max_ms, initial_ms * (2**attempt)) / 1000.0
+    return base * (0.5 + 0.5 * jitter())
+
+
+def _retry_after(headers: Mapping[str, str]) -> float | None:
+    ms = headers.get("retry-after-ms")
+    if ms is not None:
+        try:
+            return max(0.0, float(ms) / 1000.0)
+        except ValueError:
+            pass
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - datetime.now(UTC)).total_seconds())
+
+
+class Upstream:
+    def __init__(self, session: aiohttp.ClientSession) -> None:
+        self.session = session
+
+    async def send(
+        self,
+        target: Target,
+        loaded: LoadedProfile,
+        body: bytes,
+        headers: Mapping[str, str],
+        *,
+        deadline: float,
+    ) -> Sent:
+        """Send with the profile's retry policy. Returns the first non-retryable response
+        (or the last one when retries run out), or a failure reason."""
+        profile = loaded.profile
+        policy = profile.retry
+        timeout = aiohttp.ClientTimeout(
+            total=None, connect=profile.timeouts.connect_s, sock_read=profile.timeouts.read_s
+        )
+        sent = Sent(response=None)
+        for attempt in range(policy.attempts + 1):
+            started = time.monotonic()
+            record = AttemptRecord(profile.id, attempt, "response")
+            sent.attempts.append(record)
+            last = attempt == policy.attempts
+            try:
+                response = await self.session.post(
+                    target.url, data=body, headers=dict(headers), allow_redirects=False,
+                    timeout=timeout,
+                )
+            except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+                timed_out = isinstance(exc, TimeoutError)
+                record.outcome = "timeout" if timed_out else "connection_error"
+                record.seconds = time.monotonic() - started
+                sent.failure = rc.UPSTREAM_TIMEOUT if timed_out else rc.UPSTREAM_UNAVAILABLE
+                if last or not policy.on_connection_error:
+                    return sent
+                delay = retry_delay({}, attempt, policy.backoff_initial_ms, policy.backoff_max_ms)
+                if time.monotonic() + delay >= deadline:
+                    return sent
+            else:
+                record.status = response.status
+                record.seconds = time.monotonic() - started
+                if last or not self._should_retry(response, policy.statuses):
+                    sent.response, sent.failure = response, None
+                    return sent
+                hint = _retry_after(response.headers)
+                delay = retry_delay(response.headers, attempt, policy.backoff_initial_ms, policy.backoff_max_ms)
+                too_long = hint is not None and hint > policy.max_retry_after_s
+                if too_long or time.monotonic() + delay >= deadline:
+                    sent.response, sent.failure = response, None  # give back what we have
+                    return sent
+                record.outcome = "retry"
+                response.close()
+                sent.failure = None
+            await asyncio.sleep(delay)
+        return sent
+
+    @staticmethod
+    def _should_retry(response: aiohttp.ClientResponse, statuses: tuple[int, ...]) -> bool:
+        if response.headers.get("x-should-retry", "").lower() == "false":
+            return False
+        return response.status in statuses

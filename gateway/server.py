@@ -1,0 +1,130 @@
+"""Running the app: listeners up, SIGHUP reload, graceful stop.
+
+Owns: `RunningGateway` (start the one Application on the TLS TCP site and the UDS site,
+report their addresses, reload configuration atomically, stop cleanly and remove the
+socket file) and `serve` (the CLI's foreground loop with signal handling).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aiohttp import web
+
+from gateway.app import create_app
+from gateway.config.load import ConfigError, load_runtime, resolve
+from gateway.config.runtime import RuntimeHolder
+from gateway.listeners import prepare_socket_path, server_tls_context, socket_umask
+from gateway.obs import logging as log
+from gateway.state import SERVICES
+
+
+@dataclass
+class RunningGateway:
+    config_path: Path
+    holder: RuntimeHolder
+    runner: web.AppRunner
+    https_port: int | None = None
+    uds_path: Path | None = None
+    sites: list[web.BaseSite] = field(default_factory=list)
+    tls_paths: tuple[Path, Path] | None = None
+    _tls: object | None = None
+
+    @property
+    def app(self) -> web.Application:
+        return self.runner.app
+
+    def reload(self) -> bool:
+        """Re-read everything; swap on success, keep the running runtime on failure."""
+        metrics = self.app[SERVICES].metrics
+        try:
+            runtime = load_runtime(self.config_path, generation=self.holder.current.generation + 1)
+        except ConfigError as exc:
+            metrics.reloads.labels("failed").inc()
+            log.error("config_reload_failed", reason=str(exc), generation=self.holder.current.generation)
+            return False
+        self.holder.swap(runtime)
+        if self._tls is not None and self.tls_paths is not None:
+            try:  # new connections get the new certificate
+                self._tls.load_cert_chain(str(self.tls_paths[0]), str(self.tls_paths[1]))  # type: ignore[attr-defined]
+            except OSError:
+                log.error("tls_reload_failed", reason="certificate or key unreadable")
+        metrics.reloads.labels("ok").inc()
+        log.info("config_reloaded", generation=runtime.generation, policy_version=runtime.policy.version,
+                 count=len(runtime.profiles))
+        return True
+
+    async def stop(self) -> None:
+        await self.runner.cleanup()
+        if self.uds_path is not None:
+            self.uds_path.unlink(missing_ok=True)
+
+
+async def start(
+    config_path: Path, *, https_port: int | None = None, uds_path: Path | None = None
+) -> RunningGateway:
+    """Load, build and start listening. Overrides are for tests and benchmarks."""
+    config_path = config_path.resolve()
+    runtime = load_runtime(config_path)
+    holder = RuntimeHolder(runtime)
+    app = create_app(holder, config_path=config_path)
+    cfg = runtime.config
+    runner = web.AppRunner(
+        app, handler_cancellation=True, auto_decompress=False, access_log=None,
+        shutdown_timeout=cfg.server.shutdown_grace_s,
+    )
+    await runner.setup()
+    running = RunningGateway(config_path=config_path, holder=holder, runner=runner)
+    base = runtime.base_dir
+    try:
+        if cfg.server.https is not None:
+            cert, key = resolve(base, cfg.server.https.cert), resolve(base, cfg.server.https.key)
+            tls = server_tls_context(cert, key)
+            port = cfg.server.https.port if https_port is None else https_port
+            site: web.BaseSite = web.TCPSite(runner, cfg.server.https.host, port, ssl_context=tls)
+            await site.start()
+            running.sites.append(site)
+            running._tls, running.tls_paths = tls, (cert, key)
+            server = getattr(site, "_server", None)
+            sockets = getattr(server, "sockets", None) or []
+            running.https_port = sockets[0].getsockname()[1] if sockets else port
+            log.info("listening", listener="https", address=f"{cfg.server.https.host}:{running.https_port}")
+        if cfg.server.uds is not None:
+            path = uds_path or resolve(base, cfg.server.uds.path)
+            mode = int(cfg.server.uds.mode, 8)
+            prepare_socket_path(path)
+            old = os.umask(socket_umask(mode))
+            try:
+                site = web.UnixSite(runner, str(path))
+                await site.start()
+            finally:
+                os.umask(old)
+            os.chmod(path, mode)
+            running.sites.append(site)
+            running.uds_path = path
+            log.info("listening", listener="uds", address=str(path))
+    except BaseException:
+        await running.stop()
+        raise
+    log.info("started", generation=runtime.generation, policy_version=runtime.policy.version,
+             count=len(runtime.profiles), engine=runtime.policy.engine.matcher.engine)
+    return running
+
+
+async def serve(config_path: Path) -> None:
+    """Foreground: serve until SIGINT/SIGTERM; SIGHUP reloads."""
+    running = await start(config_path)
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    loop.add_signal_handler(signal.SIGHUP, running.reload)
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        log.info("stopping")
+        await running.stop()

@@ -1,0 +1,79 @@
+"""What the running app holds, under typed AppKeys (no module globals).
+
+Owns: `Services` (runtime holder, upstream client, metrics, buffering capacity) and the
+per-request `Call` record that the middleware logs and counts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+from gateway.config.runtime import RuntimeHolder
+from gateway.errors import Dialect
+from gateway.obs.metrics import Metrics
+
+if TYPE_CHECKING:
+    from gateway.checks import CheckOutcome
+    from gateway.proxy.upstream import AttemptRecord, Upstream
+
+
+class Capacity:
+    """Concurrent buffered responses. Full means refuse now, not queue."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.in_use = 0
+        self._metrics = metrics
+
+    def try_acquire(self, limit: int) -> bool:
+        if self.in_use >= limit:
+            return False
+        self.in_use += 1
+        self._metrics.buffered_responses.set(self.in_use)
+        return True
+
+    def release(self) -> None:
+        self.in_use -= 1
+        self._metrics.buffered_responses.set(self.in_use)
+
+
+@dataclass
+class Services:
+    holder: RuntimeHolder
+    metrics: Metrics
+    capacity: Capacity
+    config_path: Path | None
+    upstream: Upstream | None = None  # set by the client-session cleanup context
+
+
+SERVICES = web.AppKey("wiregate_services", Services)
+
+
+@dataclass
+class Call:
+    """Content-free facts about one request, for the access log and metrics."""
+
+    request_id: str
+    route: str
+    dialect: Dialect
+    started: float
+    carrier: str | None = None
+    principal: str | None = None
+    delegate_for: str | None = None
+    scope: str | None = None
+    profile: str | None = None
+    model: str | None = None
+    stream: bool | None = None
+    outcome: str = "error"
+    reason_codes: tuple[str, ...] = ()
+    upstream_status: int | None = None
+    bytes_in: int = 0
+    bytes_out: int = 0
+    attempts: list[AttemptRecord] = field(default_factory=list)
+    checks: list[CheckOutcome] = field(default_factory=list)
+
+
+CALL = web.RequestKey("wiregate_call", Call)  # request-scoped
