@@ -20,8 +20,9 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
-from gateway import __version__, auth
+from gateway import __version__, auth, checkapi
 from gateway.carriers import CARRIERS, SHORT_NAMES
+from gateway.checks import ReleaseLedger
 from gateway.config.runtime import RuntimeHolder
 from gateway.errors import Dialect, GatewayError
 from gateway.inspection import verdict as rc
@@ -228,9 +229,11 @@ async def _client_session(app: web.Application) -> AsyncIterator[None]:
 def create_app(holder: RuntimeHolder, *, config_path: Path | None = None, metrics_: Metrics | None = None) -> web.Application:
     app = web.Application(middlewares=[envelope], client_max_size=holder.current.config.limits.request_bytes)
     m = metrics_ or Metrics()
-    app[SERVICES] = Services(holder=holder, metrics=m, capacity=Capacity(m), config_path=config_path)
+    app[SERVICES] = Services(holder=holder, metrics=m, capacity=Capacity(m), config_path=config_path,
+                             ledger=ReleaseLedger())
     for path, carrier in PROVIDER_ROUTES.items():
         app.router.add_post(path, _provider_handler(carrier))
+    app.router.add_post("/v1/context/check", checkapi.handle)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/v1/capabilities", capabilities)
     app.router.add_get("/healthz", healthz)

@@ -187,15 +187,15 @@ def check_claims(
     expect: Mapping[str, Any],
     deadline_claim: str = "exp",
 ) -> None:
-    """Validate opened claims: audience, expiry (`deadline_claim`), kind, then each
+    """Validate opened claims: audience, kind (phase), expiry (`deadline_claim`), then each
     expected claim. Raises BindingError with the specific reason."""
     if claims.get("aud") != audience:
         raise BindingError(rc.BINDING_MISMATCH)
+    if claims.get("kind") != kind:
+        raise BindingError(rc.BINDING_PHASE)
     deadline = claims.get(deadline_claim)
     if not isinstance(deadline, (int, float)) or now >= deadline:
         raise BindingError(rc.BINDING_EXPIRED)
-    if claims.get("kind") != kind:
-        raise BindingError(rc.BINDING_PHASE)
     for name, value in expect.items():
         if claims.get(name) != value:
             raise BindingError(rc.BINDING_MISMATCH)

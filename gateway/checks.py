@@ -1,9 +1,10 @@
 """check_context: both phases, one service for the proxy and the HTTP API alike (SPEC §6-7).
 
-Owns: assembling what the engine inspects for each phase (final request bytes, decoded
+Owns: assembling what the engine inspects for each phase (the final request bytes, decoded
 units, forwarded headers and the actual target for `before_send`; the complete raw
-response, every event and the folded content for `before_release`), the destination
-check, applying the phase mode (enforce / observe / off), and the fail-closed rule: any
+response, every event and the folded content for `before_release`), the destination check,
+phase modes (enforce / observe / off — the HTTP API always enforces), sealing the send and
+release bindings and opening a release's send binding, and the fail-closed rule: any
 exception inside inspection is `withhold`, never `allow`.
 Must not: do network I/O, sequence the wire path (flow.py does) or expose content.
 """
@@ -12,10 +13,13 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Mapping
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from gateway import bindings
+from gateway.bindings import BindingError
 from gateway.carriers.base import FoldedResponse, ParsedRequest, TextUnit
 from gateway.config.runtime import LoadedProfile, Runtime
 from gateway.inspection import verdict as rc
@@ -28,10 +32,25 @@ from gateway.inspection.verdict import (
     Mode,
     Phase,
     Verdict,
+    with_withholds,
     withhold,
 )
 from gateway.obs import logging as log
 from gateway.proxy.upstream import Target
+
+# Forwarded request headers that change what the provider does with a body: bound into the
+# send binding and inspected like any other text.
+RELEVANT_HEADERS = ("content-type", "anthropic-version", "anthropic-beta")
+
+
+@dataclass(frozen=True, slots=True)
+class Party:
+    """Who a check is for: the identities and target a binding names."""
+
+    principal: str
+    delegate: str | None
+    scope: str
+    profile: LoadedProfile
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +59,9 @@ class CheckOutcome:
     verdict: Verdict
     mode: Mode
     seconds: float
+    binding: str | None = None
+    valid_until: float | None = None
+    correlate_until: float | None = None
 
     @property
     def proceed(self) -> bool:
@@ -51,20 +73,34 @@ class CheckOutcome:
         return self.mode is Mode.OBSERVE and not self.verdict.allowed
 
 
-@dataclass(frozen=True, slots=True)
-class SendAdmission:
-    """What an allowed `before_send` admitted: the exact payload to the exact target.
-    A release must refer to it (the binding format itself is check_context's)."""
+class ReleaseLedger:
+    """Each send binding admits exactly one released payload: re-checking the same payload
+    is idempotent, a different payload under the same send binding is refused. Bounded
+    and per-process (replicas do not share it; see the README)."""
 
-    target: Target
-    body_sha256: str
-    headers_sha256: str
-    policy_version: str
+    def __init__(self, capacity: int = 100_000) -> None:
+        self._seen: OrderedDict[str, tuple[str, float]] = OrderedDict()
+        self._capacity = capacity
+
+    def admit(self, jti: str, payload_digest: str, until: float, now: float) -> bool:
+        known = self._seen.get(jti)
+        if known is not None:
+            return known[0] == payload_digest
+        while self._seen and (len(self._seen) >= self._capacity or next(iter(self._seen.values()))[1] < now):
+            self._seen.popitem(last=False)
+        self._seen[jti] = (payload_digest, until)
+        return True
 
 
-def _digest_headers(headers: Mapping[str, str]) -> str:
+def digest_headers(headers: Mapping[str, str]) -> str:
     canon = "\n".join(f"{k.lower()}:{v}" for k, v in sorted(headers.items()))
     return hashlib.sha256(canon.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def relevant_headers(headers: Mapping[str, str], profile: LoadedProfile) -> dict[str, str]:
+    names = (*RELEVANT_HEADERS, *profile.profile.passthrough_headers)
+    lower = {k.lower(): v for k, v in headers.items()}
+    return {n: lower[n] for n in names if n in lower}
 
 
 def header_units(headers: Mapping[str, str]) -> list[TextUnit]:
@@ -87,80 +123,121 @@ def destination_ok(target: Target, loaded: LoadedProfile, runtime: Runtime) -> b
 def _inspect(runtime: Runtime, subject: Subject, profile_id: str) -> Verdict:
     policy = runtime.policy
     try:
-        return policy.engine.inspect(
-            subject, allow_opaque=profile_id in policy.allow_opaque_profiles
-        )
+        return policy.engine.inspect(subject, allow_opaque=profile_id in policy.allow_opaque_profiles)
     except Exception as exc:  # fail closed: an inspector that breaks never allows
         log.error("inspection_failed", error_class=type(exc).__name__, profile=profile_id)
         return withhold(rc.INSPECTION_ERROR, policy.version)
 
 
-def _off(policy_version: str) -> Verdict:
+def _not_checked(policy_version: str) -> Verdict:
     return Verdict(Decision.ALLOW, (), Coverage(COVERAGE_PROFILE, False), policy_version)
+
+
+def _merge(parsed: Sequence[ParsedRequest]) -> tuple[list[TextUnit], list[str], list[str]]:
+    units: list[TextUnit] = []
+    opaque: list[str] = []
+    dups: list[str] = []
+    for p in parsed:
+        units.extend(p.units)
+        opaque.extend(o for o in p.opaque if o not in opaque)
+        dups.extend(d for d in p.duplicate_keys if d not in dups)
+    return units, opaque, dups
 
 
 def before_send(
     runtime: Runtime,
     *,
-    parsed: ParsedRequest,
+    party: Party,
+    parsed: Sequence[ParsedRequest],
     body: bytes,
     headers: Mapping[str, str],
-    target: Target,
-    loaded: LoadedProfile,
+    carrier: str,
+    target: Target | None,
     route: str | None,
-) -> tuple[CheckOutcome, SendAdmission | None]:
+    extra_withhold: Sequence[str] = (),
+    mode: Mode | None = None,
+    now: float | None = None,
+) -> CheckOutcome:
+    """`parsed`: the request as each applicable carrier reads it (the proxy has exactly
+    one; the API may not know the route and inspects the union). `target` is the exact
+    URL the proxy will use (None for the API, whose target is the profile itself). `mode`
+    forces a mode (the API always enforces)."""
     started = time.perf_counter()
+    now = time.time() if now is None else now
     policy = runtime.policy
-    mode = policy.mode(Phase.BEFORE_SEND, profile=target.profile_id, route=route)
-    if not destination_ok(target, loaded, runtime):
-        # The destination is never a matter of mode: an unapproved target is not sent to.
-        verdict = Verdict(
-            Decision.BLOCK, (rc.DESTINATION_NOT_APPROVED,), Coverage(COVERAGE_PROFILE, True),
-            policy.version, (Finding(rc.DESTINATION_NOT_APPROVED),),
-        )
-        return CheckOutcome(Phase.BEFORE_SEND, verdict, Mode.ENFORCE, time.perf_counter() - started), None
+    profile_id = party.profile.profile.id
+    if mode is None:
+        mode = policy.mode(Phase.BEFORE_SEND, profile=profile_id, route=route)
+    if target is not None and not destination_ok(target, party.profile, runtime):
+        # An unapproved destination is never a matter of mode.
+        verdict = Verdict(Decision.BLOCK, (rc.DESTINATION_NOT_APPROVED,), Coverage(COVERAGE_PROFILE, True),
+                          policy.version, (Finding(rc.DESTINATION_NOT_APPROVED),))
+        return CheckOutcome(Phase.BEFORE_SEND, verdict, Mode.ENFORCE, time.perf_counter() - started)
     if mode is Mode.OFF:
-        verdict = _off(policy.version)
+        verdict = _not_checked(policy.version)
     else:
-        subject = Subject(
-            raw=body,
-            units=parsed.units,
-            opaque=parsed.opaque,
-            duplicate_keys=parsed.duplicate_keys,
-            extra_units=header_units(headers),
-        )
-        verdict = _inspect(runtime, subject, target.profile_id)
+        units, opaque, dups = _merge(parsed)
+        subject = Subject(raw=body, units=units, opaque=opaque, duplicate_keys=dups,
+                          extra_units=header_units(headers))
+        verdict = with_withholds(_inspect(runtime, subject, profile_id), list(extra_withhold))
     outcome = CheckOutcome(Phase.BEFORE_SEND, verdict, mode, time.perf_counter() - started)
-    admission = None
-    if outcome.proceed:
-        admission = SendAdmission(
-            target=target,
-            body_sha256=hashlib.sha256(body).hexdigest(),
-            headers_sha256=_digest_headers(headers),
-            policy_version=policy.version,
-        )
-    return outcome, admission
+    if not outcome.proceed:
+        return outcome
+    cfg = runtime.config.bindings
+    valid_until, correlate_until = now + cfg.send_valid_s, now + cfg.correlate_s
+    claims = bindings.new_claims(
+        runtime.keyring, kind="send", audience=runtime.config.deployment_id, now=now,
+        ttl_s=cfg.send_valid_s, phase=Phase.BEFORE_SEND.value, sub=party.principal,
+        dlg=party.delegate, scope=party.scope, tp=profile_id, tpd=party.profile.digest,
+        car=carrier, body=hashlib.sha256(body).hexdigest(), hdr=digest_headers(headers),
+        pv=policy.version, dec=verdict.decision.value, cu=int(correlate_until),
+    )
+    return CheckOutcome(
+        Phase.BEFORE_SEND, verdict, mode, time.perf_counter() - started,
+        binding=bindings.seal(runtime.keyring, claims), valid_until=float(int(valid_until)),
+        correlate_until=float(int(correlate_until)),
+    )
+
+
+def open_send_binding(runtime: Runtime, token: str, party: Party, now: float) -> dict[str, object]:
+    """The claims of a send binding a release refers to. Raises BindingError(reason)."""
+    claims = bindings.open_binding(runtime.keyring, token)
+    bindings.check_claims(
+        claims, now=now, kind="send", audience=runtime.config.deployment_id,
+        expect={"sub": party.principal, "dlg": party.delegate, "scope": party.scope,
+                "tp": party.profile.profile.id, "tpd": party.profile.digest},
+        deadline_claim="cu",
+    )
+    return claims
 
 
 def before_release(
     runtime: Runtime,
     *,
+    party: Party,
+    request_binding: str,
     folded: FoldedResponse,
     raw: bytes,
     released_headers: Mapping[str, str],
-    admission: SendAdmission,
     route: str | None,
+    ledger: ReleaseLedger,
+    mode: Mode | None = None,
+    now: float | None = None,
 ) -> CheckOutcome:
     started = time.perf_counter()
+    now = time.time() if now is None else now
     policy = runtime.policy
-    target = admission.target
-    mode = policy.mode(Phase.BEFORE_RELEASE, profile=target.profile_id, route=route)
+    profile_id = party.profile.profile.id
+    if mode is None:
+        mode = policy.mode(Phase.BEFORE_RELEASE, profile=profile_id, route=route)
+    try:
+        claims = open_send_binding(runtime, request_binding, party, now)
+    except BindingError as exc:
+        # A release not tied to a valid send is never released, whatever the mode.
+        return CheckOutcome(Phase.BEFORE_RELEASE, withhold(exc.reason, policy.version), Mode.ENFORCE,
+                            time.perf_counter() - started)
     if mode is Mode.OFF:
-        verdict = _off(policy.version)
-    elif admission.policy_version != policy.version:
-        # The policy changed between send and release: this release is not covered by the
-        # decision that admitted the send.
-        verdict = withhold(rc.BINDING_MISMATCH, policy.version)
+        verdict = _not_checked(policy.version)
     else:
         reasons: list[str] = []
         if not folded.complete:
@@ -168,13 +245,28 @@ def before_release(
             if folded.incomplete_reason and folded.incomplete_reason != rc.RESPONSE_INCOMPLETE:
                 reasons.append(folded.incomplete_reason)
         subject = Subject(
-            raw=raw if folded.raw_scan else None,
-            units=folded.units,
-            opaque=folded.opaque,
-            duplicate_keys=folded.duplicate_keys,
-            complete=folded.complete,
-            incomplete_reasons=tuple(reasons),
-            extra_units=header_units(released_headers),
+            raw=raw if folded.raw_scan else None, units=folded.units, opaque=folded.opaque,
+            duplicate_keys=folded.duplicate_keys, complete=folded.complete,
+            incomplete_reasons=tuple(reasons), extra_units=header_units(released_headers),
         )
-        verdict = _inspect(runtime, subject, target.profile_id)
-    return CheckOutcome(Phase.BEFORE_RELEASE, verdict, mode, time.perf_counter() - started)
+        verdict = _inspect(runtime, subject, profile_id)
+    outcome = CheckOutcome(Phase.BEFORE_RELEASE, verdict, mode, time.perf_counter() - started)
+    if not outcome.proceed:
+        return outcome
+    payload_digest = hashlib.sha256(raw).hexdigest()
+    if not ledger.admit(str(claims.get("jti")), payload_digest, float(claims.get("cu", now)), now):  # type: ignore[arg-type]
+        return CheckOutcome(Phase.BEFORE_RELEASE, withhold(rc.BINDING_MISMATCH, policy.version),
+                            Mode.ENFORCE, time.perf_counter() - started)
+    cfg = runtime.config.bindings
+    release_claims = bindings.new_claims(
+        runtime.keyring, kind="release", audience=runtime.config.deployment_id, now=now,
+        ttl_s=cfg.release_valid_s, phase=Phase.BEFORE_RELEASE.value, sub=party.principal,
+        dlg=party.delegate, scope=party.scope, tp=profile_id, tpd=party.profile.digest,
+        rb=hashlib.sha256(request_binding.encode()).hexdigest(), body=payload_digest,
+        pv=policy.version, dec=verdict.decision.value,
+    )
+    return CheckOutcome(
+        Phase.BEFORE_RELEASE, verdict, mode, time.perf_counter() - started,
+        binding=bindings.seal(runtime.keyring, release_claims),
+        valid_until=float(int(now + cfg.release_valid_s)),
+    )

@@ -17,7 +17,7 @@ from gateway.errors import Dialect
 from gateway.obs.metrics import Metrics
 
 if TYPE_CHECKING:
-    from gateway.checks import CheckOutcome
+    from gateway.checks import CheckOutcome, ReleaseLedger
     from gateway.proxy.upstream import AttemptRecord, Upstream
 
 
@@ -46,6 +46,7 @@ class Services:
     metrics: Metrics
     capacity: Capacity
     config_path: Path | None
+    ledger: ReleaseLedger
     upstream: Upstream | None = None  # set by the client-session cleanup context
 
 

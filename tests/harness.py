@@ -26,6 +26,8 @@ from gateway.server import RunningGateway, start
 T = TypeVar("T")
 
 UPSTREAM_KEY = "upstream-credential-for-tests-0001"
+# Every credential a test creates, so the last test can prove none reached a log line.
+ISSUED_KEYS: list[str] = [UPSTREAM_KEY]
 FAST_RETRY = {"attempts": 2, "backoff_initial_ms": 10, "backoff_max_ms": 50, "max_retry_after_s": 5}
 FAST_TIMEOUTS = {"connect_s": 2, "read_s": 5, "total_s": 10}
 
@@ -74,6 +76,7 @@ class Env:
 
     def add_principal(self, pid: str, actions: list[str], profiles: list[str], scopes: list[str] | None = None) -> str:
         key, digest = devsetup.new_gateway_key()
+        ISSUED_KEYS.append(key)
         with (self.dir / "principals.toml").open("a") as fh:
             fh.write(devsetup.principal_block(pid, [digest], actions, profiles, scopes))
         return key
@@ -83,9 +86,10 @@ ALL_ACTIONS = ["proxy", "context.check", "context.prepare", "context.write", "ob
 
 
 def policy_text(*, version: str = "test-1", extra: str = "", engine: str = "hyperscan") -> str:
+    # `extra` goes before the [secret_values] table: its top-level keys stay top-level.
     return (
-        f'version = "{version}"\nengine = "{engine}"\n'
-        '[secret_values]\nsources = ["file:secrets/values.json"]\nmin_length = 8\n' + extra
+        f'version = "{version}"\nengine = "{engine}"\n' + extra
+        + '\n[secret_values]\nsources = ["file:secrets/values.json"]\nmin_length = 8\n'
     )
 
 

@@ -68,6 +68,15 @@ class StreamingSettings(_Strict):
     heartbeat_every_s: float = Field(15.0, gt=0, le=600)
 
 
+class BindingSettings(_Strict):
+    # How long an allowed send may still be sent (third-party gateways send right after).
+    send_valid_s: float = Field(120.0, gt=0, le=3600)
+    # How long a release may refer to its send: covers buffering a long response.
+    correlate_s: float = Field(900.0, gt=0, le=86400)
+    # How long a release decision stays valid for the caller to act on.
+    release_valid_s: float = Field(120.0, gt=0, le=3600)
+
+
 class LoggingSettings(_Strict):
     level: Literal["debug", "info", "warning", "error"] = "info"
 
@@ -78,6 +87,7 @@ class GatewayConfig(_Strict):
     limits: Limits = Limits()
     trust: TrustSettings = TrustSettings()
     streaming: StreamingSettings = StreamingSettings()
+    bindings: BindingSettings = BindingSettings()
     logging: LoggingSettings = LoggingSettings()
     profiles_dir: str = "profiles"
     principals_file: str = "principals.toml"

@@ -175,3 +175,17 @@ def withhold(reason: str, policy_version: str, *, complete: bool = False) -> Ver
         coverage=Coverage(COVERAGE_PROFILE, complete),
         policy_version=policy_version,
     )
+
+
+def with_withholds(verdict: Verdict, reasons: list[str]) -> Verdict:
+    """`verdict` plus further withhold reasons (checks made outside the engine)."""
+    if not reasons:
+        return verdict
+    finding_reasons = {f.reason for f in verdict.findings if not f.advisory}
+    earlier = [c for c in verdict.reason_codes if c not in finding_reasons]
+    return decide(
+        list(verdict.findings),
+        withhold_reasons=earlier + reasons,
+        complete=verdict.coverage.complete,
+        policy_version=verdict.policy_version,
+    )

@@ -9,12 +9,15 @@ A provider call arrives on the TLS or Unix-socket listener and reaches `handle`:
   3  parse the body with the route's carrier: every text unit, opaque parts, duplicates
   4  plan native cache markers for the target profile → the final upstream body
   5  token-window admission for that profile
-  6  before_send on the final bytes, forwarded headers and the actual target
+  6  before_send on the final bytes, forwarded headers and the actual target; an allow
+     seals a send binding naming that payload, target, principal and scope
   7  send with the profile's retries; on failure move to the next profile in the chain
      and go back to 4 (a new target is planned and checked again)
-  8  strict: buffer the complete raw response (bytes, time and concurrency limits)
-  9  before_release on the complete response, tied to the admission of step 6
+  8  strict: buffer the complete raw response (bytes, time and concurrency limits),
+     optionally sending SSE comment heartbeats to a streaming client meanwhile
+  9  before_release on the complete response; it opens the send binding of step 6 first
  10  release the original bytes (non-stream) or the re-framed events (stream), or refuse
+     (once heartbeats are out, a refusal is the protocol's own error event)
  11  record usage (never changes or delays the decision)
 
 Observe mode (per route or profile, per phase) lets a non-allow decision through and
@@ -30,6 +33,7 @@ import asyncio
 import dataclasses
 import time
 import zlib
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 
 import aiohttp
@@ -39,7 +43,7 @@ from gateway import auth, checks, errors
 from gateway.carriers import SHORT_NAMES, sse
 from gateway.carriers.base import Carrier, FoldedResponse, ParsedRequest
 from gateway.carriers.jsonraw import JsonError
-from gateway.checks import CheckOutcome, SendAdmission
+from gateway.checks import CheckOutcome, Party
 from gateway.config.model import Limits
 from gateway.config.runtime import LoadedProfile, Runtime
 from gateway.errors import GatewayError
@@ -47,7 +51,7 @@ from gateway.inspection import verdict as rc
 from gateway.inspection.verdict import Decision, Mode, Phase
 from gateway.obs import logging as log
 from gateway.proxy import release, routing
-from gateway.proxy.upstream import Sent, Target, checked_headers, upstream_headers
+from gateway.proxy.upstream import Sent, Target, upstream_headers
 from gateway.state import CALL, SERVICES, Call, Services
 
 _SHORT_OF = {full: short for short, full in SHORT_NAMES.items()}
@@ -79,10 +83,11 @@ async def handle(request: web.Request, carrier: Carrier) -> web.StreamResponse:
         raise GatewayError(503, "gateway_busy", (rc.CAPACITY_EXCEEDED,), retryable=True)
     try:
         deadline = time.monotonic() + limits.buffer_seconds
-        sent, target, admission = await _send_along_chain(  # 4-7
-            request, services, runtime, carrier, parsed, raw, chain, deadline
+        parties = [Party(identity.principal.id, identity.on_behalf_of, identity.scope, lp) for lp in chain]
+        sent, target, party, send = await _send_along_chain(  # 4-7
+            request, services, runtime, carrier, parsed, raw, parties, deadline
         )
-        return await _receive(request, services, runtime, carrier, sent, target, admission, deadline)  # 8-10
+        return await _receive(request, services, runtime, carrier, sent, target, party, send, deadline)  # 8-10
     finally:
         services.capacity.release()
         _record_usage(services, call)  # 11
@@ -136,26 +141,26 @@ def parse_request(carrier: Carrier, raw: bytes, runtime: Runtime) -> ParsedReque
 
 async def _send_along_chain(
     request: web.Request, services: Services, runtime: Runtime, carrier: Carrier,
-    parsed: ParsedRequest, raw: bytes, chain: list[LoadedProfile], deadline: float,
-) -> tuple[Sent, Target, SendAdmission]:
+    parsed: ParsedRequest, raw: bytes, parties: list[Party], deadline: float,
+) -> tuple[Sent, Target, Party, CheckOutcome]:
     call: Call = request[CALL]
     assert services.upstream is not None
-    route = request.path
-    for index, loaded in enumerate(chain):
-        more = index + 1 < len(chain)
+    for index, party in enumerate(parties):
+        loaded = party.profile
+        more = index + 1 < len(parties)
         target = Target.for_profile(loaded, carrier.name, carrier.path)
         call.profile = loaded.profile.id
         body, planned = plan(carrier, parsed, raw, loaded, runtime)  # 4
         admit(planned, loaded)  # 5
         headers = upstream_headers(loaded.profile, loaded.credential, request.headers)
-        bound = checked_headers(headers)
-        outcome, admission = checks.before_send(  # 6
-            runtime, parsed=planned, body=body, headers=bound, target=target, loaded=loaded,
-            route=route,
+        bound = checks.relevant_headers(headers, loaded)
+        send = checks.before_send(  # 6
+            runtime, party=party, parsed=[planned], body=body, headers=bound,
+            carrier=carrier.name, target=target, route=request.path,
         )
-        _note_check(services, call, outcome, loaded.profile.id)
-        if not outcome.proceed or admission is None:
-            raise _send_refusal(outcome)
+        _note_check(services, call, send, loaded.profile.id)
+        if not send.proceed or send.binding is None:
+            raise _refusal(send)
         if loaded.credential_error is not None:
             log.error("credential_unavailable", request_id=call.request_id, profile=loaded.profile.id)
             if more:
@@ -166,9 +171,7 @@ async def _send_along_chain(
             raise GatewayError(503, "upstream_timeout", (rc.UPSTREAM_TIMEOUT,), retryable=True)
         try:
             async with asyncio.timeout(min(remaining, loaded.profile.timeouts.total_s)):
-                sent = await services.upstream.send(  # 7
-                    target, loaded, body, headers, deadline=deadline
-                )
+                sent = await services.upstream.send(target, loaded, body, headers, deadline=deadline)  # 7
         except TimeoutError:
             sent = Sent(response=None, failure=rc.UPSTREAM_TIMEOUT)
         call.attempts.extend(sent.attempts)
@@ -176,17 +179,17 @@ async def _send_along_chain(
             services.metrics.upstream_attempts.labels(loaded.profile.id, attempt.outcome).inc()
         failed = sent.response is None or sent.response.status in loaded.profile.retry.statuses
         if failed and more:
+            status = sent.response.status if sent.response is not None else None
             if sent.response is not None:
                 sent.response.close()
             log.warning("fallback", request_id=call.request_id, profile=loaded.profile.id,
-                        upstream_status=sent.response.status if sent.response else None,
-                        reason=sent.failure)
+                        upstream_status=status, reason=sent.failure)
             continue
         if sent.response is None:
             failure = sent.failure or rc.UPSTREAM_UNAVAILABLE
             code = "upstream_timeout" if failure == rc.UPSTREAM_TIMEOUT else "upstream_unavailable"
             raise GatewayError(503, code, (failure,), retryable=True)
-        return sent, target, admission
+        return sent, target, party, send
     raise GatewayError(503, "upstream_unavailable", (rc.NO_PROFILE,), retryable=True)
 
 
@@ -204,18 +207,12 @@ def admit(parsed: ParsedRequest, loaded: LoadedProfile) -> None:
     """Step 5: token-window admission (arrives with the usage/admission issue)."""
 
 
-def _send_refusal(outcome: CheckOutcome) -> GatewayError:
+def _refusal(outcome: CheckOutcome) -> GatewayError:
     codes = outcome.verdict.reason_codes
-    if outcome.verdict.decision is Decision.BLOCK:
-        return errors.blocked_request(codes)
-    return errors.withheld_request(codes)
-
-
-def _release_refusal(outcome: CheckOutcome) -> GatewayError:
-    codes = outcome.verdict.reason_codes
-    if outcome.verdict.decision is Decision.BLOCK:
-        return errors.blocked_response(codes)
-    return errors.withheld_response(codes)
+    blocked = outcome.verdict.decision is Decision.BLOCK
+    if outcome.phase is Phase.BEFORE_SEND:
+        return errors.blocked_request(codes) if blocked else errors.withheld_request(codes)
+    return errors.blocked_response(codes) if blocked else errors.withheld_response(codes)
 
 
 # --- 8 to 10 ---------------------------------------------------------------------------
@@ -224,65 +221,128 @@ class _TooLarge(Exception):
     pass
 
 
-async def _read_all(response: aiohttp.ClientResponse, limit: int, services: Services) -> bytes:
+Beat = Callable[[], Awaitable[None]]
+
+
+async def _read_all(
+    response: aiohttp.ClientResponse, limit: int, services: Services,
+    beat: Beat | None, first_beat_s: float, every_s: float,
+) -> bytes:
+    """The whole body, within `limit` bytes. With `beat`, call it after `first_beat_s` of
+    buffering and every `every_s` after that until the body is complete."""
     chunks: list[bytes] = []
     total = 0
     gauge = services.metrics.buffered_bytes
+    next_beat = time.monotonic() + first_beat_s
     try:
-        async for chunk in response.content.iter_any():
+        while True:
+            if beat is None:
+                chunk = await response.content.readany()
+            else:
+                try:
+                    async with asyncio.timeout(max(0.0, next_beat - time.monotonic())):
+                        chunk = await response.content.readany()
+                except TimeoutError:
+                    await beat()
+                    next_beat = time.monotonic() + every_s
+                    continue
+            if not chunk:
+                return b"".join(chunks)
             total += len(chunk)
             if total > limit:
                 raise _TooLarge
             gauge.inc(len(chunk))
             chunks.append(chunk)
-        return b"".join(chunks)
     finally:
         gauge.dec(sum(len(c) for c in chunks))
 
 
+class _Heartbeats:
+    """SSE comment heartbeats for a strict stream still buffering. Once the first one is
+    out, the status line and headers are committed: any later outcome must be written as
+    events on the open stream."""
+
+    def __init__(self, request: web.Request, headers: dict[str, str]) -> None:
+        self.request = request
+        self.headers = headers
+        self.out: web.StreamResponse | None = None
+
+    async def beat(self) -> None:
+        if self.out is None:
+            self.out = web.StreamResponse(status=200, headers=self.headers)
+            self.out.content_type = "text/event-stream"
+            self.out.headers["Cache-Control"] = "no-cache"
+            await self.out.prepare(self.request)
+        await self.out.write(sse.HEARTBEAT)
+
+    async def finish(self, body: bytes) -> web.StreamResponse:
+        assert self.out is not None
+        await self.out.write(body)
+        await self.out.write_eof()
+        return self.out
+
+
 async def _receive(
     request: web.Request, services: Services, runtime: Runtime, carrier: Carrier,
-    sent: Sent, target: Target, admission: SendAdmission, deadline: float,
+    sent: Sent, target: Target, party: Party, send: CheckOutcome, deadline: float,
 ) -> web.StreamResponse:
     call: Call = request[CALL]
     response = sent.response
-    assert response is not None
+    assert response is not None and send.binding is not None
     call.upstream_status = response.status
     limits = runtime.config.limits
+    streaming = runtime.config.streaming
+    is_stream = response.content_type == "text/event-stream"
+    passed = release.released_headers(response.headers)
+    heartbeats: _Heartbeats | None = None
     try:
         mode = runtime.policy.mode(Phase.BEFORE_RELEASE, profile=target.profile_id, route=request.path)
         if mode is not Mode.ENFORCE:
-            return await _pass_through(request, services, runtime, carrier, response, admission, mode)
+            return await _pass_through(request, services, runtime, carrier, response, party, send, mode)
+        if is_stream and streaming.heartbeat_after_s > 0 and 200 <= response.status < 300:
+            heartbeats = _Heartbeats(request, passed)
         try:
             async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
-                body = await _read_all(response, limits.response_bytes, services)  # 8
+                body = await _read_all(  # 8
+                    response, limits.response_bytes, services,
+                    heartbeats.beat if heartbeats else None,
+                    streaming.heartbeat_after_s, streaming.heartbeat_every_s,
+                )
         except TimeoutError:
             raise GatewayError(503, "upstream_timeout", (rc.BUFFER_TIMEOUT,), retryable=True) from None
         except _TooLarge:
             raise GatewayError(503, "response_withheld", (rc.RESPONSE_TOO_LARGE,)) from None
         except (aiohttp.ClientError, OSError):
             raise GatewayError(503, "response_incomplete", (rc.RESPONSE_INCOMPLETE,), retryable=True) from None
+        folded, released = _decode(carrier, body, is_stream, runtime)
+        if not 200 <= response.status < 300 and not folded.complete:
+            # A provider error we cannot read (an HTML page from a proxy, say): say so, without it.
+            raise GatewayError(502, "upstream_error", (rc.UPSTREAM_INVALID_RESPONSE,))
+        outcome = checks.before_release(  # 9
+            runtime, party=party, request_binding=send.binding, folded=folded, raw=released,
+            released_headers=passed, route=request.path, ledger=services.ledger,
+        )
+        _note_check(services, call, outcome, target.profile_id)
+        if not outcome.proceed:
+            raise _refusal(outcome)
+    except GatewayError as err:
+        if heartbeats is not None and heartbeats.out is not None:
+            # Headers are out: the refusal becomes the protocol's own error event.
+            call.outcome = "refused_in_stream"
+            call.reason_codes = err.reason_codes
+            return await heartbeats.finish(
+                carrier.stream_error_event(err.code, err.reason_codes, err.public_message))
+        raise
     finally:
         response.close()  # never back to the pool half-read; a no-op once fully read
-
-    is_stream = response.content_type == "text/event-stream"
-    folded, released = _decode(carrier, body, is_stream, runtime)
-    if not 200 <= response.status < 300 and not folded.complete:
-        # A provider error we cannot read (an HTML page from a proxy, say): say so, without it.
-        raise GatewayError(502, "upstream_error", (rc.UPSTREAM_INVALID_RESPONSE,))
-    passed = release.released_headers(response.headers)
-    outcome = checks.before_release(  # 9
-        runtime, folded=folded, raw=released, released_headers=passed, admission=admission,
-        route=request.path,
-    )
-    _note_check(services, call, outcome, target.profile_id)
-    if not outcome.proceed:
-        raise _release_refusal(outcome)
     call.outcome = "released" if 200 <= response.status < 300 else "upstream_error_released"
     call.bytes_out = len(released)
-    if is_stream:  # 10
+    if heartbeats is not None and heartbeats.out is not None:  # 10
+        return await heartbeats.finish(released)
+    if is_stream:
         return release.release_stream(response.status, passed, released)
-    return release.release_body(response.status, passed, released, response.headers.get("content-type", "application/json"))
+    content_type = response.headers.get("content-type", "application/json")
+    return release.release_body(response.status, passed, released, content_type)
 
 
 def _decode(carrier: Carrier, body: bytes, is_stream: bool, runtime: Runtime) -> tuple[FoldedResponse, bytes]:
@@ -302,7 +362,7 @@ def _decode(carrier: Carrier, body: bytes, is_stream: bool, runtime: Runtime) ->
 
 async def _pass_through(
     request: web.Request, services: Services, runtime: Runtime, carrier: Carrier,
-    response: aiohttp.ClientResponse, admission: SendAdmission, mode: Mode,
+    response: aiohttp.ClientResponse, party: Party, send: CheckOutcome, mode: Mode,
 ) -> web.StreamResponse:
     """Observe/off: stream the response through unchanged; check a bounded copy after."""
     call: Call = request[CALL]
@@ -324,17 +384,16 @@ async def _pass_through(
         broken = True
     call.bytes_out = size
     call.outcome = "observed"
-    if mode is Mode.OBSERVE:
-        body = b"".join(copy)
+    if mode is Mode.OBSERVE and send.binding is not None:
         is_stream = response.content_type == "text/event-stream"
-        folded, released = _decode(carrier, body, is_stream, runtime)
+        folded, released = _decode(carrier, b"".join(copy), is_stream, runtime)
         if broken or size > limit:
             folded = dataclasses.replace(folded, complete=False, incomplete_reason=rc.RESPONSE_INCOMPLETE)
         outcome = checks.before_release(
-            runtime, folded=folded, raw=released if not is_stream else body,
-            released_headers=passed, admission=admission, route=request.path,
+            runtime, party=party, request_binding=send.binding, folded=folded, raw=released,
+            released_headers=passed, route=request.path, ledger=services.ledger, mode=Mode.OBSERVE,
         )
-        _note_check(services, call, outcome, admission.target.profile_id)
+        _note_check(services, call, outcome, party.profile.profile.id)
     if broken:
         # Do not end the stream cleanly: the client must see that it was cut.
         if request.transport is not None:

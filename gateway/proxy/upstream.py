@@ -87,11 +87,6 @@ def upstream_headers(
     return headers
 
 
-def checked_headers(headers: Mapping[str, str]) -> dict[str, str]:
-    """The forwarded headers that a check binds and inspects (credentials excluded)."""
-    return {k: v for k, v in headers.items() if k not in ("authorization", "x-api-key")}
-
-
 def retry_delay(
     headers: Mapping[str, str], attempt: int, initial_ms: int, max_ms: int,
     jitter: Callable[[], float] = random.random,

@@ -1,0 +1,242 @@
+"""`POST /v1/context/check`: check_context for third-party gateways and adapters (SPEC §7).
+
+Owns: the request DTOs (pydantic, strict per phase: unknown fields and fields of the other
+phase are 422; a discriminated union on `phase`; payload schemas
+`powercontext.model-json-payload.v1` / `powercontext.model-sse-payload.v1`), turning a DTO
+into a call of the same `checks` functions the proxy uses, and the
+`powercontext.context-check.v1` result. The API always enforces (observe/off modes are the
+proxy's), `completion: "incomplete"` is never allowed, and `before_release` needs a valid
+`request_binding`.
+Must not: echo payload content, bindings' claims, or validation input values.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
+
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from gateway import auth, checks
+from gateway.bindings import MAX_LENGTH, BindingError
+from gateway.carriers import CARRIERS, SHORT_NAMES, sse
+from gateway.carriers.base import Carrier, FoldedResponse, ParsedRequest
+from gateway.carriers.jsonraw import JsonError
+from gateway.checks import CheckOutcome, Party
+from gateway.context import reuse
+from gateway.errors import GatewayError
+from gateway.inspection import verdict as rc
+from gateway.inspection.verdict import Mode, Phase, Verdict, withhold
+from gateway.proxy import flow
+from gateway.state import CALL, SERVICES
+
+RESULT_SCHEMA = "powercontext.context-check.v1"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+
+class JsonPayload(_Strict):
+    schema_: Literal["powercontext.model-json-payload.v1"] = Field(alias="schema")
+    headers: dict[str, str] = Field(default_factory=dict, max_length=64)
+    body: str  # the raw UTF-8 JSON text of the complete provider request/response
+
+
+class SsePayload(_Strict):
+    schema_: Literal["powercontext.model-sse-payload.v1"] = Field(alias="schema")
+    headers: dict[str, str] = Field(default_factory=dict, max_length=64)
+    body: str  # the raw text/event-stream text of the complete response
+
+
+class Location(_Strict):
+    schema_: Literal["powercontext.model-json-text-location.v1"] = Field(alias="schema")
+    pointer: str = Field(max_length=1024)
+    start_byte: int = Field(ge=0)
+    end_byte: int = Field(ge=0)
+
+
+class PreparedContextRef(_Strict):
+    binding: str = Field(max_length=MAX_LENGTH)
+    location: Location
+
+
+class UsageIn(_Strict):
+    input_tokens: int | None = Field(None, ge=0)
+    output_tokens: int | None = Field(None, ge=0)
+    cache_read_input_tokens: int | None = Field(None, ge=0)
+    cache_creation_input_tokens: int | None = Field(None, ge=0)
+    reasoning_tokens: int | None = Field(None, ge=0)
+
+
+class BeforeSendCheck(_Strict):
+    scope_id: str = Field(min_length=1, max_length=256)
+    phase: Literal["before_send"]
+    target_profile: str = Field(min_length=1, max_length=64)
+    payload: JsonPayload
+    prepared_contexts: list[PreparedContextRef] = Field(default_factory=list, max_length=16)
+
+
+class BeforeReleaseCheck(_Strict):
+    scope_id: str = Field(min_length=1, max_length=256)
+    phase: Literal["before_release"]
+    target_profile: str = Field(min_length=1, max_length=64)
+    request_binding: str = Field(max_length=4 * MAX_LENGTH)  # length itself is checked on open
+    payload: Annotated[JsonPayload | SsePayload, Field(discriminator="schema_")]
+    completion: Literal["complete", "incomplete"]
+    usage: UsageIn | None = None
+
+
+CheckRequest = TypeAdapter(Annotated[BeforeSendCheck | BeforeReleaseCheck, Field(discriminator="phase")])
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(int(ts), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _result(phase: Phase, verdict: Verdict, valid_until: float, *, correlate_until: float | None = None,
+            binding: str | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "schema": RESULT_SCHEMA,
+        "phase": phase.value,
+        "decision": verdict.decision.value,
+        "reason_codes": list(verdict.reason_codes),
+        "coverage": verdict.coverage.as_json(),
+        "policy_version": verdict.policy_version,
+        "valid_until": _iso(valid_until),
+    }
+    if phase is Phase.BEFORE_SEND:
+        out["correlate_until"] = _iso(correlate_until if correlate_until is not None else valid_until)
+    if binding is not None and verdict.allowed:
+        out["binding"] = binding
+    return out
+
+
+def _invalid() -> GatewayError:
+    # Validation details are not echoed: they can quote the caller's payload.
+    return GatewayError(422, "invalid_request", (rc.INVALID_REQUEST,),
+                        "The check request does not match its phase's schema.")
+
+
+async def handle(request: web.Request) -> web.Response:
+    services = request.app[SERVICES]
+    runtime = services.holder.current
+    call = request[CALL]
+    call.carrier = "context.check"
+    auth.authenticate(runtime, request.headers)  # 401 before reading a byte
+    raw = await flow.read_body(request, runtime.config.limits)
+    call.bytes_in = len(raw)
+    try:
+        dto = CheckRequest.validate_json(raw)
+    except ValidationError:
+        raise _invalid() from None
+    identity = auth.identify(runtime, request.headers, "context.check", body_scope=dto.scope_id)
+    call.principal, call.scope, call.delegate_for = identity.principal.id, identity.scope, identity.on_behalf_of
+    loaded = runtime.profiles.get(dto.target_profile)
+    if loaded is None or dto.target_profile not in identity.principal.profiles:
+        raise GatewayError(403, "permission_denied", (rc.FORBIDDEN_PROFILE,))
+    call.profile = loaded.profile.id
+    party = Party(identity.principal.id, identity.on_behalf_of, identity.scope, loaded)
+    now = time.time()
+    if not loaded.valid_at(datetime.fromtimestamp(now, UTC)):
+        outcome_verdict = withhold(rc.POLICY_UNAVAILABLE, runtime.policy.version)
+        phase = Phase.BEFORE_SEND if isinstance(dto, BeforeSendCheck) else Phase.BEFORE_RELEASE
+        return web.json_response(_result(phase, outcome_verdict, now))
+    if isinstance(dto, BeforeSendCheck):
+        body = _before_send(runtime, party, dto, now)
+    else:
+        body = _before_release(services, runtime, party, dto, now)
+    call.outcome = body["decision"]
+    call.reason_codes = tuple(body["reason_codes"])
+    return web.json_response(body)
+
+
+def _carriers(loaded: Any) -> list[Carrier]:
+    return [CARRIERS[SHORT_NAMES[c]] for c in loaded.profile.carriers]
+
+
+def _before_send(runtime: Any, party: Party, dto: BeforeSendCheck, now: float) -> dict[str, Any]:
+    body = dto.payload.body.encode("utf-8", "surrogatepass")
+    parsed: list[ParsedRequest] = []
+    names: list[str] = []
+    failures: list[str] = []
+    # The route is not part of the payload: inspect the request as every carrier the
+    # target profile speaks would read it (the union is a superset of what any one sees).
+    for carrier in _carriers(party.profile):
+        try:
+            parsed.append(carrier.parse_request(body, runtime.carrier_limits))
+            names.append(carrier.name)
+        except JsonError as exc:
+            failures.append(exc.reason)
+    if not parsed:
+        reason = rc.JSON_INVALID if rc.JSON_INVALID in failures else (failures[0] if failures else rc.UNSUPPORTED_CARRIER)
+        return _result(Phase.BEFORE_SEND, withhold(reason, runtime.policy.version, complete=False), now)
+    headers = {k.lower(): v for k, v in dto.payload.headers.items()}
+    relevant = checks.relevant_headers(headers, party.profile)
+    replays = [reuse.Replay(p.binding, p.location.pointer, p.location.start_byte, p.location.end_byte)
+               for p in dto.prepared_contexts]
+    replay_reasons = reuse.verify(
+        replays, body=body, ring=runtime.keyring, audience=runtime.config.deployment_id,
+        principal=party.principal, delegate=party.delegate, scope=party.scope, now=now,
+        max_depth=runtime.carrier_limits.max_depth,
+    )
+    outcome = checks.before_send(
+        runtime, party=party, parsed=parsed, body=body, headers=relevant, carrier=",".join(names),
+        target=None, route=None, extra_withhold=replay_reasons, mode=Mode.ENFORCE, now=now,
+    )
+    cfg = runtime.config.bindings
+    return _result(
+        Phase.BEFORE_SEND, outcome.verdict, outcome.valid_until or now + cfg.send_valid_s,
+        correlate_until=outcome.correlate_until or now + cfg.correlate_s, binding=outcome.binding,
+    )
+
+
+def _fold(names: list[str], payload: JsonPayload | SsePayload, limits: Any) -> tuple[FoldedResponse, bytes]:
+    """The response as every carrier of the send reads it, and its exact bytes. The units
+    are the union (a superset of what any one carrier sees); the response is complete when
+    any carrier found it complete (the others simply do not speak its schema)."""
+    raw = payload.body.encode("utf-8", "surrogatepass")
+    carriers = [CARRIERS[n] for n in names if n in CARRIERS]
+    if not carriers:
+        return FoldedResponse(units=(), complete=False, incomplete_reason=rc.UNSUPPORTED_CARRIER), raw
+    if isinstance(payload, JsonPayload):
+        results = [c.parse_response(raw, limits) for c in carriers]
+        clean = True
+    else:
+        try:
+            events, clean = sse.parse_all(raw)
+        except JsonError as exc:
+            return FoldedResponse(units=(), complete=False, incomplete_reason=exc.reason), raw
+        results = [c.fold_stream(events, limits) for c in carriers]
+    complete = clean and any(r.complete for r in results)
+    return FoldedResponse(
+        units=tuple(u for r in results for u in r.units),
+        complete=complete,
+        incomplete_reason=None if complete else next(
+            (r.incomplete_reason for r in results if r.incomplete_reason), rc.RESPONSE_INCOMPLETE),
+        duplicate_keys=tuple(dict.fromkeys(d for r in results for d in r.duplicate_keys)),
+        opaque=tuple(dict.fromkeys(o for r in results for o in r.opaque)),
+        raw_scan=all(r.raw_scan for r in results),
+    ), raw
+
+
+def _before_release(services: Any, runtime: Any, party: Party, dto: BeforeReleaseCheck, now: float) -> dict[str, Any]:
+    cfg = runtime.config.bindings
+    try:
+        claims = checks.open_send_binding(runtime, dto.request_binding, party, now)
+    except BindingError as exc:
+        return _result(Phase.BEFORE_RELEASE, withhold(exc.reason, runtime.policy.version), now + cfg.release_valid_s)
+    if dto.completion != "complete":
+        return _result(Phase.BEFORE_RELEASE, withhold(rc.RESPONSE_INCOMPLETE, runtime.policy.version),
+                       now + cfg.release_valid_s)
+    names = str(claims.get("car", "")).split(",")
+    folded, raw = _fold(names, dto.payload, runtime.carrier_limits)
+    headers = {k.lower(): v for k, v in dto.payload.headers.items()}
+    outcome: CheckOutcome = checks.before_release(
+        runtime, party=party, request_binding=dto.request_binding, folded=folded, raw=raw,
+        released_headers=headers, route=None, ledger=services.ledger, mode=Mode.ENFORCE, now=now,
+    )
+    return _result(Phase.BEFORE_RELEASE, outcome.verdict, outcome.valid_until or now + cfg.release_valid_s,
+                   binding=outcome.binding)

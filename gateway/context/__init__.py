@@ -1,0 +1,1 @@
+"""Context preparation and reuse (PowerContext-compatible)."""

@@ -1,0 +1,190 @@
+"""Faults through the real gateway: strict buffering, cancellation, retries, fallback,
+broken and hanging upstreams, and the concurrency limit."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import openai
+import pytest
+
+from gateway.mockprovider import MockProviderServer
+from tests.harness import Env, GatewayThread, build_env, mock_profile, openai_client, raw_client
+
+
+@pytest.fixture(scope="module")
+def gw(mock: MockProviderServer, shared_tls: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Env, GatewayThread]]:
+    profiles = [
+        mock_profile("primary", "openai", mock.url, fallbacks=["backup"]),
+        mock_profile("backup", "openai", mock.url),
+        mock_profile("hangy", "openai", mock.url, retry={"attempts": 0},
+                     timeouts={"connect_s": 1, "read_s": 0.5, "total_s": 1.5}),
+        mock_profile("mock-anthropic", "anthropic", mock.url),
+    ]
+    env = build_env(tmp_path_factory.mktemp("faults"), mock.url, tls_dir=shared_tls, profiles=profiles,
+                    secrets_=["sk-faults-secret-99"],
+                    policy_extra='allow_opaque_profiles = ["primary"]\n')
+    with GatewayThread(env.config) as gateway:
+        yield env, gateway
+
+
+def _sid(mock: MockProviderServer, *steps: dict[str, Any]) -> str:
+    sid = "f" + uuid.uuid4().hex[:12]
+    mock.state.add_scenario(sid, list(steps))
+    return sid
+
+
+def _records(mock: MockProviderServer, sid: str) -> list[Any]:
+    return [r for r in mock.state.records() if r.scenario == sid]
+
+
+def _post(env: Env, gateway: GatewayThread, body: dict[str, Any], *, headers: dict[str, str] | None = None,
+          path: str = "/v1/chat/completions", timeout: float = 30) -> httpx2.Response:
+    client = raw_client(gateway, env)
+    client.timeout = httpx2.Timeout(timeout)
+    return client.post(path, json=body, headers={"authorization": f"Bearer {env.gateway_key}", **(headers or {})})
+
+
+def _chat(sid: str, stream: bool = False) -> dict[str, Any]:
+    return {"model": "gpt-4.1", "stream": stream, "messages": [{"role": "user", "content": f"mock-scenario:{sid}"}]}
+
+
+def test_strict_stream_first_byte_after_upstream_last_byte(gw: tuple[Env, GatewayThread], mock: MockProviderServer) -> None:
+    env, gateway = gw
+    sid = _sid(mock, {"text": "a slow, dripping answer", "chunk_size": 2, "drip_ms": 40})
+    client = raw_client(gateway, env)
+    started = time.monotonic()
+    with client.stream("POST", "/v1/chat/completions", json=_chat(sid, stream=True),
+                       headers={"authorization": f"Bearer {env.gateway_key}"}) as response:
+        first_byte = None
+        chunks = []
+        for chunk in response.iter_raw():
+            if first_byte is None:
+                first_byte = time.monotonic()
+            chunks.append(chunk)
+    assert response.status_code == 200 and first_byte is not None
+    record = _records(mock, sid)[-1]
+    assert record.finished and record.last_write_at is not None
+    # Nothing reached the client before the upstream began writing its final bytes...
+    assert first_byte >= record.last_write_at
+    # ...and the drip really was slow (13 events x 40 ms), so streaming through would show.
+    assert first_byte - started >= 0.4
+    assert b"data: [DONE]" in b"".join(chunks)
+
+
+@pytest.mark.parametrize("fault_step", [
+    {"text": "x" * 400, "chunk_size": 1, "drip_ms": 20},  # slow stream, disconnect mid-buffering
+    {"fault": "hang_after_headers"},
+    {"fault": "hang"},
+])
+def test_client_disconnect_cancels_upstream(gw: tuple[Env, GatewayThread], mock: MockProviderServer, fault_step: dict[str, Any]) -> None:
+    env, gateway = gw
+    sid = _sid(mock, fault_step)
+    with pytest.raises(httpx2.TimeoutException):
+        _post(env, gateway, _chat(sid, stream=True), timeout=0.6)
+    assert mock.state.wait_for(lambda recs: any(r.scenario == sid and r.cancelled for r in recs), timeout=5)
+    deadline = time.monotonic() + 5
+    while gateway.pending_tasks() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert gateway.pending_tasks() == []
+    assert gateway.running is not None
+    from gateway.state import SERVICES
+
+    assert gateway.running.app[SERVICES].capacity.in_use == 0
+
+
+def test_429_then_success_is_retried(gw: tuple[Env, GatewayThread], mock: MockProviderServer) -> None:
+    env, gateway = gw
+    sid = _sid(mock, {"status": 429, "headers": {"retry-after-ms": "30"}}, {"text": "ok after retry"})
+    result = openai_client(gateway, env).chat.completions.create(**_chat(sid))
+    assert result.choices[0].message.content == "ok after retry"
+    assert [r.status for r in _records(mock, sid)] == [429, 200]
+
+
+def test_500_reaches_fallback_profile(gw: tuple[Env, GatewayThread], mock: MockProviderServer) -> None:
+    env, gateway = gw
+    # primary: 1 try + 2 retries, all 500; then the fallback profile gets the 4th answer.
+    sid = _sid(mock, {"status": 500}, {"status": 500}, {"status": 500}, {"text": "from the fallback"})
+    result = openai_client(gateway, env).chat.completions.create(**_chat(sid))
+    assert result.choices[0].message.content == "from the fallback"
+    assert [r.status for r in _records(mock, sid)] == [500, 500, 500, 200]
+    metrics = raw_client(gateway, env).get("/metrics", headers={"authorization": f"Bearer {env.gateway_key}"}).text
+    assert 'wiregate_upstream_attempts_total{outcome="response",profile="backup"}' in metrics
+
+
+def test_fallback_target_is_checked_again(gw: tuple[Env, GatewayThread], mock: MockProviderServer) -> None:
+    """The primary profile accepts opaque content (an image); the fallback does not. After
+    the primary fails, before_send runs again for the fallback and withholds."""
+    env, gateway = gw
+    sid = _sid(mock, {"status": 500})
+    body = {"model": "gpt-4.1", "messages": [{"role": "user", "content": [
+        {"type": "text", "text": f"describe mock-scenario:{sid}"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]}]}
+    r = _post(env, gateway, body)
+    assert r.status_code == 422
+    assert r.json()["error"]["reason_codes"] == ["opaque_content"]
+    assert len(_records(mock, sid)) == 3  # only the primary's attempts; the fallback got nothing
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("fault", ["reset_mid_stream", "truncated_json"])
+def test_broken_upstream_releases_nothing_partial(gw: tuple[Env, GatewayThread], mock: MockProviderServer, stream: bool, fault: str) -> None:
+    env, gateway = gw
+    sid = _sid(mock, {"text": "partial answer that never completes", "fault": fault, "chunk_size": 4})
+    r = _post(env, gateway, _chat(sid, stream=stream))
+    assert r.status_code == 503
+    assert r.headers["content-type"].startswith("application/json")
+    error = r.json()["error"]
+    assert error["code"] == "response_incomplete" and "response_incomplete" in error["reason_codes"]
+    assert "partial" not in r.text and "data:" not in r.text
+
+
+def test_sdk_maps_incomplete_to_server_error(gw: tuple[Env, GatewayThread], mock: MockProviderServer) -> None:
+    env, gateway = gw
+    sid = _sid(mock, {"fault": "reset_mid_stream", "text": "abc def ghi"})
+    with pytest.raises(openai.InternalServerError) as info:
+        list(openai_client(gateway, env).chat.completions.create(**_chat(sid, stream=True)))
+    assert info.value.status_code == 503
+
+
+@pytest.mark.parametrize("fault", ["hang", "hang_after_headers"])
+def test_hang_hits_the_time_limit(gw: tuple[Env, GatewayThread], mock: MockProviderServer, fault: str) -> None:
+    env, gateway = gw
+    sid = _sid(mock, {"fault": fault})
+    started = time.monotonic()
+    r = _post(env, gateway, _chat(sid, stream=True), headers={"x-wiregate-profile": "hangy"})
+    elapsed = time.monotonic() - started
+    assert r.status_code == 503
+    assert r.json()["error"]["code"] == "upstream_timeout"
+    assert elapsed < 5  # the profile's 0.5 s read / 1.5 s total limits, not forever
+    assert mock.state.wait_for(lambda recs: any(x.scenario == sid and x.cancelled for x in recs), timeout=5)
+
+
+def test_concurrency_limit_refuses_instead_of_queueing(mock: MockProviderServer, make_env: Any, gateway_for: Any) -> None:
+    env = make_env(config_extra="[limits]\nconcurrent_buffered_responses = 1\n")
+    gateway = gateway_for(env)
+    sid = _sid(mock, {"text": "slow one", "chunk_size": 1, "drip_ms": 60})
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        slow = pool.submit(_post, env, gateway, _chat(sid, stream=True))
+        assert mock.state.wait_for(lambda recs: any(x.scenario == sid for x in recs), timeout=5)
+        r = _post(env, gateway, {"model": "gpt-4.1", "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 503 and r.json()["error"]["reason_codes"] == ["capacity_exceeded"]
+        assert slow.result(30).status_code == 200
+    ok = _post(env, gateway, {"model": "gpt-4.1", "messages": [{"role": "user", "content": "hi"}]})
+    assert ok.status_code == 200
+
+
+def test_unreadable_provider_error_is_not_relayed(gw: tuple[Env, GatewayThread], mock: MockProviderServer) -> None:
+    env, gateway = gw
+    sid = _sid(mock, {"status": 502, "raw_body": "<html>proxy says no</html>", "content_type": "text/html"})
+    r = _post(env, gateway, _chat(sid), headers={"x-wiregate-profile": "hangy"})
+    assert r.status_code == 502 and "proxy says no" not in r.text
+    assert r.json()["error"]["reason_codes"] == ["upstream_invalid_response"]
+    assert json.loads(r.text)["error"]["type"] == "server_error"

@@ -1,0 +1,35 @@
+"""The pure packages import no I/O, clock or randomness library (DESIGN: pure core)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent / "gateway"
+PURE = sorted(
+    [*ROOT.joinpath("carriers").glob("*.py"), *ROOT.joinpath("inspection").glob("*.py")]
+    + [p for p in (ROOT / "caching.py", ROOT / "admission.py") if p.exists()]
+)
+FORBIDDEN = {
+    "aiohttp", "asyncio", "socket", "ssl", "sqlite3", "http", "urllib", "requests", "httpx",
+    "httpx2", "subprocess", "time", "datetime", "random", "secrets", "os", "shutil", "pathlib",
+    "multidict", "gateway.proxy", "gateway.app", "gateway.server", "gateway.config",
+}
+
+
+def _imports(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+    return names
+
+
+@pytest.mark.parametrize("path", PURE, ids=lambda p: str(p.relative_to(ROOT)))
+def test_pure_module_imports_no_io(path: Path) -> None:
+    bad = {name for name in _imports(path) if any(name == f or name.startswith(f + ".") for f in FORBIDDEN)}
+    assert not bad, f"{path.name} imports {sorted(bad)}"
