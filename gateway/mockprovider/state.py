@@ -1,0 +1,396 @@
+"""Mock-provider state: scenario steps, request records and the thread-safe `MockState`.
+
+This module owns everything a test controls or inspects:
+
+* `Step` / `ToolCallSpec` -- one validated answer recipe (status, text, tool calls,
+  timing, faults) parsed from the JSON a test registers;
+* scenario bookkeeping -- steps are consumed in order, the last one repeats forever;
+* `RequestRecord` -- what the mock received for every ``/v1`` request and how the
+  answer went (status, finished, cancelled);
+* `MockState` -- the lock-protected container shared by the aiohttp app (running in
+  its own thread) and the test code (any thread).
+
+Nothing here does I/O except `MockState.wait_for`, which polls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import dataclasses
+import re
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+SCENARIO_ID_PATTERN = r"[A-Za-z0-9_-]{1,64}"
+"""Allowed scenario ids."""
+
+_SCENARIO_ID_RE = re.compile(SCENARIO_ID_PATTERN)
+_SCENARIO_MARKER_RE = re.compile(rb"mock-scenario:(" + SCENARIO_ID_PATTERN.encode() + rb")")
+
+FAULTS = frozenset({"reset_mid_stream", "truncated_json", "hang", "hang_after_headers"})
+"""Values accepted in `Step.fault`."""
+
+_POLL_INTERVAL_S = 0.005
+
+
+class StepError(ValueError):
+    """A scenario or step definition is invalid (reported as HTTP 400 by the admin API)."""
+
+
+def find_scenario_marker(body: bytes) -> str | None:
+    """Return X for the first ``mock-scenario:X`` found anywhere in the raw body."""
+    match = _SCENARIO_MARKER_RE.search(body)
+    return match.group(1).decode("ascii") if match else None
+
+
+@dataclass(frozen=True)
+class ToolCallSpec:
+    """One tool call the mock emits; `arguments` is sent byte-exactly."""
+
+    name: str
+    arguments: str
+    chunks: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Step:
+    """One answer recipe.  All fields optional; the defaults give a plain success.
+
+    * ``status`` -- non-2xx gives a provider-shaped error body (``error_message``
+      overrides its message); ``headers`` are added to any response.
+    * ``text`` / ``chunks`` -- assistant text, split into ``chunk_size`` characters per
+      stream event or exactly into ``chunks``; ``tool_calls`` -- emitted after the text
+      (text then defaults to "").  ``omit_usage`` drops usage.
+    * ``delay_ms`` before headers, ``drip_ms`` between stream events, ``split_bytes``
+      caps each socket write (the body is written in pieces of at most that size).
+    * ``fault`` -- one of `FAULTS`.
+    * ``raw_body`` / ``raw_events`` -- send these exact bytes (a body, or SSE events)
+      instead of anything generated; ``content_type`` overrides the default type.
+    """
+
+    status: int = 200
+    headers: Mapping[str, str] = field(default_factory=dict)
+    error_message: str | None = None
+    text: str | None = None
+    tool_calls: tuple[ToolCallSpec, ...] = ()
+    chunk_size: int = 8
+    chunks: tuple[str, ...] | None = None
+    omit_usage: bool = False
+    delay_ms: float = 0.0
+    drip_ms: float = 0.0
+    split_bytes: int | None = None
+    fault: str | None = None
+    raw_body: str | None = None
+    content_type: str | None = None
+    raw_events: tuple[str, ...] | None = None
+
+    @property
+    def is_error(self) -> bool:
+        return not 200 <= self.status < 300
+
+    @classmethod
+    def from_json(cls, data: object) -> Step:
+        """Validate a step as registered through JSON (unknown fields are rejected)."""
+        if not isinstance(data, dict):
+            raise StepError("a step must be a JSON object")
+        unknown = set(data) - _STEP_FIELDS
+        if unknown:
+            raise StepError(f"unknown step field(s): {', '.join(sorted(unknown))}")
+        return _parse_step(data)
+
+
+_STEP_FIELDS = frozenset(f.name for f in dataclasses.fields(Step))
+
+
+def _expect(data: Mapping[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:
+    value = data.get(name)
+    if value is None:
+        return None
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    # bool is an int subclass; never accept it where a number is expected.
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+        raise StepError(f"step field {name!r} has the wrong type")
+    return value
+
+
+def _expect_str_list(data: Mapping[str, Any], name: str) -> tuple[str, ...] | None:
+    value = _expect(data, name, list)
+    if value is None:
+        return None
+    if not all(isinstance(item, str) for item in value):
+        raise StepError(f"step field {name!r} must be a list of strings")
+    return tuple(value)
+
+
+def _expect_non_negative(data: Mapping[str, Any], name: str) -> float:
+    value = _expect(data, name, (int, float))
+    if value is None:
+        return 0.0
+    if value < 0:
+        raise StepError(f"step field {name!r} must be >= 0")
+    return float(value)
+
+
+def _expect_positive_int(data: Mapping[str, Any], name: str) -> int | None:
+    value = _expect(data, name, int)
+    if value is not None and value < 1:
+        raise StepError(f"step field {name!r} must be >= 1")
+    return value  # type: ignore[no-any-return]
+
+
+def _joined(pieces: tuple[str, ...] | None, whole: str | None, what: str) -> str | None:
+    """Reconcile an explicit piece list with the whole string it must add up to."""
+    if pieces is None:
+        return whole
+    joined = "".join(pieces)
+    if whole is not None and whole != joined:
+        raise StepError(f"{what}: the chunks do not join to the full string")
+    return joined
+
+
+def _parse_tool_call(data: object) -> ToolCallSpec:
+    if not isinstance(data, dict):
+        raise StepError("each tool call must be a JSON object")
+    unknown = set(data) - {"name", "arguments", "chunks"}
+    if unknown:
+        raise StepError(f"unknown tool call field(s): {', '.join(sorted(unknown))}")
+    name = _expect(data, "name", str)
+    if not name:
+        raise StepError("a tool call needs a non-empty 'name'")
+    chunks = _expect_str_list(data, "chunks")
+    arguments = _joined(chunks, _expect(data, "arguments", str), f"tool call {name!r}")
+    return ToolCallSpec(name=name, arguments=arguments or "", chunks=chunks)
+
+
+def _parse_headers(data: Mapping[str, Any]) -> dict[str, str]:
+    headers = _expect(data, "headers", dict) or {}
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items()):
+        raise StepError("step field 'headers' must map strings to strings")
+    return dict(headers)
+
+
+def _parse_step(data: Mapping[str, Any]) -> Step:
+    status = _expect(data, "status", int)
+    if status is not None and not 200 <= status <= 599:
+        raise StepError("step field 'status' must be between 200 and 599")
+    fault = _expect(data, "fault", str)
+    if fault is not None and fault not in FAULTS:
+        raise StepError(f"unknown fault {fault!r}; expected one of {sorted(FAULTS)}")
+    chunks = _expect_str_list(data, "chunks")
+    tool_calls = tuple(_parse_tool_call(item) for item in _expect(data, "tool_calls", list) or [])
+    return Step(
+        status=200 if status is None else status,
+        headers=_parse_headers(data),
+        error_message=_expect(data, "error_message", str),
+        text=_joined(chunks, _expect(data, "text", str), "step text"),
+        tool_calls=tool_calls,
+        chunk_size=_expect_positive_int(data, "chunk_size") or 8,
+        chunks=chunks,
+        omit_usage=bool(_expect(data, "omit_usage", bool)),
+        delay_ms=_expect_non_negative(data, "delay_ms"),
+        drip_ms=_expect_non_negative(data, "drip_ms"),
+        split_bytes=_expect_positive_int(data, "split_bytes"),
+        fault=fault,
+        raw_body=_expect(data, "raw_body", str),
+        content_type=_expect(data, "content_type", str),
+        raw_events=_expect_str_list(data, "raw_events"),
+    )
+
+
+def parse_steps(steps: object) -> list[Step]:
+    """Validate a scenario's step list (`Step` objects or their JSON form)."""
+    if not isinstance(steps, list | tuple) or not steps:
+        raise StepError("'steps' must be a non-empty list")
+    return [step if isinstance(step, Step) else Step.from_json(step) for step in steps]
+
+
+def validate_scenario_id(scenario_id: object) -> str:
+    if not isinstance(scenario_id, str) or not _SCENARIO_ID_RE.fullmatch(scenario_id):
+        raise StepError(f"scenario id must match {SCENARIO_ID_PATTERN}")
+    return scenario_id
+
+
+@dataclass
+class RequestRecord:
+    """What the mock received for one ``/v1`` request, and how answering it went.
+
+    `headers` maps lower-cased names to the values as received; `body` is the exact
+    bytes and `json` their parse (None if not JSON); `query` the raw query string.
+    `status` is set when the response headers are sent (None while delayed or hung);
+    `last_write_at` (monotonic, like `started`) just before each write of response
+    bytes, so it ends as the start of the final write; `finished` once the whole
+    response was written; `cancelled` when the client went away or the server
+    stopped before that.
+    """
+
+    seq: int
+    method: str
+    path: str
+    query: str
+    headers: dict[str, str]
+    body: bytes
+    json: Any
+    scenario: str | None
+    started: float
+    status: int | None = None
+    last_write_at: float | None = None
+    finished: bool = False
+    cancelled: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-safe view used by ``GET /_mock/requests``."""
+        return {
+            "seq": self.seq,
+            "method": self.method,
+            "path": self.path,
+            "query": self.query,
+            "headers": self.headers,
+            "body": self.body.decode("utf-8", errors="replace"),
+            "body_b64": base64.b64encode(self.body).decode("ascii"),
+            "json": self.json,
+            "scenario": self.scenario,
+            "started": self.started,
+            "status": self.status,
+            "last_write_at": self.last_write_at,
+            "finished": self.finished,
+            "cancelled": self.cancelled,
+        }
+
+
+RecordsPredicate = Callable[[list[RequestRecord]], bool]
+
+
+class MockState:
+    """Scenarios, request records and settings shared by the app and test code.
+
+    Every public method is thread-safe: the aiohttp app runs in its own thread
+    (see `MockProviderServer`) while tests call in from theirs.
+    """
+
+    def __init__(self, *, api_key: str | None = None) -> None:
+        self._lock = threading.Lock()
+        self._scenarios: dict[str, list[Step]] = {}
+        self._records: list[RequestRecord] = []
+        self._by_seq: dict[int, RequestRecord] = {}
+        self._next_seq = 1
+        self._api_key = api_key
+
+    # -- settings ---------------------------------------------------------------
+
+    @property
+    def api_key(self) -> str | None:
+        """Required key (Bearer for OpenAI routes, x-api-key for Anthropic); None = open."""
+        with self._lock:
+            return self._api_key
+
+    @api_key.setter
+    def api_key(self, value: str | None) -> None:
+        with self._lock:
+            self._api_key = value
+
+    # -- scenarios --------------------------------------------------------------
+
+    def add_scenario(self, scenario_id: str, steps: Sequence[Step | Mapping[str, Any]]) -> None:
+        """Register (or replace, restarting at step 1) scenario `scenario_id`."""
+        parsed = parse_steps(list(steps))
+        validate_scenario_id(scenario_id)
+        with self._lock:
+            self._scenarios[scenario_id] = parsed
+
+    def remove_scenarios(self) -> None:
+        with self._lock:
+            self._scenarios.clear()
+
+    def next_step(self, scenario_id: str | None) -> Step | None:
+        """Consume the scenario's next step; the last one repeats.  None = unknown id."""
+        if scenario_id is None:
+            return Step()
+        with self._lock:
+            steps = self._scenarios.get(scenario_id)
+            if steps is None:
+                return None
+            return steps.pop(0) if len(steps) > 1 else steps[0]
+
+    # -- records ----------------------------------------------------------------
+
+    def open_record(
+        self,
+        *,
+        method: str,
+        path: str,
+        query: str,
+        headers: dict[str, str],
+        body: bytes,
+        parsed: Any,
+        scenario: str | None,
+    ) -> int:
+        """Store a new record (before the request is answered); return its seq."""
+        with self._lock:
+            seq = self._next_seq
+            self._next_seq += 1
+            record = RequestRecord(
+                seq=seq,
+                method=method,
+                path=path,
+                query=query,
+                headers=headers,
+                body=body,
+                json=parsed,
+                scenario=scenario,
+                started=time.monotonic(),
+            )
+            self._records.append(record)
+            self._by_seq[seq] = record
+            return seq
+
+    def update_record(self, seq: int, **changes: Any) -> None:
+        """Set `status` / `last_write_at` / `finished` / `cancelled` (no-op if cleared)."""
+        with self._lock:
+            record = self._by_seq.get(seq)
+            if record is not None:
+                for name, value in changes.items():
+                    setattr(record, name, value)
+
+    def records(self) -> list[RequestRecord]:
+        """Copies of all records, oldest first (safe to keep while requests continue)."""
+        with self._lock:
+            return [
+                dataclasses.replace(record, headers=dict(record.headers))
+                for record in self._records
+            ]
+
+    def clear(self) -> int:
+        """Forget all records (sequence numbers keep increasing); return how many."""
+        with self._lock:
+            count = len(self._records)
+            self._records.clear()
+            self._by_seq.clear()
+            return count
+
+    def wait_for(self, predicate: RecordsPredicate, timeout: float) -> bool:
+        """Block (polling) until `predicate(records())` is true; False on timeout."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if predicate(self.records()):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(_POLL_INTERVAL_S)
+
+    async def wait_for_async(
+        self,
+        predicate: RecordsPredicate,
+        timeout: float,  # noqa: ASYNC109 - same signature as wait_for on purpose
+    ) -> bool:
+        """Like `wait_for` but yields to the running event loop while polling."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if predicate(self.records()):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(_POLL_INTERVAL_S)
