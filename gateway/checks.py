@@ -23,6 +23,7 @@ from gateway.bindings import BindingError
 from gateway.carriers.base import FoldedResponse, ParsedRequest, TextUnit
 from gateway.config.runtime import LoadedProfile, Runtime
 from gateway.inspection import verdict as rc
+from gateway.inspection.detectors import DetectorFailure
 from gateway.inspection.engine import Subject
 from gateway.inspection.verdict import (
     COVERAGE_PROFILE,
@@ -124,6 +125,9 @@ def _inspect(runtime: Runtime, subject: Subject, profile_id: str) -> Verdict:
     policy = runtime.policy
     try:
         return policy.engine.inspect(subject, allow_opaque=profile_id in policy.allow_opaque_profiles)
+    except DetectorFailure as exc:
+        log.error("detector_failed", reason=exc.kind, profile=profile_id)
+        return withhold(rc.DETECTOR_UNAVAILABLE, policy.version)
     except Exception as exc:  # fail closed: an inspector that breaks never allows
         log.error("inspection_failed", error_class=type(exc).__name__, profile=profile_id)
         return withhold(rc.INSPECTION_ERROR, policy.version)

@@ -23,7 +23,8 @@ from gateway.carriers.base import CarrierLimits
 from gateway.config.model import GatewayConfig, ModeOverride, PolicyFile, PrincipalsFile
 from gateway.config.runtime import LoadedProfile, Policy, Principal, Runtime
 from gateway.inspection import literals
-from gateway.inspection.build import EngineUnavailable, FormatSource, build_engine
+from gateway.inspection.build import EngineUnavailable, build_engine
+from gateway.inspection.formats import FormatConfigError, FormatSet, build_format_set
 from gateway.inspection.verdict import Mode, Phase
 from gateway.profiles import signing
 from gateway.profiles.model import UpstreamProfile
@@ -233,15 +234,33 @@ def _modes(override: ModeOverride) -> dict[Phase, Mode]:
     return out
 
 
+def _format_set(file: PolicyFile, path: Path, base: Path) -> FormatSet:
+    custom: bytes | None = None
+    if file.formats.custom_file is not None:
+        custom_path = resolve(base, file.formats.custom_file)
+        try:
+            custom = custom_path.read_bytes()
+        except OSError as exc:
+            raise ConfigError(f"{path}: custom rules {custom_path} cannot be read ({exc.strerror})") from None
+    try:
+        return build_format_set(
+            use_catalogue=file.formats.catalogue, disable=file.formats.disable,
+            advisory=file.formats.advisory, custom=custom,
+            detector_modes=file.detectors.model_dump(),
+        )
+    except FormatConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+
+
 def load_policy(
     path: Path, base: Path, profiles: dict[str, LoadedProfile], max_matches: int,
-    formats: FormatSource | None,
 ) -> Policy:
     file = _model(PolicyFile, _read_toml(path), str(path))
     for pid in [*file.profile_modes, *file.allow_opaque_profiles]:
         if pid not in profiles:
             raise ConfigError(f"{path}: names unknown profile {pid}")
     values = read_secret_values(file.secret_values.sources, base, file.secret_values.min_length)
+    formats = _format_set(file, path, base)
     try:
         engine = build_engine(
             secret_values=values, formats=formats, policy_version=file.version,
@@ -269,9 +288,7 @@ def load_runtime(config_path: Path, *, now: datetime | None = None, generation: 
     trusted = load_trusted_keys(config.trust.profile_keys, base)
     profiles = load_profiles(resolve(base, config.profiles_dir), trusted, now, base)
     principals = load_principals(resolve(base, config.principals_file), profiles)
-    policy = load_policy(
-        resolve(base, config.policy_file), base, profiles, config.limits.max_matches, None
-    )
+    policy = load_policy(resolve(base, config.policy_file), base, profiles, config.limits.max_matches)
     try:
         keyring = load_keyring(resolve(base, config.keyring_file))
     except KeyRingError as exc:

@@ -151,6 +151,26 @@ class SecretValues(_Strict):
         return value
 
 
+class FormatsPolicy(_Strict):
+    catalogue: bool = True  # the built-in credential-format catalogue
+    disable: tuple[str, ...] = ()  # rule ids turned off
+    advisory: tuple[str, ...] = ()  # rule ids that may only record, never block alone
+    custom_file: str | None = None  # extra rules, same JSON schema as the catalogue
+
+
+DetectorMode = Literal["off", "advisory", "required"]
+
+
+class DetectorsPolicy(_Strict):
+    # advisory: findings are recorded, never block; required: a finding blocks (pii:<kind>)
+    # and a detector that fails withholds (detector_unavailable).
+    email: DetectorMode = "off"
+    phone: DetectorMode = "off"
+    card: DetectorMode = "off"
+    iban: DetectorMode = "off"
+    us_ssn: DetectorMode = "off"
+
+
 class PolicyFile(_Strict):
     version: str = Field(pattern=r"^[A-Za-z0-9._:-]{1,64}$")
     # "hyperscan" is the engine of record; "python" is the documented slow engine, allowed
@@ -160,6 +180,8 @@ class PolicyFile(_Strict):
     profile_modes: dict[str, ModeOverride] = {}
     route_modes: dict[str, ModeOverride] = {}
     secret_values: SecretValues = SecretValues()
+    formats: FormatsPolicy = FormatsPolicy()
+    detectors: DetectorsPolicy = DetectorsPolicy()
     # Profiles whose targets may receive content nobody can inspect (images, files, audio,
     # token arrays, encrypted reasoning). Empty: such content is withheld.
     allow_opaque_profiles: tuple[str, ...] = ()

@@ -44,6 +44,7 @@ class Subject:
 class FormatInfo:
     id: str
     advisory: bool
+    reason: str  # the reason code a finding carries: secret_format:<id> or pii:<kind>
 
 
 class Engine:
@@ -115,7 +116,7 @@ class Engine:
             finding = Finding(rc.SECRET_VALUE, pointer)
         else:
             info = self.formats[hit.index]
-            finding = Finding(rc.SECRET_FORMAT_PREFIX + info.id, pointer, info.advisory)
+            finding = Finding(info.reason, pointer, info.advisory)
         findings.setdefault((finding.reason, pointer), finding)
 
 
