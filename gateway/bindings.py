@@ -21,7 +21,7 @@ import json
 import os
 import secrets
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -53,6 +53,10 @@ class RingKey:
     id: str
     secret: bytes  # never logged
     state: str  # "active" | "accepted" | "retired"
+    cipher: ChaCha20Poly1305 = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "cipher", ChaCha20Poly1305(self.secret))  # built once per load
 
     def __repr__(self) -> str:
         return f"RingKey(id={self.id!r}, state={self.state!r})"
@@ -146,7 +150,7 @@ def seal(ring: KeyRing, claims: Mapping[str, Any]) -> str:
     header = f"{PREFIX}.{key.id}"
     nonce = os.urandom(_NONCE)
     plaintext = json.dumps(claims, separators=(",", ":"), sort_keys=True).encode()
-    sealed = ChaCha20Poly1305(key.secret).encrypt(nonce, plaintext, header.encode())
+    sealed = key.cipher.encrypt(nonce, plaintext, header.encode())
     token = f"{header}.{_b64(nonce + sealed)}"
     if len(token) > MAX_LENGTH:
         raise ValueError("binding claims too large")  # a programming error: claims are ours
@@ -167,7 +171,7 @@ def open_binding(ring: KeyRing, token: object) -> dict[str, Any]:
         blob = _unb64(parts[2])
         if _b64(blob) != parts[2]:  # only the canonical encoding is accepted
             raise ValueError
-        plaintext = ChaCha20Poly1305(key.secret).decrypt(
+        plaintext = key.cipher.decrypt(
             blob[:_NONCE], blob[_NONCE:], f"{PREFIX}.{key.id}".encode()
         )
         claims = json.loads(plaintext)

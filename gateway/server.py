@@ -8,6 +8,7 @@ socket file) and `serve` (the CLI's foreground loop with signal handling).
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import signal
 from dataclasses import dataclass, field
@@ -118,6 +119,10 @@ async def start(
 async def serve(config_path: Path) -> None:
     """Foreground: serve until SIGINT/SIGTERM; SIGHUP reloads."""
     running = await start(config_path)
+    # Everything loaded so far (compiled databases, profiles, modules) lives for the whole
+    # process: keep it out of the cyclic collector's scans.
+    gc.collect()
+    gc.freeze()
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     loop.add_signal_handler(signal.SIGHUP, running.reload)

@@ -71,7 +71,7 @@ class AnthropicMessages:
             stream=stream,
             units=tuple(units),
             opaque=tuple(opaque),
-            duplicate_keys=base.duplicate_pointers(doc) + tuple(dups),
+            duplicate_keys=tuple(dups),
         )
 
     def parse_response(self, raw: bytes, limits: CarrierLimits) -> FoldedResponse:

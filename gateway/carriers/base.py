@@ -9,12 +9,13 @@ inspection decides what that means.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from gateway.carriers import jsonraw
-from gateway.carriers.jsonraw import JsonError, Path
+from gateway.carriers.jsonraw import JsonError, Path, TextUnit
 from gateway.carriers.sse import SSEEvent
 from gateway.inspection import verdict as rc
 
@@ -28,17 +29,6 @@ UnitKind = Literal[
     "joined",  # the text parts of one message (or one streamed block) joined together
     "folded",  # a streamed field reassembled from its deltas
 ]
-
-
-@dataclass(frozen=True, slots=True)
-class TextUnit:
-    path: Path
-    text: str
-    kind: UnitKind
-
-    @property
-    def pointer(self) -> str:
-        return jsonraw.pointer(self.path)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,9 +90,11 @@ class Carrier(Protocol):
 # ---------------------------------------------------------------------------------------
 # Unit collection shared by all carriers.
 
+_JSON_START = re.compile(r"\s*[\[{]")
+
+
 def _looks_like_json(text: str) -> bool:
-    head = text.lstrip()[:1]
-    return head == "{" or head == "["
+    return _JSON_START.match(text) is not None
 
 
 def units_of(doc: Any, limits: CarrierLimits, base: Path = ()) -> tuple[list[TextUnit], list[str]]:
@@ -111,7 +103,8 @@ def units_of(doc: Any, limits: CarrierLimits, base: Path = ()) -> tuple[list[Tex
     `limits.embedded_json_depth` times. Embedded units keep the path of the string that
     held them: that is the field a client or provider can address.
 
-    Returns the units and the pointers of strings whose embedded JSON had duplicate keys."""
+    Returns the units and the pointers of objects with duplicate keys — in `doc` itself
+    and in JSON held inside its strings. Raises JsonError(too_deep) past the depth limit."""
     out: list[TextUnit] = []
     dups: list[str] = []
     _collect(doc, base, limits, limits.embedded_json_depth, False, out, dups)
@@ -127,31 +120,28 @@ def _collect(
     out: list[TextUnit],
     dups: list[str],
 ) -> None:
-    for path, text, k in jsonraw.walk(doc, base):
-        if embedded:
-            kind: UnitKind = "embedded"
-            path = base
-        elif k == jsonraw.KIND_STRING:
-            kind = "string"
-        elif k == jsonraw.KIND_NUMBER:
-            kind = "number"
-        else:
-            kind = "key"
-        out.append(TextUnit(path, text, kind))
-        if k == jsonraw.KIND_STRING and budget > 0 and _looks_like_json(text):
-            _decode_embedded(text, path, limits, budget, out, dups)
+    items, dup_paths = jsonraw.collect(doc, base, limits.max_depth, embedded=embedded)
+    if dup_paths:
+        dups.extend(jsonraw.pointer(p) for p in dup_paths)
+    out.extend(items)
+    if budget > 0:
+        match = _JSON_START.match
+        for unit in items:
+            if unit.kind != "key" and match(unit.text):
+                _decode_embedded(unit.text, unit.path, limits, budget, out, dups)
 
 
 def _decode_embedded(
     text: str, path: Path, limits: CarrierLimits, budget: int, out: list[TextUnit], dups: list[str]
 ) -> None:
     try:
-        inner = jsonraw.loads_text(text, max_depth=limits.max_depth)
+        inner = jsonraw.loads_text(text, max_depth=limits.max_depth, check_depth=False)
     except JsonError:
         return  # an ordinary string that merely starts with a bracket
-    if jsonraw.has_duplicates(inner):
-        dups.append(jsonraw.pointer(path))
-    _collect(inner, path, limits, budget - 1, True, out, dups)
+    try:
+        _collect(inner, path, limits, budget - 1, True, out, dups)
+    except JsonError:
+        dups.append(jsonraw.pointer(path))  # too deep to inspect: never silently accepted
 
 
 def joined(path: Path, parts: Sequence[str]) -> TextUnit | None:
@@ -171,7 +161,8 @@ def folded_units(
 
 
 def require_object(raw: bytes, limits: CarrierLimits) -> dict[str, Any]:
-    doc = jsonraw.loads(raw, max_depth=limits.max_depth)
+    """The request document. Its depth is enforced when its units are collected."""
+    doc = jsonraw.loads(raw, max_depth=limits.max_depth, check_depth=False)
     if not isinstance(doc, dict):
         raise JsonError(rc.UNSUPPORTED_CARRIER)
     return doc
@@ -193,5 +184,3 @@ def stream_flag(doc: dict[str, Any]) -> bool:
     return value
 
 
-def duplicate_pointers(doc: Any) -> tuple[str, ...]:
-    return tuple(jsonraw.pointer(p) for p in jsonraw.has_duplicates(doc))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 from gateway.inspection import verdict as rc
 
@@ -65,7 +65,7 @@ _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def loads_text(text: str, *, max_depth: int) -> Any:
+def loads_text(text: str, *, max_depth: int, check_depth: bool = True) -> Any:
     """Decode JSON text strictly; see `loads`."""
     try:
         doc = _DECODER.decode(text)
@@ -75,17 +75,21 @@ def loads_text(text: str, *, max_depth: int) -> Any:
         raise JsonError(rc.TOO_DEEP) from None
     except ValueError:  # JSONDecodeError, int digit limits, ...
         raise JsonError(rc.JSON_INVALID) from None
-    _check_depth(doc, max_depth)
+    if check_depth:
+        _check_depth(doc, max_depth)
     return doc
 
 
-def loads(raw: bytes, *, max_depth: int) -> Any:
-    """Decode a JSON document from exact wire bytes. Raises JsonError(reason)."""
+def loads(raw: bytes, *, max_depth: int, check_depth: bool = True) -> Any:
+    """Decode a JSON document from exact wire bytes. Raises JsonError(reason).
+
+    `check_depth=False` is for callers that `collect` the whole document right after
+    (collect enforces the same limit in the same pass)."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise JsonError(rc.JSON_INVALID) from None
-    doc = loads_text(text, max_depth=max_depth)
+    doc = loads_text(text, max_depth=max_depth, check_depth=check_depth)
     if _SURROGATE_ESCAPE.search(raw) and any(
         _SURROGATE.search(s) for _, s, _ in walk(doc)
     ):
@@ -94,12 +98,23 @@ def loads(raw: bytes, *, max_depth: int) -> Any:
 
 
 def _check_depth(doc: Any, max_depth: int) -> None:
+    check_shape(doc, max_depth)
+
+
+def check_shape(doc: Any, max_depth: int) -> bool:
+    """Walk the containers only: raise JsonError(too_deep) past `max_depth`; return
+    whether any object had duplicate keys."""
     stack: list[tuple[Any, int]] = [(doc, 1)]
+    dups = False
     while stack:
         node, depth = stack.pop()
-        if isinstance(node, dict):
+        cls = type(node)
+        if cls is dict or cls is DupDict:
             children: Any = node.values()
-        elif isinstance(node, list):
+            if cls is DupDict:
+                dups = True
+                stack.extend((v, depth + 1) for _, v in node.shadowed if isinstance(v, (dict, list)))
+        elif cls is list:
             children = node
         else:
             continue
@@ -108,8 +123,7 @@ def _check_depth(doc: Any, max_depth: int) -> None:
         for child in children:
             if isinstance(child, (dict, list)):
                 stack.append((child, depth + 1))
-        if isinstance(node, DupDict):
-            stack.extend((v, depth + 1) for _, v in node.shadowed if isinstance(v, (dict, list)))
+    return dups
 
 
 Path = tuple[str | int, ...]
@@ -117,6 +131,22 @@ Path = tuple[str | int, ...]
 KIND_STRING = "string"
 KIND_KEY = "key"
 KIND_NUMBER = "number"
+
+
+class TextUnit(NamedTuple):
+    """One piece of text the provider will read (or the client will receive), with the
+    RFC 6901 path of where it sits. A plain tuple: payloads produce thousands of these.
+    `kind`: string | key | number (a number's lexical form) | embedded (inside JSON held
+    in a string) | joined (text parts of one message) | folded (a reassembled stream)."""
+
+    path: Path
+    text: str
+    kind: str
+
+    @property
+    def pointer(self) -> str:
+        return pointer(self.path)
+
 
 
 def walk(doc: Any, base: Path = ()) -> Iterator[tuple[Path, str, str]]:
@@ -142,6 +172,54 @@ def walk(doc: Any, base: Path = ()) -> Iterator[tuple[Path, str, str]]:
             yield path, str(node), KIND_NUMBER
         elif cls is int:
             yield path, str(node), KIND_NUMBER
+
+
+def collect(
+    doc: Any, base: Path, max_depth: int, *, embedded: bool = False
+) -> tuple[list[TextUnit], list[Path]]:
+    """One pass over `doc`: a unit for everything `walk` yields, the paths of objects
+    with duplicate keys, and the depth limit (JsonError(too_deep)).
+
+    `embedded`: `doc` was decoded from a string at `base`; every unit then keeps `base`
+    (the field a client or provider can address) and the kind "embedded"."""
+    items: list[TextUnit] = []
+    dups: list[Path] = []
+    append = items.append
+    new = tuple.__new__
+    unit = TextUnit
+    s_kind, k_kind, n_kind = ("embedded",) * 3 if embedded else (KIND_STRING, KIND_KEY, KIND_NUMBER)
+    stack: list[tuple[Path, Any, int]] = [(base, doc, 1)]
+    pop, push = stack.pop, stack.append
+    while stack:
+        path, node, depth = pop()
+        cls = type(node)
+        if cls is str:
+            append(new(unit, (path, node, s_kind)))
+        elif cls is dict or cls is DupDict:
+            if depth > max_depth:
+                raise JsonError(rc.TOO_DEEP)
+            for key, value in node.items():
+                append(new(unit, (path, key, k_kind)))
+                push((path if embedded else (*path, key), value, depth + 1))
+            if cls is DupDict:
+                dups.append(path)
+                for key, value in node.shadowed:
+                    push((path if embedded else (*path, key), value, depth + 1))
+        elif cls is list:
+            if depth > max_depth:
+                raise JsonError(rc.TOO_DEEP)
+            for i, value in enumerate(node):
+                vcls = type(value)
+                sub = path if embedded else (*path, i)
+                if vcls is str:
+                    append(new(unit, (sub, value, s_kind)))
+                elif vcls is int:
+                    append(new(unit, (sub, str(value), n_kind)))
+                elif vcls is not bool and value is not None:
+                    push((sub, value, depth + 1))
+        elif cls is JsonFloat or cls is int:
+            append(new(unit, (path, str(node), n_kind)))
+    return items, dups
 
 
 def has_duplicates(doc: Any) -> list[Path]:

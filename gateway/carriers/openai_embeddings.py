@@ -59,12 +59,12 @@ class OpenAIEmbeddings:
             stream=False,
             units=tuple(units),
             opaque=tuple(opaque),
-            duplicate_keys=base.duplicate_pointers(doc) + tuple(dups),
+            duplicate_keys=tuple(dups),
         )
 
     def parse_response(self, raw: bytes, limits: CarrierLimits) -> FoldedResponse:
         try:
-            doc = jsonraw.loads(raw, max_depth=limits.max_depth)
+            doc = jsonraw.loads(raw, max_depth=limits.max_depth, check_depth=False)
         except JsonError as exc:
             return FoldedResponse(units=(), complete=False, incomplete_reason=exc.reason)
         if not isinstance(doc, dict):
@@ -87,7 +87,7 @@ class OpenAIEmbeddings:
             usage=UsageReport(dict(usage)) if isinstance(usage, dict) else None,
             response_id=None,
             is_error="error" in doc,
-            duplicate_keys=base.duplicate_pointers(doc) + tuple(dups),
+            duplicate_keys=tuple(dups),
             # The raw bytes are mostly vector digits / base64 floats: matching credential
             # formats or digit literals there yields only false positives. Every non-vector
             # value is covered by the decoded units above.

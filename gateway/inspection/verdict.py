@@ -146,8 +146,9 @@ def decide(
 ) -> Verdict:
     """Fold findings into one Verdict: any blocking finding → block; else any withhold
     reason or incomplete coverage → withhold; else allow. Advisory findings never decide."""
+    findings = sorted(findings, key=lambda f: (f.reason, f.pointer or "", f.advisory))
     blocking = [f for f in findings if not f.advisory]
-    codes: list[str] = []
+    codes: list[str] = []  # deterministic: finding reasons sorted, then withhold reasons
     for reason in [f.reason for f in blocking] + withhold_reasons:
         if reason not in codes:
             codes.append(reason)

@@ -38,17 +38,28 @@ def _clean(value: Any) -> Any:
 
 
 class JsonFormatter(logging.Formatter):
+    def __init__(self) -> None:
+        super().__init__()
+        self._second = -1
+        self._stamp = ""
+
+    def _ts(self, created: float) -> str:
+        second = int(created)
+        if second != self._second:  # one strftime per second, not per line
+            self._second = second
+            self._stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+        return f"{self._stamp}.{int((created - second) * 1000):03d}Z"
+
     def format(self, record: logging.LogRecord) -> str:
         line: dict[str, Any] = {
-            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-            + f".{int(record.msecs):03d}Z",
+            "ts": self._ts(record.created),
             "level": record.levelname.lower(),
             "event": record.getMessage()[:_MAX_STR],
         }
         fields = getattr(record, "wg_fields", None)
         if isinstance(fields, dict):
             for key, value in fields.items():
-                if key in ALLOWED_FIELDS and key != "event":
+                if value is not None and key in ALLOWED_FIELDS and key != "event":
                     line[key] = _clean(value)
         if record.exc_info and record.exc_info[0] is not None:
             # The class name only: exception text can carry content.

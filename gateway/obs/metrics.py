@@ -31,6 +31,10 @@ class Metrics:
             "wiregate_decisions", "Check decisions by phase, decision, reason and mode",
             ["phase", "decision", "reason", "mode"], registry=r,
         )
+        self.advisory_findings = Counter(
+            "wiregate_advisory_findings", "Advisory findings (never block alone) by phase and rule",
+            ["phase", "reason"], registry=r,
+        )
         self.check_seconds = Histogram(
             "wiregate_check_seconds", "Duration of a check", ["phase"],
             buckets=_LATENCY_BUCKETS, registry=r,

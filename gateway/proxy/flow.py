@@ -423,6 +423,12 @@ def _note_check(services: Services, call: Call, outcome: CheckOutcome, profile: 
         )
     if not verdict.allowed:
         call.reason_codes = verdict.reason_codes
+    advisory = sorted({f.reason for f in verdict.findings if f.advisory})
+    if advisory:
+        for reason in advisory:
+            services.metrics.advisory_findings.labels(outcome.phase.value, reason).inc()
+        log.info("advisory_findings", request_id=call.request_id, phase=outcome.phase.value,
+                 reason_codes=advisory, profile=profile)
 
 
 def _record_usage(services: Services, call: Call) -> None:
