@@ -23,6 +23,7 @@ from aiohttp import web
 from gateway import __version__, auth, checkapi
 from gateway.carriers import CARRIERS, SHORT_NAMES
 from gateway.checks import ReleaseLedger
+from gateway.usage import KINDS, UsageLedger
 from gateway.config.runtime import RuntimeHolder
 from gateway.errors import Dialect, GatewayError
 from gateway.inspection import verdict as rc
@@ -191,6 +192,14 @@ async def models(request: web.Request) -> web.Response:
     return web.json_response({"object": "list", "data": data_oa})
 
 
+async def usage_report(request: web.Request) -> web.Response:
+    services = request.app[SERVICES]
+    auth.identify(services.holder.current, request.headers, "observe")
+    body = services.usage.report()
+    body["recent"] = [r.as_json() for r in services.usage.recent()]
+    return web.json_response(body)
+
+
 async def capabilities(request: web.Request) -> web.Response:
     services = request.app[SERVICES]
     runtime = services.holder.current
@@ -208,6 +217,13 @@ async def capabilities(request: web.Request) -> web.Response:
         "inspection_engine": runtime.policy.engine.matcher.engine,
         "limits": limits.model_dump(),
         "modes": {phase.value: mode.value for phase, mode in runtime.policy.modes.items()},
+        "usage": {
+            "schema": "wiregate.usage-report.v1",
+            "report": "/v1/usage/report",
+            "kinds": list(KINDS),
+            "provenance": ["known", "estimated", "unknown"],
+            "estimators": ["runes/4@1", "character:weighted@1"],
+        },
     }
     return web.Response(text=json.dumps(body), content_type="application/json")
 
@@ -230,12 +246,13 @@ def create_app(holder: RuntimeHolder, *, config_path: Path | None = None, metric
     app = web.Application(middlewares=[envelope], client_max_size=holder.current.config.limits.request_bytes)
     m = metrics_ or Metrics()
     app[SERVICES] = Services(holder=holder, metrics=m, capacity=Capacity(m), config_path=config_path,
-                             ledger=ReleaseLedger())
+                             ledger=ReleaseLedger(), usage=UsageLedger())
     for path, carrier in PROVIDER_ROUTES.items():
         app.router.add_post(path, _provider_handler(carrier))
     app.router.add_post("/v1/context/check", checkapi.handle)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/v1/capabilities", capabilities)
+    app.router.add_get("/v1/usage/report", usage_report)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -18,6 +18,7 @@ from gateway.obs.metrics import Metrics
 
 if TYPE_CHECKING:
     from gateway.checks import CheckOutcome, ReleaseLedger
+    from gateway.usage import UsageLedger
     from gateway.proxy.upstream import AttemptRecord, Upstream
 
 
@@ -47,6 +48,7 @@ class Services:
     capacity: Capacity
     config_path: Path | None
     ledger: ReleaseLedger
+    usage: UsageLedger
     upstream: Upstream | None = None  # set by the client-session cleanup context
 
 
@@ -75,6 +77,12 @@ class Call:
     bytes_out: int = 0
     attempts: list[AttemptRecord] = field(default_factory=list)
     checks: list[CheckOutcome] = field(default_factory=list)
+    # usage accounting of the final attempt
+    usage_injected: bool = False
+    input_estimate: int | None = None
+    output_estimate: int | None = None
+    final_usage: dict[str, Any] | None = None
+    final_outcome: str | None = None
 
 
 CALL = web.RequestKey("wiregate_call", Call)  # request-scoped

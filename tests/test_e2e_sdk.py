@@ -86,11 +86,16 @@ def test_chat_stream_chunks_equal_direct(gw: tuple[Env, GatewayThread], mock: Mo
 def test_responses_non_stream_and_stream(gw: tuple[Env, GatewayThread], mock: MockProviderServer, transport: str) -> None:
     env, gateway = gw
     client = openai_client(gateway, env, uds=transport == "uds")
-    args = {"model": "gpt-5", "instructions": "Reply in one sentence.", "input": "Weather in Oslo?"}
+    # The Responses API echoes prompt_cache_key; wiregate sets one when the client does not
+    # (cache planning), and never overrides the client's: with one set, results are equal.
+    args = {"model": "gpt-5", "instructions": "Reply in one sentence.", "input": "Weather in Oslo?",
+            "prompt_cache_key": "client-chosen-key"}
     via = client.responses.create(**args)
     direct = direct_openai(mock.url).responses.create(**args)
     assert via.model_dump() == direct.model_dump()
-    assert via.output_text
+    assert via.output_text and via.prompt_cache_key == "client-chosen-key"
+    planned = client.responses.create(**{k: v for k, v in args.items() if k != "prompt_cache_key"})
+    assert planned.prompt_cache_key is not None and planned.prompt_cache_key.startswith("wg-")
 
     sid = _scenario(mock, text="Sunny, 4 °C — nice ☀", tool_calls=[{"name": "lookup", "arguments": TOOL_ARGS_B}], chunk_size=2)
     stream_args = {**args, "input": f"Weather? mock-scenario:{sid}"}

@@ -139,6 +139,12 @@ def _decode_embedded(
     except JsonError:
         return  # an ordinary string that merely starts with a bracket
     try:
+        if "\\" not in text:
+            # No escape inside: every key, string and number of the inner document stands
+            # verbatim in `text`, which is itself a unit. Only its shape is left to check.
+            if jsonraw.check_shape(inner, limits.max_depth):
+                dups.append(jsonraw.pointer(path))
+            return
         _collect(inner, path, limits, budget - 1, True, out, dups)
     except JsonError:
         dups.append(jsonraw.pointer(path))  # too deep to inspect: never silently accepted

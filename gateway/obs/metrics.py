@@ -53,6 +53,10 @@ class Metrics:
             "wiregate_usage_tokens", "Tokens by kind, profile and provenance",
             ["kind", "profile", "provenance"], registry=r,
         )
+        self.usage_unknown = Counter(
+            "wiregate_usage_unknown", "Attempts whose usage figure of a kind is unknown",
+            ["kind", "profile"], registry=r,
+        )
         self.reloads = Counter(
             "wiregate_config_reloads", "Configuration reloads by outcome", ["outcome"], registry=r,
         )

@@ -33,16 +33,18 @@ class _Strict(BaseModel):
 
 class CacheSettings(_Strict):
     mode: Literal["anthropic-cache-control", "openai-prompt-cache-key", "none"] = "none"
-    max_breakpoints: int = Field(4, ge=0, le=4)
-    min_prefix_tokens: int = Field(1024, ge=0)
-    ttl: Literal["5m", "1h"] = "5m"
-    retention: Literal["in_memory", "24h"] | None = None
-    sharing_boundary: Literal["principal", "scope", "profile"] = "scope"
+    max_breakpoints: int = Field(4, ge=0, le=4)  # Anthropic's limit, client markers included
+    min_prefix_tokens: int = Field(1024, ge=0)  # the model's minimum cacheable prefix
+    ttl: Literal["5m", "1h"] = "5m"  # conversation breakpoints
+    stable_ttl: Literal["5m", "1h"] | None = None  # tools/system/prepared context (default: ttl)
+    retention: Literal["in_memory", "24h"] | None = None  # OpenAI prompt_cache_retention
+    sharing_boundary: Literal["principal", "scope", "profile"] = "principal"
 
 
 class EstimatorSettings(_Strict):
-    name: str = "runes/4"
-    safety_margin: float = Field(1.2, ge=1.0, le=4.0)
+    name: Literal["runes/4", "character:weighted"] = "runes/4"
+    safety_margin: float = Field(1.2, ge=1.0, le=4.0)  # admission: estimate x margin
+    fill_missing: bool = False  # estimate usage the provider did not report (else unknown)
 
 
 class Timeouts(_Strict):

@@ -34,14 +34,15 @@ import dataclasses
 import time
 import zlib
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import aiohttp
 from aiohttp import web
 
-from gateway import auth, checks, errors
-from gateway.carriers import SHORT_NAMES, sse
-from gateway.carriers.base import Carrier, FoldedResponse, ParsedRequest
+from gateway import admission, auth, caching, checks, errors, usage
+from gateway.carriers import SHORT_NAMES, jsonspan, sse
+from gateway.carriers.base import Carrier, CarrierLimits, FoldedResponse, ParsedRequest
 from gateway.carriers.jsonraw import JsonError
 from gateway.checks import CheckOutcome, Party
 from gateway.config.model import Limits
@@ -150,12 +151,15 @@ async def _send_along_chain(
         more = index + 1 < len(parties)
         target = Target.for_profile(loaded, carrier.name, carrier.path)
         call.profile = loaded.profile.id
-        body, planned = plan(carrier, parsed, raw, loaded, runtime)  # 4
-        admit(planned, loaded)  # 5
+        planned = plan(carrier, parsed, raw, party, request.headers.get(SESSION_HEADER), runtime.carrier_limits)  # 4
+        admit(planned.parsed, carrier, loaded)  # 5
+        body = planned.body
+        call.usage_injected = planned.usage_injected
+        call.input_estimate = planned.input_estimate
         headers = upstream_headers(loaded.profile, loaded.credential, request.headers)
         bound = checks.relevant_headers(headers, loaded)
         send = checks.before_send(  # 6
-            runtime, party=party, parsed=[planned], body=body, headers=bound,
+            runtime, party=party, parsed=[planned.parsed], body=body, headers=bound,
             carrier=carrier.name, target=target, route=request.path,
         )
         _note_check(services, call, send, loaded.profile.id)
@@ -193,18 +197,58 @@ async def _send_along_chain(
     raise GatewayError(503, "upstream_unavailable", (rc.NO_PROFILE,), retryable=True)
 
 
+SESSION_HEADER = "x-wiregate-session"
+
+
+@dataclass(frozen=True, slots=True)
+class Planned:
+    body: bytes  # the final upstream body: what before_send checks and what leaves
+    parsed: ParsedRequest  # that body as the carrier reads it
+    cache: caching.CachePlan
+    usage_injected: bool  # the stream was asked for usage the client did not ask for
+    input_estimate: int
+
+
 def plan(
-    carrier: Carrier, parsed: ParsedRequest, raw: bytes, loaded: LoadedProfile, runtime: Runtime
-) -> tuple[bytes, ParsedRequest]:
-    """Step 4: native cache markers for this profile. The received bytes are never mutated;
-    when planning changes the body, the new bytes are parsed again so that before_send
-    sees exactly what leaves. (Cache planning arrives with its own issue; until then the
-    body goes unmodified, which SPEC §8 allows when a profile cannot express caching.)"""
-    return raw, parsed
+    carrier: Carrier, parsed: ParsedRequest, raw: bytes, party: Party, session: str | None,
+    limits: CarrierLimits,
+) -> Planned:
+    """Step 4: native cache markers for this profile, and usage for streams that would
+    otherwise not report it. The received bytes are never mutated; when planning changes
+    the body, the new bytes are parsed again so that before_send sees exactly what leaves.
+    A plan that cannot be made leaves the body as sent (an optimisation that fails never
+    turns a check off)."""
+    profile = party.profile.profile
+    estimator = admission.ESTIMATORS[profile.estimator.name]
+    estimate = admission.estimate_input(parsed.units, estimator)
+    unchanged = Planned(raw, parsed, caching.NOTHING, False, estimate)
+    if parsed.duplicate_keys:
+        return unchanged  # withheld by before_send anyway; never edit an ambiguous body
+    try:
+        text = raw.decode("utf-8")
+        ctx = caching.CacheContext(party.principal, party.scope, profile.id, session)
+        cache = caching.plan(carrier.name, text, parsed.doc, profile.cache, ctx, estimator.count)
+        usage_edits, injected = usage.plan_stream_usage(carrier.name, text, parsed.doc)
+        edits = [*cache.edits, *usage_edits]
+        if not edits:
+            return unchanged
+        body = jsonspan.apply(text, edits).encode("utf-8")
+        return Planned(body, carrier.parse_request(body, limits), cache, injected, estimate)
+    except (jsonspan.SpanError, JsonError, UnicodeDecodeError) as exc:
+        log.warning("cache_plan_skipped", profile=profile.id, error_class=type(exc).__name__)
+        return unchanged
 
 
-def admit(parsed: ParsedRequest, loaded: LoadedProfile) -> None:
-    """Step 5: token-window admission (arrives with the usage/admission issue)."""
+def admit(parsed: ParsedRequest, carrier: Carrier, loaded: LoadedProfile) -> None:
+    """Step 5: the request must fit the profile's context window, or it is withheld."""
+    profile = loaded.profile
+    decision = admission.admit(
+        parsed.units, carrier=carrier.name, doc=parsed.doc,
+        estimator=admission.ESTIMATORS[profile.estimator.name], margin=profile.estimator.safety_margin,
+        context_window=profile.context_window, default_output=profile.max_output_tokens,
+    )
+    if not decision.admitted:
+        raise GatewayError(422, "request_withheld", (rc.WINDOW_EXCEEDED,))
 
 
 def _refusal(outcome: CheckOutcome) -> GatewayError:
@@ -309,12 +353,17 @@ async def _receive(
                     streaming.heartbeat_after_s, streaming.heartbeat_every_s,
                 )
         except TimeoutError:
+            call.final_outcome = "timeout"
             raise GatewayError(503, "upstream_timeout", (rc.BUFFER_TIMEOUT,), retryable=True) from None
         except _TooLarge:
+            call.final_outcome = "withheld"
             raise GatewayError(503, "response_withheld", (rc.RESPONSE_TOO_LARGE,)) from None
         except (aiohttp.ClientError, OSError):
+            call.final_outcome = "incomplete"
             raise GatewayError(503, "response_incomplete", (rc.RESPONSE_INCOMPLETE,), retryable=True) from None
-        folded, released = _decode(carrier, body, is_stream, runtime)
+        folded, released = _decode(carrier, body, is_stream, runtime, call.usage_injected)
+        call.final_usage = folded.usage.fields if folded.usage else None
+        call.output_estimate = _output_estimate(folded, party)
         if not 200 <= response.status < 300 and not folded.complete:
             # A provider error we cannot read (an HTML page from a proxy, say): say so, without it.
             raise GatewayError(502, "upstream_error", (rc.UPSTREAM_INVALID_RESPONSE,))
@@ -324,6 +373,8 @@ async def _receive(
         )
         _note_check(services, call, outcome, target.profile_id)
         if not outcome.proceed:
+            call.final_outcome = "blocked" if outcome.verdict.decision is Decision.BLOCK else (
+                "incomplete" if not folded.complete else "withheld")
             raise _refusal(outcome)
     except GatewayError as err:
         if heartbeats is not None and heartbeats.out is not None:
@@ -336,6 +387,7 @@ async def _receive(
     finally:
         response.close()  # never back to the pool half-read; a no-op once fully read
     call.outcome = "released" if 200 <= response.status < 300 else "upstream_error_released"
+    call.final_outcome = "released" if 200 <= response.status < 300 else "upstream_error"
     call.bytes_out = len(released)
     if heartbeats is not None and heartbeats.out is not None:  # 10
         return await heartbeats.finish(released)
@@ -345,8 +397,11 @@ async def _receive(
     return release.release_body(response.status, passed, released, content_type)
 
 
-def _decode(carrier: Carrier, body: bytes, is_stream: bool, runtime: Runtime) -> tuple[FoldedResponse, bytes]:
-    """The folded response and the exact bytes that would be released."""
+def _decode(
+    carrier: Carrier, body: bytes, is_stream: bool, runtime: Runtime, strip_usage: bool = False
+) -> tuple[FoldedResponse, bytes]:
+    """The folded response and the exact bytes that would be released (for a stream whose
+    usage wiregate asked for, without the usage the client did not ask for)."""
     limits = runtime.carrier_limits
     if not is_stream:
         return carrier.parse_response(body, limits), body
@@ -357,7 +412,10 @@ def _decode(carrier: Carrier, body: bytes, is_stream: bool, runtime: Runtime) ->
     folded = carrier.fold_stream(events, limits)
     if not clean and folded.complete:
         folded = dataclasses.replace(folded, complete=False, incomplete_reason=rc.RESPONSE_INCOMPLETE)
-    return folded, release.reframe(folded.events or events)
+    released = folded.events or events
+    if strip_usage:
+        released = usage.strip_injected_usage(released)
+    return folded, release.reframe(released)
 
 
 async def _pass_through(
@@ -384,9 +442,11 @@ async def _pass_through(
         broken = True
     call.bytes_out = size
     call.outcome = "observed"
+    call.final_outcome = "incomplete" if broken else "released"
     if mode is Mode.OBSERVE and send.binding is not None:
         is_stream = response.content_type == "text/event-stream"
-        folded, released = _decode(carrier, b"".join(copy), is_stream, runtime)
+        folded, released = _decode(carrier, b"".join(copy), is_stream, runtime, call.usage_injected)
+        call.final_usage = folded.usage.fields if folded.usage else None
         if broken or size > limit:
             folded = dataclasses.replace(folded, complete=False, incomplete_reason=rc.RESPONSE_INCOMPLETE)
         outcome = checks.before_release(
@@ -431,10 +491,39 @@ def _note_check(services: Services, call: Call, outcome: CheckOutcome, profile: 
                  reason_codes=advisory, profile=profile)
 
 
+def _output_estimate(folded: FoldedResponse, party: Party) -> int:
+    estimator = admission.ESTIMATORS[party.profile.profile.estimator.name]
+    kinds = ("folded",) if any(u.kind == "folded" for u in folded.units) else ("string",)
+    return sum(estimator.count(u.text) for u in folded.units if u.kind in kinds)
+
+
 def _record_usage(services: Services, call: Call) -> None:
-    """Step 11. Normalised per-attempt usage records arrive with the usage issue; this hook
-    is where they are written. It must never raise into the request."""
+    """Step 11: one usage record per upstream attempt (failed and withheld ones too). It
+    never raises into the request."""
     try:
         services.metrics.stage_seconds.labels("checks").observe(sum(c.seconds for c in call.checks))
+        runtime = services.holder.current
+        for index, attempt in enumerate(call.attempts):
+            final = index == len(call.attempts) - 1 and call.final_outcome is not None
+            counts = usage.normalise(call.carrier or "", call.final_usage if final else None)
+            outcome = call.final_outcome if final and call.final_outcome else attempt.outcome
+            estimator_label = None
+            loaded = runtime.profiles.get(attempt.profile_id)
+            if final and loaded is not None and loaded.profile.estimator.fill_missing:
+                est = admission.ESTIMATORS[loaded.profile.estimator.name]
+                counts, estimator_label = usage.with_estimates(
+                    counts, input_estimate=call.input_estimate, output_estimate=call.output_estimate,
+                    estimator=est.label)
+            record = usage.UsageRecord(
+                request_id=call.request_id, attempt=index, profile=attempt.profile_id,
+                carrier=call.carrier or "", outcome=outcome or "unknown", status=attempt.status,
+                counts=counts, estimator=estimator_label,
+            )
+            services.usage.add(record)
+            for kind, count in counts.items():
+                if count.value is not None:
+                    services.metrics.usage_tokens.labels(kind, attempt.profile_id, count.provenance).inc(count.value)
+                else:
+                    services.metrics.usage_unknown.labels(kind, attempt.profile_id).inc()
     except Exception as exc:  # accounting never fails a request
         log.error("usage_record_failed", request_id=call.request_id, error_class=type(exc).__name__)
