@@ -215,7 +215,8 @@ def _cmd_mock(args: argparse.Namespace) -> int:
 
     log.configure("info")
     try:
-        asyncio.run(serve_forever(host=args.host, port=args.port, uds=args.uds, api_key=args.api_key))
+        asyncio.run(serve_forever(host=args.host, port=args.port, uds=args.uds, api_key=args.api_key,
+                                  cache_min_tokens=args.cache_min_tokens))
     except KeyboardInterrupt:
         pass
     return 0
@@ -286,6 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--uds")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--api-key")
+    p.add_argument("--cache-min-tokens", type=int, default=1024, help="Anthropic minimum cacheable prefix")
     p.set_defaults(func=_cmd_mock)
     return parser
 

@@ -107,7 +107,7 @@ def units_of(doc: Any, limits: CarrierLimits, base: Path = ()) -> tuple[list[Tex
     and in JSON held inside its strings. Raises JsonError(too_deep) past the depth limit."""
     out: list[TextUnit] = []
     dups: list[str] = []
-    _collect(doc, base, limits, limits.embedded_json_depth, False, out, dups)
+    _collect(doc, base, limits, limits.embedded_json_depth, out, dups)
     return out, dups
 
 
@@ -116,24 +116,26 @@ def _collect(
     base: Path,
     limits: CarrierLimits,
     budget: int,
-    embedded: bool,
     out: list[TextUnit],
     dups: list[str],
 ) -> None:
-    items, dup_paths = jsonraw.collect(doc, base, limits.max_depth, embedded=embedded)
+    items, dup_paths = jsonraw.collect(doc, base, limits.max_depth)
     if dup_paths:
         dups.extend(jsonraw.pointer(p) for p in dup_paths)
     out.extend(items)
     if budget > 0:
         match = _JSON_START.match
         for unit in items:
-            if unit.kind != "key" and match(unit.text):
+            if unit.kind == "string" and match(unit.text):
                 _decode_embedded(unit.text, unit.path, limits, budget, out, dups)
 
 
 def _decode_embedded(
     text: str, path: Path, limits: CarrierLimits, budget: int, out: list[TextUnit], dups: list[str]
 ) -> None:
+    """JSON held in the string `text` at `path`: its strings, keys and numbers become one
+    `embedded` unit at `path` (joined with NUL, a boundary for every matcher), and JSON held
+    in its strings is decoded again while `budget` lasts."""
     try:
         inner = jsonraw.loads_text(text, max_depth=limits.max_depth, check_depth=False)
     except JsonError:
@@ -145,9 +147,18 @@ def _decode_embedded(
             if jsonraw.check_shape(inner, limits.max_depth):
                 dups.append(jsonraw.pointer(path))
             return
-        _collect(inner, path, limits, budget - 1, True, out, dups)
+        texts, has_dups = jsonraw.collect_texts(inner, limits.max_depth)
     except JsonError:
         dups.append(jsonraw.pointer(path))  # too deep to inspect: never silently accepted
+        return
+    if has_dups:
+        dups.append(jsonraw.pointer(path))
+    out.append(TextUnit(path, "\x00".join(texts), "embedded"))
+    if budget > 1:
+        match = _JSON_START.match
+        for inner_text in texts:
+            if match(inner_text):
+                _decode_embedded(inner_text, path, limits, budget - 1, out, dups)
 
 
 def joined(path: Path, parts: Sequence[str]) -> TextUnit | None:

@@ -222,6 +222,46 @@ def collect(
     return items, dups
 
 
+def collect_texts(doc: Any, max_depth: int) -> tuple[list[str], bool]:
+    """Every string, key and number lexical form in `doc` (no paths), and whether any
+    object had duplicate keys; the depth limit applies. For JSON held inside a string,
+    whose parts all carry the path of that string anyway."""
+    texts: list[str] = []
+    append = texts.append
+    dups = False
+    stack: list[tuple[Any, int]] = [(doc, 1)]
+    pop, push = stack.pop, stack.append
+    while stack:
+        node, depth = pop()
+        cls = type(node)
+        if cls is str:
+            append(node)
+        elif cls is dict or cls is DupDict:
+            if depth > max_depth:
+                raise JsonError(rc.TOO_DEEP)
+            for key, value in node.items():
+                append(key)
+                push((value, depth + 1))
+            if cls is DupDict:
+                dups = True
+                for _, value in node.shadowed:
+                    push((value, depth + 1))
+        elif cls is list:
+            if depth > max_depth:
+                raise JsonError(rc.TOO_DEEP)
+            for value in node:
+                vcls = type(value)
+                if vcls is str:
+                    append(value)
+                elif vcls is int:
+                    append(str(value))
+                elif vcls is not bool and value is not None:
+                    push((value, depth + 1))
+        elif cls is JsonFloat or cls is int:
+            append(str(node))
+    return texts, dups
+
+
 def has_duplicates(doc: Any) -> list[Path]:
     """Paths of every object that had duplicate keys."""
     found: list[Path] = []

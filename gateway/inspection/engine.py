@@ -12,6 +12,7 @@ or put matched text anywhere.
 from __future__ import annotations
 
 import bisect
+import re
 import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ from gateway.inspection.verdict import Finding, Verdict, decide
 
 # Characters that render as nothing and are dropped from the normalised copy, so a value
 # interleaved with them is still seen.
-_ZERO_WIDTH = dict.fromkeys(map(ord, "\u200b\u200c\u200d\u2060\ufeff\u00ad\u180e\u2061\u2062\u2063\u2064"))
+_ZERO_WIDTH = re.compile("[\u200b\u200c\u200d\u2060\ufeff\u00ad\u180e\u2061\u2062\u2063\u2064]")
 _SEPARATOR = "\x00"  # never part of a configured value; a boundary for every format rule
 
 
@@ -121,7 +122,12 @@ class Engine:
 
 
 def _normalise(text: str) -> str:
-    return unicodedata.normalize("NFKC", text.translate(_ZERO_WIDTH))
+    """NFKC without zero-width characters (C-speed checks first: most text needs neither)."""
+    if _ZERO_WIDTH.search(text):
+        text = _ZERO_WIDTH.sub("", text)
+    if not unicodedata.is_normalized("NFKC", text):
+        text = unicodedata.normalize("NFKC", text)
+    return text
 
 
 def _byte_starts(units: Sequence[TextUnit]) -> list[int]:

@@ -1,7 +1,8 @@
 """Anthropic Messages wire format: non-stream message, SSE event sequence, errors.
 
-Pure functions from (request JSON, `Generation`) to a `Reply`; no I/O.  Shapes and
-event order follow /work/shared/WIRE-FORMATS.md section 3.
+Pure functions from (request JSON, `Generation`, prompt-cache outcome) to a `Reply`;
+no I/O.  Shapes and event order follow /work/shared/WIRE-FORMATS.md section 3: the
+cache counts ride in ``usage`` and, when streaming, in ``message_start``.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
+from .cache import NO_CACHE, CacheUsage
 from .content import Generation, derive_id
 from .reply import Reply, WireError, json_reply, sse_named, sse_reply
 from .usage import compute_usage
@@ -74,8 +76,8 @@ def _stop_reason(gen: Generation) -> str:
     return "tool_use" if gen.tool_calls else "end_turn"
 
 
-def _usage(request: Mapping[str, Any], gen: Generation) -> dict[str, Any]:
-    usage = compute_usage("anthropic", request, gen.emitted_text)
+def _usage(request: Mapping[str, Any], gen: Generation, cache: CacheUsage) -> dict[str, Any]:
+    usage = compute_usage("anthropic", request, gen.emitted_text, cache)
     if gen.omit_usage:
         # The SDK requires input_tokens and output_tokens; everything else is optional.
         return {name: usage[name] for name in _REQUIRED_USAGE_FIELDS}
@@ -96,7 +98,9 @@ def _tool_input(arguments: str, name: str) -> dict[str, Any]:
     return value
 
 
-def message(request: Mapping[str, Any], gen: Generation) -> dict[str, Any]:
+def message(
+    request: Mapping[str, Any], gen: Generation, cache: CacheUsage = NO_CACHE
+) -> dict[str, Any]:
     content: list[dict[str, Any]] = []
     if _has_text_block(gen):
         content.append({"type": "text", "text": gen.text})
@@ -117,7 +121,7 @@ def message(request: Mapping[str, Any], gen: Generation) -> dict[str, Any]:
         "content": content,
         "stop_reason": _stop_reason(gen),
         "stop_sequence": None,
-        "usage": _usage(request, gen),
+        "usage": _usage(request, gen, cache),
     }
 
 
@@ -150,8 +154,10 @@ def _delta_usage(usage: Mapping[str, Any], gen: Generation) -> dict[str, Any]:
     return {name: usage[name] for name in fields}
 
 
-def stream_events(request: Mapping[str, Any], gen: Generation) -> list[bytes]:
-    usage = _usage(request, gen)
+def stream_events(
+    request: Mapping[str, Any], gen: Generation, cache: CacheUsage = NO_CACHE
+) -> list[bytes]:
+    usage = _usage(request, gen, cache)
     log = _EventLog()
     log.emit(
         "message_start",
@@ -185,7 +191,9 @@ def stream_events(request: Mapping[str, Any], gen: Generation) -> list[bytes]:
     return log.events
 
 
-def messages_reply(request: Mapping[str, Any], gen: Generation, *, stream: bool) -> Reply:
+def messages_reply(
+    request: Mapping[str, Any], gen: Generation, *, stream: bool, cache: CacheUsage = NO_CACHE
+) -> Reply:
     if stream:
-        return sse_reply(stream_events(request, gen))
-    return json_reply(message(request, gen))
+        return sse_reply(stream_events(request, gen, cache))
+    return json_reply(message(request, gen, cache))

@@ -6,7 +6,9 @@ Each ``/v1`` request is recorded first, then answered:
 2. the scenario named by a ``mock-scenario:X`` marker in the raw body supplies the
    next `Step` (unknown id -> 400; no marker -> the default step);
 3. ``raw_events`` / ``raw_body`` / an error status short-circuit generation;
-4. otherwise the route's wire module renders the answer, and `delivery` writes it.
+4. otherwise the prompt cache is consulted and updated (chat, responses, messages;
+   isolated per presented API key), the route's wire module renders the answer, and
+   `delivery` writes it.
 
 Admin routes live under ``/_mock`` and are not recorded.
 """
@@ -27,13 +29,26 @@ from typing import Any, Literal
 from aiohttp import web
 
 from . import anthropic_wire, openai_wire
+from .cache import BreakpointError
 from .content import derive_id, plan_generation
 from .delivery import deliver
+from .prompt import anthropic_cache_query, openai_cache_query
 from .reply import JSON_CONTENT_TYPE, SSE_CONTENT_TYPE, Reply, WireError, json_reply
 from .state import MockState, Step, StepError, find_scenario_marker, validate_scenario_id
 
 Dialect = Literal["openai", "anthropic"]
-Answer = Callable[[Mapping[str, Any], Step], Reply]
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who is asking: the shared state and the API key presented ("" if none), which
+    isolates prompt-cache entries like a provider workspace does."""
+
+    state: MockState
+    workspace: str
+
+
+Answer = Callable[[Mapping[str, Any], Step, Caller], Reply]
 
 STATE_KEY: web.AppKey[MockState] = web.AppKey("mockprovider_state", MockState)
 INFLIGHT_KEY: web.AppKey[set[asyncio.Task[Any]]] = web.AppKey("mockprovider_inflight", set)
@@ -65,32 +80,45 @@ def _require_messages(request_json: Mapping[str, Any]) -> None:
         raise WireError(400, "'messages' must be a list")
 
 
-def _answer_chat(request_json: Mapping[str, Any], step: Step) -> Reply:
+def _answer_chat(request_json: Mapping[str, Any], step: Step, caller: Caller) -> Reply:
     _require_messages(request_json)
     gen = plan_generation("openai_chat", request_json, step)
-    return openai_wire.chat_reply(request_json, gen, stream=_is_stream(request_json))
+    query = openai_cache_query("openai_chat", request_json, caller.workspace)
+    cache = caller.state.openai_cache(query)
+    return openai_wire.chat_reply(request_json, gen, stream=_is_stream(request_json), cache=cache)
 
 
-def _answer_responses(request_json: Mapping[str, Any], step: Step) -> Reply:
+def _answer_responses(request_json: Mapping[str, Any], step: Step, caller: Caller) -> Reply:
     gen = plan_generation("openai_responses", request_json, step)
-    return openai_wire.responses_reply(request_json, gen, stream=_is_stream(request_json))
+    query = openai_cache_query("openai_responses", request_json, caller.workspace)
+    cache = caller.state.openai_cache(query)
+    return openai_wire.responses_reply(
+        request_json, gen, stream=_is_stream(request_json), cache=cache
+    )
 
 
-def _answer_embeddings(request_json: Mapping[str, Any], step: Step) -> Reply:
+def _answer_embeddings(request_json: Mapping[str, Any], step: Step, caller: Caller) -> Reply:
     return openai_wire.embeddings_reply(request_json, omit_usage=step.omit_usage)
 
 
-def _answer_models(request_json: Mapping[str, Any], step: Step) -> Reply:
+def _answer_models(request_json: Mapping[str, Any], step: Step, caller: Caller) -> Reply:
     return openai_wire.models_reply()
 
 
-def _answer_messages(request_json: Mapping[str, Any], step: Step) -> Reply:
+def _answer_messages(request_json: Mapping[str, Any], step: Step, caller: Caller) -> Reply:
     _require_messages(request_json)
     gen = plan_generation("anthropic", request_json, step)
-    return anthropic_wire.messages_reply(request_json, gen, stream=_is_stream(request_json))
+    try:
+        query = anthropic_cache_query(request_json, caller.workspace)
+    except BreakpointError as error:
+        raise WireError(400, str(error)) from error
+    cache = caller.state.anthropic_cache(query)
+    return anthropic_wire.messages_reply(
+        request_json, gen, stream=_is_stream(request_json), cache=cache
+    )
 
 
-def _answer_unknown_route(request_json: Mapping[str, Any], step: Step) -> Reply:
+def _answer_unknown_route(request_json: Mapping[str, Any], step: Step, caller: Caller) -> Reply:
     raise WireError(404, "Unknown mock provider route.")
 
 
@@ -128,6 +156,14 @@ def _presented_keys(dialect: Dialect, headers: Mapping[str, str]) -> list[str]:
     if dialect == "anthropic":
         offered.append(headers.get("x-api-key"))
     return [key for key in offered if key is not None]
+
+
+def _workspace(dialect: Dialect, headers: Mapping[str, str]) -> str:
+    """The key that scopes prompt-cache entries: Anthropic's ``x-api-key`` or else the
+    Bearer token; "" when the client presented none."""
+    if dialect == "anthropic" and headers.get("x-api-key"):
+        return headers["x-api-key"]
+    return _bearer_token(headers) or ""
 
 
 def _authorized(dialect: Dialect, headers: Mapping[str, str], api_key: str | None) -> bool:
@@ -190,7 +226,7 @@ def _raw_reply(step: Step) -> Reply | None:
     return None
 
 
-def _generated_reply(incoming: _Incoming, step: Step) -> Reply:
+def _generated_reply(state: MockState, incoming: _Incoming, step: Step) -> Reply:
     dialect = incoming.endpoint.dialect
     if step.is_error:
         return _error_reply(dialect, step.status, step.error_message, incoming.request_id)
@@ -202,7 +238,8 @@ def _generated_reply(incoming: _Incoming, step: Step) -> Reply:
             )
         request_json = incoming.parsed
     try:
-        reply = incoming.endpoint.answer(request_json, step)
+        caller = Caller(state, _workspace(dialect, incoming.headers))
+        reply = incoming.endpoint.answer(request_json, step, caller)
     except WireError as error:
         return _error_reply(dialect, error.status, error.message, incoming.request_id)
     return dataclasses.replace(reply, status=step.status)
@@ -217,7 +254,7 @@ def _decide(state: MockState, incoming: _Incoming) -> tuple[Reply, Step]:
     if step is None:
         message = f"Unknown mock scenario {incoming.scenario!r}."
         return _error_reply(dialect, 400, message, incoming.request_id), Step()
-    reply = _raw_reply(step) or _generated_reply(incoming, step)
+    reply = _raw_reply(step) or _generated_reply(state, incoming, step)
     headers = {_REQUEST_ID_HEADER[dialect]: incoming.request_id, **step.headers}
     return dataclasses.replace(reply, headers=headers), step
 
@@ -315,6 +352,10 @@ async def handle_clear_requests(request: web.Request) -> web.Response:
     return web.json_response({"cleared": request.app[STATE_KEY].clear()})
 
 
+async def handle_clear_cache(request: web.Request) -> web.Response:
+    return web.json_response({"cleared": request.app[STATE_KEY].clear_cache()})
+
+
 async def handle_healthz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
@@ -340,6 +381,7 @@ def create_app(state: MockState | None = None) -> web.Application:
         ("DELETE", "/_mock/scenarios", handle_clear_scenarios),
         ("GET", "/_mock/requests", handle_list_requests),
         ("DELETE", "/_mock/requests", handle_clear_requests),
+        ("DELETE", "/_mock/cache", handle_clear_cache),
         ("GET", "/_mock/healthz", handle_healthz),
     ]
     for method, path, handler in admin:

@@ -7,7 +7,7 @@ This module owns the rules that make the mock reproducible:
   compact) before hashing -- so a gateway that only adds ``prompt_cache_key``,
   ``cache_control`` or ``prompt_cache_breakpoint`` does not change ids or text;
 * ids derived from that digest;
-* counting the characters of the request text (input for usage);
+* counting the characters of text inside a content value (see `text_chars`);
 * splitting emitted text into stream pieces;
 * `plan_generation`: turning a request plus a `Step` into the `Generation` that the
   wire modules render.
@@ -59,15 +59,16 @@ TEXT_KEYS = frozenset(
 """A string counts as request text when the key holding it is one of these."""
 
 
-def _strip_cache_markers(value: Any) -> Any:
+def strip_cache_markers(value: Any) -> Any:
+    """`value` with every `CACHE_MARKER_KEYS` member removed, at any depth."""
     if isinstance(value, dict):
         return {
-            key: _strip_cache_markers(item)
+            key: strip_cache_markers(item)
             for key, item in value.items()
             if key not in CACHE_MARKER_KEYS
         }
     if isinstance(value, list):
-        return [_strip_cache_markers(item) for item in value]
+        return [strip_cache_markers(item) for item in value]
     return value
 
 
@@ -116,17 +117,21 @@ def _expand_shorthands(api: Api, content: dict[str, Any]) -> dict[str, Any]:
 def canonical_content(api: Api, request: Mapping[str, Any]) -> dict[str, Any]:
     """The content fields of `request`, cache markers stripped and shorthands expanded."""
     content = {
-        name: _strip_cache_markers(request[name])
+        name: strip_cache_markers(request[name])
         for name in CONTENT_FIELDS[api]
         if request.get(name) is not None
     }
     return _expand_shorthands(api, content)
 
 
+def canonical_text(value: Any) -> str:
+    """Sorted, compact JSON text with non-ASCII characters left unescaped."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
 def canonical_json(value: Any) -> bytes:
-    """Sorted, compact UTF-8 JSON (lone surrogates from ``\\ud800`` escapes kept)."""
-    text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return text.encode("utf-8", "surrogatepass")
+    """`canonical_text` as UTF-8 (lone surrogates from ``\\ud800`` escapes kept)."""
+    return canonical_text(value).encode("utf-8", "surrogatepass")
 
 
 def content_digest(api: Api, request: Mapping[str, Any]) -> str:
@@ -143,20 +148,16 @@ def default_reply(digest: str) -> str:
     return f"Mock reply: {digest[:8]}."
 
 
-def _count_text_chars(value: Any, holding_key: str | None) -> int:
+def text_chars(value: Any, holding_key: str | None = None) -> int:
+    """Unicode characters of the strings inside `value` held by a `TEXT_KEYS` key
+    (`holding_key` names the key holding `value` itself, if any)."""
     if isinstance(value, str):
         return len(value) if holding_key in TEXT_KEYS else 0
     if isinstance(value, dict):
-        return sum(_count_text_chars(item, key) for key, item in value.items())
+        return sum(text_chars(item, key) for key, item in value.items())
     if isinstance(value, list):
-        return sum(_count_text_chars(item, holding_key) for item in value)
+        return sum(text_chars(item, holding_key) for item in value)
     return 0
-
-
-def content_text_chars(api: Api, request: Mapping[str, Any]) -> int:
-    """Unicode characters of all text in the request's content fields."""
-    content = canonical_content(api, request)
-    return sum(_count_text_chars(value, name) for name, value in content.items())
 
 
 def split_text(text: str, size: int) -> tuple[str, ...]:

@@ -1,7 +1,9 @@
 """OpenAI wire formats: Chat Completions, Responses, Embeddings, Models and errors.
 
-Pure functions from (request JSON, `Generation`) to a `Reply`; no I/O.  Shapes and
-event sequences follow /work/shared/WIRE-FORMATS.md sections 1 and 2.
+Pure functions from (request JSON, `Generation`, prompt-cache outcome) to a `Reply`;
+no I/O.  Shapes and event sequences follow /work/shared/WIRE-FORMATS.md sections 1
+and 2; cached tokens ride in ``usage`` (the final chat chunk with ``include_usage``,
+``response.completed`` when streaming Responses).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
+from .cache import NO_CACHE, CacheUsage
 from .content import FIXED_CREATED, Generation, canonical_json, derive_id, request_model
 from .reply import SSE_DONE, Reply, WireError, json_reply, sse_data, sse_named, sse_reply
 from .usage import compute_usage
@@ -80,7 +83,9 @@ def _chat_base(gen: Generation, obj: str) -> dict[str, Any]:
     }
 
 
-def chat_completion(request: Mapping[str, Any], gen: Generation) -> dict[str, Any]:
+def chat_completion(
+    request: Mapping[str, Any], gen: Generation, cache: CacheUsage = NO_CACHE
+) -> dict[str, Any]:
     message: dict[str, Any] = {
         "role": "assistant",
         "content": _chat_content(gen),
@@ -106,7 +111,7 @@ def chat_completion(request: Mapping[str, Any], gen: Generation) -> dict[str, An
         }
     ]
     if not gen.omit_usage:
-        body["usage"] = compute_usage("openai_chat", request, gen.emitted_text)
+        body["usage"] = compute_usage("openai_chat", request, gen.emitted_text, cache)
     return body
 
 
@@ -130,7 +135,9 @@ def _chat_deltas(gen: Generation) -> list[dict[str, Any]]:
     return deltas
 
 
-def chat_chunks(request: Mapping[str, Any], gen: Generation) -> list[bytes]:
+def chat_chunks(
+    request: Mapping[str, Any], gen: Generation, cache: CacheUsage = NO_CACHE
+) -> list[bytes]:
     stream_options = request.get("stream_options")
     include_usage = isinstance(stream_options, dict) and stream_options.get("include_usage") is True
     base = _chat_base(gen, "chat.completion.chunk")
@@ -147,15 +154,17 @@ def chat_chunks(request: Mapping[str, Any], gen: Generation) -> list[bytes]:
     events = [chunk([choice(delta)]) for delta in _chat_deltas(gen)]
     events.append(chunk([choice({}, _chat_finish_reason(gen))]))
     if include_usage and not gen.omit_usage:
-        events.append(chunk([], compute_usage("openai_chat", request, gen.emitted_text)))
+        events.append(chunk([], compute_usage("openai_chat", request, gen.emitted_text, cache)))
     events.append(SSE_DONE)
     return events
 
 
-def chat_reply(request: Mapping[str, Any], gen: Generation, *, stream: bool) -> Reply:
+def chat_reply(
+    request: Mapping[str, Any], gen: Generation, *, stream: bool, cache: CacheUsage = NO_CACHE
+) -> Reply:
     if stream:
-        return sse_reply(chat_chunks(request, gen))
-    return json_reply(chat_completion(request, gen))
+        return sse_reply(chat_chunks(request, gen, cache))
+    return json_reply(chat_completion(request, gen, cache))
 
 
 # -- responses ----------------------------------------------------------------
@@ -212,7 +221,12 @@ def _final_output(ids: _ResponseIds, gen: Generation) -> list[dict[str, Any]]:
 
 
 def _response_object(
-    request: Mapping[str, Any], gen: Generation, ids: _ResponseIds, *, completed: bool
+    request: Mapping[str, Any],
+    gen: Generation,
+    ids: _ResponseIds,
+    *,
+    completed: bool,
+    cache: CacheUsage = NO_CACHE,
 ) -> dict[str, Any]:
     response: dict[str, Any] = {
         "id": ids.response,
@@ -239,7 +253,7 @@ def _response_object(
     if not completed:
         response["usage"] = None
     elif not gen.omit_usage:
-        response["usage"] = compute_usage("openai_responses", request, gen.emitted_text)
+        response["usage"] = compute_usage("openai_responses", request, gen.emitted_text, cache)
     return response
 
 
@@ -290,7 +304,9 @@ def _emit_function_item(
     )
 
 
-def responses_events(request: Mapping[str, Any], gen: Generation) -> list[bytes]:
+def responses_events(
+    request: Mapping[str, Any], gen: Generation, cache: CacheUsage = NO_CACHE
+) -> list[bytes]:
     ids = _ResponseIds(gen)
     log = _ResponsesEventLog()
     in_progress = _response_object(request, gen, ids, completed=False)
@@ -302,14 +318,19 @@ def responses_events(request: Mapping[str, Any], gen: Generation) -> list[bytes]
         first_function_index = 1
     for index in range(len(gen.tool_calls)):
         _emit_function_item(log, ids, gen, index, first_function_index + index)
-    log.emit("response.completed", response=_response_object(request, gen, ids, completed=True))
+    completed = _response_object(request, gen, ids, completed=True, cache=cache)
+    log.emit("response.completed", response=completed)
     return log.events
 
 
-def responses_reply(request: Mapping[str, Any], gen: Generation, *, stream: bool) -> Reply:
+def responses_reply(
+    request: Mapping[str, Any], gen: Generation, *, stream: bool, cache: CacheUsage = NO_CACHE
+) -> Reply:
     if stream:
-        return sse_reply(responses_events(request, gen))
-    return json_reply(_response_object(request, gen, _ResponseIds(gen), completed=True))
+        return sse_reply(responses_events(request, gen, cache))
+    return json_reply(
+        _response_object(request, gen, _ResponseIds(gen), completed=True, cache=cache)
+    )
 
 
 # -- embeddings ---------------------------------------------------------------

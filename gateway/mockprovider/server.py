@@ -24,6 +24,7 @@ from types import TracebackType
 from aiohttp import web
 
 from .app import create_app
+from .cache import DEFAULT_CACHE_MIN_TOKENS
 from .state import MockState
 
 logger = logging.getLogger("wiregate.mockprovider")
@@ -96,7 +97,8 @@ class MockProviderServer:
     With ``uds`` set it listens on that Unix socket only; otherwise on loopback TCP
     (``port=0`` picks a free port).  `url` is the base URL to give an SDK (add
     ``/v1`` for OpenAI); over a Unix socket it is ``http://localhost``, to be used
-    with a UDS transport.
+    with a UDS transport.  `cache_min_tokens` is the Anthropic minimum cacheable
+    prefix (`MockState.cache_min_tokens`; settable later through `state`).
     """
 
     def __init__(
@@ -106,12 +108,13 @@ class MockProviderServer:
         port: int = 0,
         uds: str | None = None,
         api_key: str | None = None,
+        cache_min_tokens: int = DEFAULT_CACHE_MIN_TOKENS,
     ) -> None:
         _require_loopback(host)
         self._host = host
         self._requested_port = port
         self._uds = uds
-        self._state = MockState(api_key=api_key)
+        self._state = MockState(api_key=api_key, cache_min_tokens=cache_min_tokens)
         self._port: int | None = None
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -203,12 +206,16 @@ class MockProviderServer:
 
 
 async def serve_forever(
-    *, host: str, port: int | None, uds: str | None, api_key: str | None
+    *,
+    host: str,
+    port: int | None,
+    uds: str | None,
+    api_key: str | None,
+    cache_min_tokens: int = DEFAULT_CACHE_MIN_TOKENS,
 ) -> None:
     """Run the mock provider until cancelled (``wiregate mock-provider``)."""
-    runner = await start_runner(
-        create_app(MockState(api_key=api_key)), host=host, port=port, uds=uds
-    )
+    state = MockState(api_key=api_key, cache_min_tokens=cache_min_tokens)
+    runner = await start_runner(create_app(state), host=host, port=port, uds=uds)
     bound_port = tcp_port(runner)
     endpoints = [_format_url(host, bound_port)] if bound_port is not None else []
     endpoints += [f"unix:{uds}"] if uds is not None else []

@@ -8,7 +8,8 @@ This module owns everything a test controls or inspects:
 * `RequestRecord` -- what the mock received for every ``/v1`` request and how the
   answer went (status, finished, cancelled);
 * `MockState` -- the lock-protected container shared by the aiohttp app (running in
-  its own thread) and the test code (any thread).
+  its own thread) and the test code (any thread), including the prompt-cache store and
+  its knobs (minimum cacheable prefixes, OpenAI TTL, the replaceable clock).
 
 Nothing here does I/O except `MockState.wait_for`, which polls.
 """
@@ -25,6 +26,20 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .cache import (
+    DEFAULT_CACHE_MIN_TOKENS,
+    DEFAULT_OPENAI_CACHE_MIN_TOKENS,
+    DEFAULT_OPENAI_CACHE_TTL_S,
+    TTL_SECONDS,
+    AnthropicCacheQuery,
+    CacheStore,
+    CacheUsage,
+    PromptPrefixes,
+    lookback_positions,
+    openai_cached_tokens,
+    plan_anthropic,
+)
+
 SCENARIO_ID_PATTERN = r"[A-Za-z0-9_-]{1,64}"
 """Allowed scenario ids."""
 
@@ -35,6 +50,7 @@ FAULTS = frozenset({"reset_mid_stream", "truncated_json", "hang", "hang_after_he
 """Values accepted in `Step.fault`."""
 
 _POLL_INTERVAL_S = 0.005
+_CACHE_SWEEP_INTERVAL_S = 60.0
 
 
 class StepError(ValueError):
@@ -262,22 +278,57 @@ class RequestRecord:
 
 
 RecordsPredicate = Callable[[list[RequestRecord]], bool]
+Clock = Callable[[], float]
+
+
+def _non_negative_int(value: int, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be an integer >= 0")
+    return value
+
+
+def _positive_seconds(value: float, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ValueError(f"{name} must be a number of seconds > 0")
+    return float(value)
 
 
 class MockState:
-    """Scenarios, request records and settings shared by the app and test code.
+    """Scenarios, request records, the prompt cache and settings shared by the app and
+    test code.
 
     Every public method is thread-safe: the aiohttp app runs in its own thread
     (see `MockProviderServer`) while tests call in from theirs.
+
+    Prompt-cache knobs (see `cache` for the rules): `cache_min_tokens` (Anthropic
+    minimum cacheable prefix), `openai_cache_min_tokens`, `openai_cache_ttl_s`, and
+    `clock` -- the time source of cache expiry (`time.monotonic` by default; a test
+    may assign e.g. ``state.clock = lambda: t``).
     """
 
-    def __init__(self, *, api_key: str | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        api_key: str | None = None,
+        cache_min_tokens: int = DEFAULT_CACHE_MIN_TOKENS,
+        openai_cache_min_tokens: int = DEFAULT_OPENAI_CACHE_MIN_TOKENS,
+        openai_cache_ttl_s: float = DEFAULT_OPENAI_CACHE_TTL_S,
+        clock: Clock = time.monotonic,
+    ) -> None:
         self._lock = threading.Lock()
         self._scenarios: dict[str, list[Step]] = {}
         self._records: list[RequestRecord] = []
         self._by_seq: dict[int, RequestRecord] = {}
         self._next_seq = 1
         self._api_key = api_key
+        self._cache_min_tokens = _non_negative_int(cache_min_tokens, "cache_min_tokens")
+        self._openai_cache_min_tokens = _non_negative_int(
+            openai_cache_min_tokens, "openai_cache_min_tokens"
+        )
+        self._openai_cache_ttl_s = _positive_seconds(openai_cache_ttl_s, "openai_cache_ttl_s")
+        self.clock: Clock = clock
+        self._cache = CacheStore()
+        self._next_sweep: float | None = None
 
     # -- settings ---------------------------------------------------------------
 
@@ -291,6 +342,108 @@ class MockState:
     def api_key(self, value: str | None) -> None:
         with self._lock:
             self._api_key = value
+
+    @property
+    def cache_min_tokens(self) -> int:
+        """Anthropic: a breakpoint whose prefix has fewer tokens is silently not cached."""
+        with self._lock:
+            return self._cache_min_tokens
+
+    @cache_min_tokens.setter
+    def cache_min_tokens(self, value: int) -> None:
+        value = _non_negative_int(value, "cache_min_tokens")
+        with self._lock:
+            self._cache_min_tokens = value
+
+    @property
+    def openai_cache_min_tokens(self) -> int:
+        """OpenAI: a stored prefix shorter than this is not reported as cached."""
+        with self._lock:
+            return self._openai_cache_min_tokens
+
+    @openai_cache_min_tokens.setter
+    def openai_cache_min_tokens(self, value: int) -> None:
+        value = _non_negative_int(value, "openai_cache_min_tokens")
+        with self._lock:
+            self._openai_cache_min_tokens = value
+
+    @property
+    def openai_cache_ttl_s(self) -> float:
+        """OpenAI: lifetime of a cached prefix, renewed whenever a request contains it."""
+        with self._lock:
+            return self._openai_cache_ttl_s
+
+    @openai_cache_ttl_s.setter
+    def openai_cache_ttl_s(self, value: float) -> None:
+        value = _positive_seconds(value, "openai_cache_ttl_s")
+        with self._lock:
+            self._openai_cache_ttl_s = value
+
+    def now(self) -> float:
+        """The cache clock (`clock`), in seconds."""
+        return self.clock()
+
+    # -- prompt cache -----------------------------------------------------------
+
+    def anthropic_cache(self, query: AnthropicCacheQuery) -> CacheUsage:
+        """Read and write the cache for one Anthropic request; return what to bill.
+
+        Reads only see entries written by earlier requests; the entry read is
+        refreshed, and every breakpoint after it is written with its own TTL.
+        """
+        hashes = query.prefixes.hashes
+        now = self.now()
+        with self._lock:
+            self._sweep_if_due(now)
+            live = frozenset(
+                position
+                for position in lookback_positions(query.breakpoints)
+                if self._cache.is_live(hashes[position], now)
+            )
+            plan = plan_anthropic(
+                query.prefixes.tokens, query.breakpoints, live, self._cache_min_tokens
+            )
+            if plan.read_position is not None:
+                self._cache.refresh(hashes[plan.read_position], now)
+            for write in plan.writes:
+                self._cache.put(hashes[write.position], TTL_SECONDS[write.ttl], now)
+            return plan.usage
+
+    def openai_cache(self, prefixes: PromptPrefixes) -> CacheUsage:
+        """Look up the longest stored prefix of one OpenAI request, then store (or renew)
+        every prefix of it; return the cached tokens to report (no write charge)."""
+        now = self.now()
+        with self._lock:
+            self._sweep_if_due(now)
+            hit = next(
+                (
+                    prefixes.tokens[position]
+                    for position in reversed(range(len(prefixes.hashes)))
+                    if self._cache.is_live(prefixes.hashes[position], now)
+                ),
+                0,
+            )
+            for key in prefixes.hashes:
+                self._cache.put(key, self._openai_cache_ttl_s, now)
+            return CacheUsage(read_tokens=openai_cached_tokens(hit, self._openai_cache_min_tokens))
+
+    def clear_cache(self) -> int:
+        """Forget every prompt-cache entry; return how many there were."""
+        with self._lock:
+            return self._cache.clear()
+
+    def cache_entries(self) -> int:
+        """How many prompt-cache entries are stored (expired ones may linger a while)."""
+        with self._lock:
+            return len(self._cache)
+
+    def _sweep_if_due(self, now: float) -> None:
+        """Drop expired entries about once a minute of cache time (caller holds the lock);
+        a clock that jumped backwards restarts the schedule."""
+        due = self._next_sweep
+        if due is None or now >= due or now < due - _CACHE_SWEEP_INTERVAL_S:
+            self._cache.sweep(now)
+            self._next_sweep = now + _CACHE_SWEEP_INTERVAL_S
 
     # -- scenarios --------------------------------------------------------------
 

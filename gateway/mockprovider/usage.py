@@ -1,12 +1,18 @@
 """Deterministic token usage for mock answers.
 
-`compute_usage` is the single pure function every wire module calls, so prompt-cache
-emulation (cached / written token counts) can later be added in exactly one place.
+`compute_usage` is the single pure function every wire module calls; the prompt-cache
+outcome of the request (`cache.CacheUsage`, decided by `MockState`) is passed in.
 
-Counting rule: ``tokens = max(1, ceil(characters / 4))`` where input characters are
-the Unicode characters of all text in the request's content fields (see
-`content.content_text_chars`) and output characters are those of the emitted text
-plus every tool call's arguments string.
+Counting rule: ``tokens = max(1, ceil(characters / 4))`` per prompt unit, and input
+tokens are the sum over the request's units (see `prompt`), so cached and written
+counts (prefix sums of the same units) always fit inside the total.  Output tokens
+count the emitted text plus every tool call's arguments string.
+
+* OpenAI: ``prompt_tokens`` / ``input_tokens`` include the cached tokens, which are
+  reported in ``*_tokens_details.cached_tokens`` (``cache_write_tokens`` stays 0:
+  implicit caching has no write charge).
+* Anthropic: ``input_tokens`` excludes them; ``input_tokens + cache_read_input_tokens
+  + cache_creation_input_tokens`` is the total.
 """
 
 from __future__ import annotations
@@ -15,11 +21,11 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from .content import Api, content_text_chars
+from .cache import NO_CACHE, CacheUsage
+from .content import Api
+from .prompt import estimate_tokens, prompt_tokens
 
-
-def estimate_tokens(chars: int) -> int:
-    return max(1, math.ceil(chars / 4))
+__all__ = ["compute_usage", "estimate_tokens"]
 
 
 def _embedding_input_tokens(request: Mapping[str, Any]) -> int:
@@ -32,12 +38,16 @@ def _embedding_input_tokens(request: Mapping[str, Any]) -> int:
     return max(1, math.ceil(chars / 4) + token_ids)
 
 
-def _chat_usage(input_tokens: int, output_tokens: int) -> dict[str, Any]:
+def _chat_usage(input_tokens: int, output_tokens: int, cache: CacheUsage) -> dict[str, Any]:
     return {
         "prompt_tokens": input_tokens,
         "completion_tokens": output_tokens,
         "total_tokens": input_tokens + output_tokens,
-        "prompt_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0, "audio_tokens": 0},
+        "prompt_tokens_details": {
+            "cached_tokens": cache.read_tokens,
+            "cache_write_tokens": cache.write_tokens,
+            "audio_tokens": 0,
+        },
         "completion_tokens_details": {
             "reasoning_tokens": 0,
             "audio_tokens": 0,
@@ -47,36 +57,50 @@ def _chat_usage(input_tokens: int, output_tokens: int) -> dict[str, Any]:
     }
 
 
-def _responses_usage(input_tokens: int, output_tokens: int) -> dict[str, Any]:
+def _responses_usage(input_tokens: int, output_tokens: int, cache: CacheUsage) -> dict[str, Any]:
     return {
         "input_tokens": input_tokens,
-        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+        "input_tokens_details": {
+            "cached_tokens": cache.read_tokens,
+            "cache_write_tokens": cache.write_tokens,
+        },
         "output_tokens": output_tokens,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": input_tokens + output_tokens,
     }
 
 
-def _anthropic_usage(input_tokens: int, output_tokens: int) -> dict[str, Any]:
+def _anthropic_usage(total_input: int, output_tokens: int, cache: CacheUsage) -> dict[str, Any]:
     return {
-        "input_tokens": input_tokens,
-        "cache_creation_input_tokens": 0,
-        "cache_read_input_tokens": 0,
-        "cache_creation": {"ephemeral_5m_input_tokens": 0, "ephemeral_1h_input_tokens": 0},
+        "input_tokens": total_input - cache.read_tokens - cache.write_tokens,
+        "cache_creation_input_tokens": cache.write_tokens,
+        "cache_read_input_tokens": cache.read_tokens,
+        "cache_creation": {
+            "ephemeral_5m_input_tokens": cache.write_5m_tokens,
+            "ephemeral_1h_input_tokens": cache.write_1h_tokens,
+        },
         "output_tokens": output_tokens,
         "service_tier": "standard",
     }
 
 
-def compute_usage(api: Api, request: Mapping[str, Any], output_text: str = "") -> dict[str, Any]:
-    """The provider-shaped ``usage`` object for answering `request` with `output_text`."""
+def compute_usage(
+    api: Api,
+    request: Mapping[str, Any],
+    output_text: str = "",
+    cache: CacheUsage = NO_CACHE,
+) -> dict[str, Any]:
+    """The provider-shaped ``usage`` object for answering `request` with `output_text`,
+    given the request's prompt-cache outcome `cache` (ignored for embeddings)."""
     if api == "openai_embeddings":
         tokens = _embedding_input_tokens(request)
         return {"prompt_tokens": tokens, "total_tokens": tokens}
-    input_tokens = estimate_tokens(content_text_chars(api, request))
+    input_tokens = prompt_tokens(api, request)
+    if cache.read_tokens + cache.write_tokens > input_tokens:
+        raise ValueError("cached and written tokens exceed the request's input tokens")
     output_tokens = estimate_tokens(len(output_text))
     if api == "openai_chat":
-        return _chat_usage(input_tokens, output_tokens)
+        return _chat_usage(input_tokens, output_tokens, cache)
     if api == "openai_responses":
-        return _responses_usage(input_tokens, output_tokens)
-    return _anthropic_usage(input_tokens, output_tokens)
+        return _responses_usage(input_tokens, output_tokens, cache)
+    return _anthropic_usage(input_tokens, output_tokens, cache)

@@ -54,7 +54,10 @@ def test_messages_non_stream_default_reply(client: anthropic.Anthropic) -> None:
     assert message.id.startswith("msg_")
     assert message.model == MODEL
     assert message.stop_reason == "end_turn"
-    assert message.usage.input_tokens == math.ceil(len("You are terse.Say hi") / 4)
+    # One token count per block (system, then the user's text), each ceil(chars / 4).
+    assert message.usage.input_tokens == math.ceil(len("You are terse.") / 4) + math.ceil(
+        len("Say hi") / 4
+    )
     assert message.usage.output_tokens == math.ceil(len(text) / 4)
     assert message.usage.cache_read_input_tokens == 0
     assert message.usage.cache_creation_input_tokens == 0

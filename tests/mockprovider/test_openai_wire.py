@@ -207,7 +207,10 @@ def test_responses_non_stream(client: openai.OpenAI) -> None:
     assert response.status == "completed"
     assert response.created_at == FIXED_CREATED
     assert response.usage is not None
-    assert response.usage.input_tokens == math.ceil(len("Be brief.Hello there") / 4)
+    # One token count per segment (instructions, then the input message).
+    assert response.usage.input_tokens == math.ceil(len("Be brief.") / 4) + math.ceil(
+        len("Hello there") / 4
+    )
     assert response.usage.input_tokens_details.cached_tokens == 0
     assert response.usage.input_tokens_details.cache_write_tokens == 0
     assert response.usage.output_tokens_details.reasoning_tokens == 0

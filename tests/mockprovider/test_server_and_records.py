@@ -433,7 +433,8 @@ def test_cache_fields_do_not_change_ids_or_text(server: MockProviderServer) -> N
             {
                 "name": "f",
                 "input_schema": {"type": "object"},
-                "cache_control": {"type": "ephemeral"},
+                # 1 h: a 1 h marker (system) after a 5 min one is a 400, as in the API.
+                "cache_control": {"type": "ephemeral", "ttl": "1h"},
             }
         ],
         "cache_control": {"type": "ephemeral"},
