@@ -42,13 +42,12 @@ class AnthropicMessages:
     path = "/v1/messages"
 
     def parse_request(self, raw: bytes, limits: CarrierLimits) -> ParsedRequest:
-        doc = base.require_object(raw, limits)
+        doc, units, dups = base.parse_object(raw, limits)
         model = base.require_model(doc)
         stream = base.stream_flag(doc)
         messages = doc.get("messages")
         if not isinstance(messages, list):
             raise JsonError(rc.UNSUPPORTED_CARRIER)
-        units, dups = base.units_of(doc, limits)
         opaque: list[str] = []
         system = doc.get("system")
         if isinstance(system, list):

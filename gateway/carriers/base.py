@@ -98,36 +98,35 @@ def _looks_like_json(text: str) -> bool:
 
 
 def units_of(doc: Any, limits: CarrierLimits, base: Path = ()) -> tuple[list[TextUnit], list[str]]:
-    """Every string, key and number in `doc`, plus the strings of any JSON held inside a
-    string (tool-call arguments, tool results, unknown fields alike), decoded again up to
-    `limits.embedded_json_depth` times. Embedded units keep the path of the string that
-    held them: that is the field a client or provider can address.
-
-    Returns the units and the pointers of objects with duplicate keys — in `doc` itself
-    and in JSON held inside its strings. Raises JsonError(too_deep) past the depth limit."""
-    out: list[TextUnit] = []
-    dups: list[str] = []
-    _collect(doc, base, limits, limits.embedded_json_depth, out, dups)
-    return out, dups
+    """Every string, key and number in an already decoded `doc`, plus what JSON held inside
+    its strings holds (see `parse_object`). Returns the units and the pointers of objects
+    with duplicate keys. Raises JsonError(too_deep) past the depth limit."""
+    items, dup_paths, _ = jsonraw.collect(doc, base, limits.max_depth)
+    return _with_embedded(items, dup_paths, limits)
 
 
-def _collect(
-    doc: Any,
-    base: Path,
-    limits: CarrierLimits,
-    budget: int,
-    out: list[TextUnit],
-    dups: list[str],
-) -> None:
-    items, dup_paths = jsonraw.collect(doc, base, limits.max_depth)
-    if dup_paths:
-        dups.extend(jsonraw.pointer(p) for p in dup_paths)
-    out.extend(items)
-    if budget > 0:
+def parse_document(raw: bytes | str, limits: CarrierLimits, base: Path = ()) -> tuple[Any, list[TextUnit], list[str]]:
+    """Decode wire bytes (or one event's text) and collect every unit: every string, key
+    and number; the strings of JSON held inside a string (tool-call arguments, tool
+    results, unknown fields alike) decoded again up to `limits.embedded_json_depth` times,
+    as one `embedded` unit at the path of the string that held them. Returns the document,
+    the units and the pointers of objects with duplicate keys."""
+    doc, items, dup_paths = jsonraw.decode_units(raw, base, limits.max_depth)
+    units, dups = _with_embedded(items, dup_paths, limits)
+    return doc, units, dups
+
+
+def _with_embedded(
+    items: list[TextUnit], dup_paths: list[Path], limits: CarrierLimits
+) -> tuple[list[TextUnit], list[str]]:
+    dups = [jsonraw.pointer(p) for p in dup_paths]
+    out = list(items)
+    if limits.embedded_json_depth > 0:
         match = _JSON_START.match
         for unit in items:
             if unit.kind == "string" and match(unit.text):
-                _decode_embedded(unit.text, unit.path, limits, budget, out, dups)
+                _decode_embedded(unit.text, unit.path, limits, limits.embedded_json_depth, out, dups)
+    return out, dups
 
 
 def _decode_embedded(
@@ -137,20 +136,18 @@ def _decode_embedded(
     `embedded` unit at `path` (joined with NUL, a boundary for every matcher), and JSON held
     in its strings is decoded again while `budget` lasts."""
     try:
-        inner = jsonraw.loads_text(text, max_depth=limits.max_depth, check_depth=False)
-    except JsonError:
-        return  # an ordinary string that merely starts with a bracket
-    try:
         if "\\" not in text:
             # No escape inside: every key, string and number of the inner document stands
             # verbatim in `text`, which is itself a unit. Only its shape is left to check.
-            if jsonraw.check_shape(inner, limits.max_depth):
+            _, has_dups = jsonraw.decode_shape(text, limits.max_depth)
+            if has_dups:
                 dups.append(jsonraw.pointer(path))
             return
-        texts, has_dups = jsonraw.collect_texts(inner, limits.max_depth)
-    except JsonError:
-        dups.append(jsonraw.pointer(path))  # too deep to inspect: never silently accepted
-        return
+        _, texts, has_dups = jsonraw.decode_texts(text, limits.max_depth)
+    except JsonError as exc:
+        if exc.reason == rc.TOO_DEEP:
+            dups.append(jsonraw.pointer(path))  # too deep to inspect: never silently accepted
+        return  # otherwise an ordinary string that merely starts with a bracket
     if has_dups:
         dups.append(jsonraw.pointer(path))
     out.append(TextUnit(path, "\x00".join(texts), "embedded"))
@@ -173,7 +170,7 @@ def folded_units(
 ) -> None:
     """A reassembled streamed field, plus its strings if it is JSON (tool arguments)."""
     out.append(TextUnit(path, text, "folded"))
-    if _looks_like_json(text):
+    if _looks_like_json(text) and limits.embedded_json_depth > 0:
         _decode_embedded(text, path, limits, limits.embedded_json_depth, out, dups)
 
 
@@ -183,6 +180,14 @@ def require_object(raw: bytes, limits: CarrierLimits) -> dict[str, Any]:
     if not isinstance(doc, dict):
         raise JsonError(rc.UNSUPPORTED_CARRIER)
     return doc
+
+
+def parse_object(raw: bytes, limits: CarrierLimits) -> tuple[dict[str, Any], list[TextUnit], list[str]]:
+    """A request that must be a JSON object, with its units (see `parse_document`)."""
+    doc, units, dups = parse_document(raw, limits)
+    if not isinstance(doc, dict):
+        raise JsonError(rc.UNSUPPORTED_CARRIER)
+    return doc, units, dups
 
 
 def require_model(doc: dict[str, Any]) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.carriers import jsonraw
-from gateway.carriers.base import CarrierLimits, FoldedResponse, TextUnit, UsageReport, units_of
+from gateway.carriers.base import CarrierLimits, FoldedResponse, TextUnit, UsageReport, parse_document, units_of
 from gateway.carriers.jsonraw import JsonError, Path
 from gateway.inspection import verdict as rc
 
@@ -23,13 +23,15 @@ def json_response(
     """Decode a complete non-stream JSON response. `skip` names top-level members whose
     values are not text (embedding vectors) and are left out of the units."""
     try:
-        doc = jsonraw.loads(raw, max_depth=limits.max_depth, check_depth=False)
-        if not isinstance(doc, dict):
-            raise JsonError(rc.JSON_INVALID)
-        target: Any = doc
         if skip:
-            target = {k: v for k, v in doc.items() if k not in skip}
-        units, dups = units_of(target, limits)
+            doc = jsonraw.loads(raw, max_depth=limits.max_depth, check_depth=False)
+            if not isinstance(doc, dict):
+                raise JsonError(rc.JSON_INVALID)
+            units, dups = units_of({k: v for k, v in doc.items() if k not in skip}, limits)
+        else:
+            doc, units, dups = parse_document(raw, limits)
+            if not isinstance(doc, dict):
+                raise JsonError(rc.JSON_INVALID)
     except JsonError as exc:
         return FoldedResponse(units=(), complete=False, incomplete_reason=exc.reason)
     usage = doc.get("usage")
@@ -59,13 +61,13 @@ class EventDecoder:
         self.dups: list[str] = []
 
     def decode(self, data: str, index: int) -> Any:
-        doc = jsonraw.loads_text(data, max_depth=self.limits.max_depth, check_depth=False)
         base: Path = ("~events", index)
         if data.isascii() and "\\" not in data:
-            if jsonraw.check_shape(doc, self.limits.max_depth):
+            doc, has_dups = jsonraw.decode_shape(data, self.limits.max_depth)
+            if has_dups:
                 self.dups.append(jsonraw.pointer(base))
             return doc
-        units, dups = units_of(doc, self.limits, base)
+        doc, units, dups = parse_document(data, self.limits, base)
         self.units.extend(units)
         self.dups.extend(dups)
         return doc

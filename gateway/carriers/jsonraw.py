@@ -62,7 +62,14 @@ _DECODER = json.JSONDecoder(
 )
 # A \uD800-\uDFFF escape in the raw text: only then can a lone surrogate appear after decoding.
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+_SURROGATE_ESCAPE_TEXT = re.compile(r"\\u[dD][89a-fA-F]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def surrogates_ok(source: bytes | str, doc: Any) -> bool:
+    """No lone surrogate decoded from a \\uD800-\\uDFFF escape in `source`."""
+    escape = _SURROGATE_ESCAPE.search(source) if isinstance(source, bytes) else _SURROGATE_ESCAPE_TEXT.search(source)
+    return not (escape and any(_SURROGATE.search(s) for _, s, _ in walk(doc)))
 
 
 def loads_text(text: str, *, max_depth: int, check_depth: bool = True) -> Any:
@@ -90,9 +97,7 @@ def loads(raw: bytes, *, max_depth: int, check_depth: bool = True) -> Any:
     except UnicodeDecodeError:
         raise JsonError(rc.JSON_INVALID) from None
     doc = loads_text(text, max_depth=max_depth, check_depth=check_depth)
-    if _SURROGATE_ESCAPE.search(raw) and any(
-        _SURROGATE.search(s) for _, s, _ in walk(doc)
-    ):
+    if not surrogates_ok(raw, doc):
         raise JsonError(rc.JSON_INVALID)
     return doc
 
@@ -101,16 +106,48 @@ def _check_depth(doc: Any, max_depth: int) -> None:
     check_shape(doc, max_depth)
 
 
-def check_shape(doc: Any, max_depth: int) -> bool:
+def decode_shape(text: str, max_depth: int) -> tuple[Any, bool]:
+    """Decode `text`, check depth; return the document and whether it had duplicate keys."""
+    doc = loads_text(text, max_depth=max_depth, check_depth=False)
+    dups, _ = check_shape(doc, max_depth)
+    return doc, dups
+
+
+def decode_texts(text: str, max_depth: int) -> tuple[Any, list[str], bool]:
+    """Decode `text`; return the document, its strings/keys/numbers and whether it had
+    duplicate keys (every value of a duplicate included)."""
+    doc = loads_text(text, max_depth=max_depth, check_depth=False)
+    texts, dups, _ = collect_texts(doc, max_depth)
+    return doc, texts, dups
+
+
+def decode_units(
+    raw: bytes | str, base: Path, max_depth: int
+) -> tuple[Any, list[TextUnit], list[Path]]:
+    """Decode a complete document (wire bytes: strict UTF-8; no lone surrogates) and
+    collect its units; duplicate keys keep every value and are reported by path."""
+    if isinstance(raw, str):
+        doc = loads_text(raw, max_depth=max_depth, check_depth=False)
+        if not surrogates_ok(raw, doc):
+            raise JsonError(rc.JSON_INVALID)
+    else:
+        doc = loads(raw, max_depth=max_depth, check_depth=False)
+    items, dups, _ = collect(doc, base, max_depth)
+    return doc, items, dups
+
+
+def check_shape(doc: Any, max_depth: int) -> tuple[bool, int]:
     """Walk the containers only: raise JsonError(too_deep) past `max_depth`; return
-    whether any object had duplicate keys."""
+    whether any object had duplicate keys, and how many keys the objects hold."""
     stack: list[tuple[Any, int]] = [(doc, 1)]
     dups = False
+    keys = 0
     while stack:
         node, depth = stack.pop()
         cls = type(node)
         if cls is dict or cls is DupDict:
             children: Any = node.values()
+            keys += len(node)
             if cls is DupDict:
                 dups = True
                 stack.extend((v, depth + 1) for _, v in node.shadowed if isinstance(v, (dict, list)))
@@ -123,7 +160,7 @@ def check_shape(doc: Any, max_depth: int) -> bool:
         for child in children:
             if isinstance(child, (dict, list)):
                 stack.append((child, depth + 1))
-    return dups
+    return dups, keys
 
 
 Path = tuple[str | int, ...]
@@ -176,14 +213,16 @@ def walk(doc: Any, base: Path = ()) -> Iterator[tuple[Path, str, str]]:
 
 def collect(
     doc: Any, base: Path, max_depth: int, *, embedded: bool = False
-) -> tuple[list[TextUnit], list[Path]]:
+) -> tuple[list[TextUnit], list[Path], int]:
     """One pass over `doc`: a unit for everything `walk` yields, the paths of objects
-    with duplicate keys, and the depth limit (JsonError(too_deep)).
+    with duplicate keys, the number of keys held, and the depth limit (JsonError(too_deep)).
 
     `embedded`: `doc` was decoded from a string at `base`; every unit then keeps `base`
     (the field a client or provider can address) and the kind "embedded"."""
     items: list[TextUnit] = []
     dups: list[Path] = []
+    keys = 0
+    seen_keys: set[str] = set()
     append = items.append
     new = tuple.__new__
     unit = TextUnit
@@ -198,8 +237,11 @@ def collect(
         elif cls is dict or cls is DupDict:
             if depth > max_depth:
                 raise JsonError(rc.TOO_DEEP)
+            keys += len(node)
             for key, value in node.items():
-                append(new(unit, (path, key, k_kind)))
+                if key not in seen_keys:  # a key text is inspected once, where it first appears
+                    seen_keys.add(key)
+                    append(new(unit, (path, key, k_kind)))
                 push((path if embedded else (*path, key), value, depth + 1))
             if cls is DupDict:
                 dups.append(path)
@@ -219,16 +261,17 @@ def collect(
                     push((sub, value, depth + 1))
         elif cls is JsonFloat or cls is int:
             append(new(unit, (path, str(node), n_kind)))
-    return items, dups
+    return items, dups, keys
 
 
-def collect_texts(doc: Any, max_depth: int) -> tuple[list[str], bool]:
-    """Every string, key and number lexical form in `doc` (no paths), and whether any
-    object had duplicate keys; the depth limit applies. For JSON held inside a string,
-    whose parts all carry the path of that string anyway."""
+def collect_texts(doc: Any, max_depth: int) -> tuple[list[str], bool, int]:
+    """Every string, key and number lexical form in `doc` (no paths), whether any object
+    had duplicate keys, and the number of keys held; the depth limit applies. For JSON held
+    inside a string, whose parts all carry the path of that string anyway."""
     texts: list[str] = []
     append = texts.append
     dups = False
+    keys = 0
     stack: list[tuple[Any, int]] = [(doc, 1)]
     pop, push = stack.pop, stack.append
     while stack:
@@ -239,6 +282,7 @@ def collect_texts(doc: Any, max_depth: int) -> tuple[list[str], bool]:
         elif cls is dict or cls is DupDict:
             if depth > max_depth:
                 raise JsonError(rc.TOO_DEEP)
+            keys += len(node)
             for key, value in node.items():
                 append(key)
                 push((value, depth + 1))
@@ -259,7 +303,7 @@ def collect_texts(doc: Any, max_depth: int) -> tuple[list[str], bool]:
                     push((value, depth + 1))
         elif cls is JsonFloat or cls is int:
             append(str(node))
-    return texts, dups
+    return texts, dups, keys
 
 
 def has_duplicates(doc: Any) -> list[Path]:

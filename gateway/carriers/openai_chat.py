@@ -27,13 +27,12 @@ class OpenAIChat:
     path = "/chat/completions"
 
     def parse_request(self, raw: bytes, limits: CarrierLimits) -> ParsedRequest:
-        doc = base.require_object(raw, limits)
+        doc, units, dups = base.parse_object(raw, limits)
         model = base.require_model(doc)
         stream = base.stream_flag(doc)
         messages = doc.get("messages")
         if not isinstance(messages, list):
             raise JsonError(rc.UNSUPPORTED_CARRIER)
-        units, dups = base.units_of(doc, limits)
         opaque: list[str] = []
         for i, msg in enumerate(messages):
             if not isinstance(msg, dict):

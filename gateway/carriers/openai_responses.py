@@ -30,13 +30,12 @@ class OpenAIResponses:
     path = "/responses"
 
     def parse_request(self, raw: bytes, limits: CarrierLimits) -> ParsedRequest:
-        doc = base.require_object(raw, limits)
+        doc, units, dups = base.parse_object(raw, limits)
         model = base.require_model(doc)
         stream = base.stream_flag(doc)
         items = doc.get("input")
         if items is not None and not isinstance(items, (str, list)):
             raise JsonError(rc.UNSUPPORTED_CARRIER)
-        units, dups = base.units_of(doc, limits)
         opaque: list[str] = []
         for i, item in enumerate(items if isinstance(items, list) else ()):
             if not isinstance(item, dict):
