@@ -1,0 +1,73 @@
+"""`make demo`: the gateway and the bundled mock provider, an allowed call, a blocked call
+and a cached second turn — on loopback, in one process, in a throwaway directory."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import ssl
+import tempfile
+from pathlib import Path
+
+import aiohttp
+
+from gateway import devsetup
+from gateway.mockprovider import MockProviderServer
+from gateway.obs import logging as log
+from gateway.profiles import signing
+from gateway.server import start
+
+SECRET = "sk-demo-PLEASE-never-leak-0042"
+POLICY = "You are the demo assistant. Follow the house rules carefully. " * 90  # > 1024 tokens
+
+
+async def _call(session: aiohttp.ClientSession, url: str, key: str, ctx: ssl.SSLContext, body: dict) -> tuple[int, dict]:
+    async with session.post(url, json=body, headers={"authorization": f"Bearer {key}"}, ssl=ctx) as r:
+        return r.status, await r.json()
+
+
+async def _demo(work: Path) -> None:
+    with MockProviderServer(port=0) as mock:
+        facts = devsetup.init(work)
+        for name in ("mock-openai", "mock-anthropic"):  # point the example mock profiles at this mock
+            path = work / "profiles" / f"{name}.json"
+            doc = json.loads(path.read_text())
+            doc["base_url"] = doc["base_url"].replace(f":{devsetup.MOCK_PORT}", f":{mock.port}")
+            key = signing.load_private_key((work / "keys" / "profile-signing.key").read_bytes())
+            devsetup.write_profile(path, doc, key)
+        (work / "secrets" / "secret-values.txt").write_text(SECRET + "\n")
+        running = await start(work / "wiregate.toml", https_port=0)
+        try:
+            base = f"https://127.0.0.1:{running.https_port}"
+            ctx = ssl.create_default_context(cafile=facts["ca"])
+            key = facts["gateway_key"]
+            async with aiohttp.ClientSession() as session:
+                status, body = await _call(session, base + "/v1/chat/completions", key, ctx, {
+                    "model": "mock-gpt-1", "messages": [{"role": "user", "content": "Say hello."}]})
+                print(f"1. allowed: HTTP {status}: {body['choices'][0]['message']['content']!r}")
+                status, body = await _call(session, base + "/v1/chat/completions", key, ctx, {
+                    "model": "mock-gpt-1", "messages": [{"role": "user", "content": f"My key is {SECRET}"}]})
+                sent = len(mock.state.records())
+                print(f"2. blocked: HTTP {status}: code={body['error']['code']} reason_codes={body['error']['reason_codes']}"
+                      f" (requests the mock provider received so far: {sent}, the allowed one only)")
+                messages = [{"role": "user", "content": "What are the house rules?"}]
+                for turn in (1, 2):
+                    status, body = await _call(session, base + "/v1/messages", key, ctx, {
+                        "model": "mock-claude-1", "max_tokens": 64, "system": POLICY, "messages": messages})
+                    u = body["usage"]
+                    print(f"3.{turn} anthropic turn {turn}: HTTP {status}: cache write {u['cache_creation_input_tokens']}, "
+                          f"cache read {u['cache_read_input_tokens']}, uncached input {u['input_tokens']}")
+                    messages = [*messages, {"role": "assistant", "content": body["content"][0]["text"]},
+                                {"role": "user", "content": "And then?"}]
+        finally:
+            await running.stop()
+
+
+def main() -> None:
+    log.configure("warning")
+    with tempfile.TemporaryDirectory(prefix="wiregate-demo-") as tmp:
+        asyncio.run(_demo(Path(tmp) / "work"))
+
+
+if __name__ == "__main__":
+    main()
