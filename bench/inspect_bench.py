@@ -101,12 +101,20 @@ class NotAllowed(RuntimeError):
 
 # --- payloads: deterministic agent traffic -----------------------------------------------
 
-MODULES = ("orders", "billing", "inventory", "shipping", "accounts", "reports", "search",
-           "notifications", "catalog", "scheduler")
-NOUNS = ("order", "invoice", "customer", "item", "shipment", "report", "session", "batch",
-         "record", "event")
-VERBS = ("load", "parse", "validate", "render", "sync", "merge", "compute", "fetch", "update",
-         "archive")
+MODULES = (
+    "orders",
+    "billing",
+    "inventory",
+    "shipping",
+    "accounts",
+    "reports",
+    "search",
+    "notifications",
+    "catalog",
+    "scheduler",
+)
+NOUNS = ("order", "invoice", "customer", "item", "shipment", "report", "session", "batch", "record", "event")
+VERBS = ("load", "parse", "validate", "render", "sync", "merge", "compute", "fetch", "update", "archive")
 STATUSES = ("pending", "active", "shipped", "cancelled", "failed", "archived")
 
 PROSE = (
@@ -179,18 +187,18 @@ class ${Noun}Summary:
     def label(self) -> str:
         return f"${Noun} #{self.${noun}_id} ({self.status}, {self.total_cents / 100:.2f})"
 ''',
-    '''def test_${verb}_${noun}s_skips_${status}(make_${noun}: Callable[..., ${Noun}]) -> None:
+    """def test_${verb}_${noun}s_skips_${status}(make_${noun}: Callable[..., ${Noun}]) -> None:
     ${noun}s = [make_${noun}(status="${status}") for _ in range(${n})]
     assert ${verb}_${noun}s(${noun}s) == {}
-''',
-    '''async def ${verb}_${other}_page(session: AsyncSession, page: int, size: int = 50) -> Page:
+""",
+    """async def ${verb}_${other}_page(session: AsyncSession, page: int, size: int = 50) -> Page:
     query = select(${Other}).where(${Other}.status != "${status}").order_by(${Other}.id)
     rows = (await session.execute(query.offset(page * size).limit(size))).scalars().all()
     return Page(items=[${Other}Out.model_validate(row) for row in rows], page=page, size=size)
-''',
+""",
 )
 TS_BLOCKS = (
-    '''export async function ${verb}${Noun}(
+    """export async function ${verb}${Noun}(
   id: string,
   signal?: AbortSignal,
 ): Promise<${Noun} | null> {
@@ -203,51 +211,61 @@ TS_BLOCKS = (
   }
   return (await response.json()) as ${Noun};
 }
-''',
-    '''export function ${noun}Totals(rows: ${Noun}[]): Map<string, number> {
+""",
+    """export function ${noun}Totals(rows: ${Noun}[]): Map<string, number> {
   const totals = new Map<string, number>();
   for (const row of rows.filter((r) => r.status !== "${status}")) {
     totals.set(row.region, (totals.get(row.region) ?? 0) + row.amountCents);
   }
   return totals;
 }
-''',
+""",
 )
 SQL_BLOCKS = (
-    '''SELECT c.id, c.name, COUNT(o.id) AS ${noun}_count
+    """SELECT c.id, c.name, COUNT(o.id) AS ${noun}_count
 FROM customers AS c
 LEFT JOIN ${module} AS o ON o.customer_id = c.id AND o.status <> '${status}'
 WHERE c.created_at >= NOW() - INTERVAL '${n} days'
 GROUP BY c.id, c.name
 ORDER BY ${noun}_count DESC;
-''',
-    '''CREATE INDEX CONCURRENTLY IF NOT EXISTS ix_${module}_${noun}_status
+""",
+    """CREATE INDEX CONCURRENTLY IF NOT EXISTS ix_${module}_${noun}_status
     ON ${module} (${noun}_id, status)
     WHERE status IN ('${status}', 'pending');
-''',
+""",
 )
 LANGUAGES = {"py": PY_BLOCKS, "ts": TS_BLOCKS, "sql": SQL_BLOCKS}
 FILE_HEADERS = {
     "py": '"""${Noun} handling for the ${module} service."""\n\nfrom __future__ import annotations'
-          "\n\nimport logging\nfrom dataclasses import dataclass\n\n"
-          "logger = logging.getLogger(__name__)\n\n",
+    "\n\nimport logging\nfrom dataclasses import dataclass\n\n"
+    "logger = logging.getLogger(__name__)\n\n",
     "ts": 'import type { ${Noun} } from "../types";\n\n',
     "sql": "-- ${module}: reporting queries\n\n",
 }
 
 TOOLS = [
-    {"type": "function", "function": {"name": name, "description": description, "parameters": {
-        "type": "object", "properties": {p: {"type": t} for p, t in params.items()},
-        "required": [next(iter(params))]}}}
+    {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {
+                "type": "object",
+                "properties": {p: {"type": t} for p, t in params.items()},
+                "required": [next(iter(params))],
+            },
+        },
+    }
     for name, description, params in (
         ("read_file", "Read a file of the repository.", {"path": "string"}),
-        ("search_code", "Search the repository with a regular expression.",
-         {"pattern": "string", "path_glob": "string"}),
-        ("run_command", "Run a shell command in the repository root.",
-         {"command": "string", "timeout_s": "integer"}),
+        (
+            "search_code",
+            "Search the repository with a regular expression.",
+            {"pattern": "string", "path_glob": "string"},
+        ),
+        ("run_command", "Run a shell command in the repository root.", {"command": "string", "timeout_s": "integer"}),
         ("web_search", "Search the web.", {"query": "string", "max_results": "integer"}),
-        ("edit_file", "Replace text in a file.",
-         {"path": "string", "old_text": "string", "new_text": "string"}),
+        ("edit_file", "Replace text in a file.", {"path": "string", "old_text": "string", "new_text": "string"}),
     )
 ]
 ID_ALPHABET = string.ascii_letters + string.digits
@@ -264,12 +282,18 @@ class Writer:
         self.calls = 0
 
     def names(self) -> dict[str, str]:
-        noun, other, verb = (self.rng.choice(NOUNS), self.rng.choice(NOUNS),
-                             self.rng.choice(VERBS))
-        return {"noun": noun, "Noun": noun.capitalize(), "other": other,
-                "Other": other.capitalize(), "verb": verb, "Verb": verb.capitalize(),
-                "module": self.rng.choice(MODULES), "status": self.rng.choice(STATUSES),
-                "n": str(self.rng.randint(2, 500))}
+        noun, other, verb = (self.rng.choice(NOUNS), self.rng.choice(NOUNS), self.rng.choice(VERBS))
+        return {
+            "noun": noun,
+            "Noun": noun.capitalize(),
+            "other": other,
+            "Other": other.capitalize(),
+            "verb": verb,
+            "Verb": verb.capitalize(),
+            "module": self.rng.choice(MODULES),
+            "status": self.rng.choice(STATUSES),
+            "n": str(self.rng.randint(2, 500)),
+        }
 
     def prose(self, sentences: int, non_ascii: float = 0.0) -> str:
         out = [self.rng.choice(PROSE) for _ in range(sentences)]
@@ -292,23 +316,30 @@ class Writer:
 
     def test_output(self, chars: int) -> str:
         """pytest output: a line per test file, then one failure."""
-        lines = ["=" * 29 + " test session starts " + "=" * 30,
-                 "platform linux -- Python 3.11.9, pytest-8.2.0, pluggy-1.5.0",
-                 "rootdir: /home/dev/shop", ""]
+        lines = [
+            "=" * 29 + " test session starts " + "=" * 30,
+            "platform linux -- Python 3.11.9, pytest-8.2.0, pluggy-1.5.0",
+            "rootdir: /home/dev/shop",
+            "",
+        ]
         passed = 0
         while sum(map(len, lines)) < chars:
             dots = self.rng.randint(5, 60)
             passed += dots
-            lines.append(f"tests/test_{self.rng.choice(MODULES)}_{self.rng.choice(NOUNS)}.py "
-                         f"{'.' * dots}")
+            lines.append(f"tests/test_{self.rng.choice(MODULES)}_{self.rng.choice(NOUNS)}.py {'.' * dots}")
         names = self.names()
         case = Template("test_${verb}_${noun}s_skips_${status}").substitute(names)
-        lines += ["", "=" * 35 + " FAILURES " + "=" * 35, f"{'_' * 20} {case} {'_' * 20}", "",
-                  f">       assert {names['verb']}_{names['noun']}s(rows) == {{}}",
-                  f"E       AssertionError: assert {{'{names['status']}': 1}} == {{}}", "",
-                  f"FAILED tests/test_{names['module']}.py::{case} - AssertionError",
-                  f"{'=' * 20} 1 failed, {passed} passed in {self.rng.uniform(1, 30):.2f}s "
-                  f"{'=' * 20}"]
+        lines += [
+            "",
+            "=" * 35 + " FAILURES " + "=" * 35,
+            f"{'_' * 20} {case} {'_' * 20}",
+            "",
+            f">       assert {names['verb']}_{names['noun']}s(rows) == {{}}",
+            f"E       AssertionError: assert {{'{names['status']}': 1}} == {{}}",
+            "",
+            f"FAILED tests/test_{names['module']}.py::{case} - AssertionError",
+            f"{'=' * 20} 1 failed, {passed} passed in {self.rng.uniform(1, 30):.2f}s {'=' * 20}",
+        ]
         return "\n".join(lines)
 
     def tool_call(self) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -316,36 +347,42 @@ class Writer:
         self.calls += 1
         call_id = "call_" + "".join(self.rng.choice(ID_ALPHABET) for _ in range(24))
         n = self.names()
-        kind = self.rng.choice(("read_file", "read_file", "search_code", "run_command",
-                                "web_search", "edit_file"))
+        kind = self.rng.choice(("read_file", "read_file", "search_code", "run_command", "web_search", "edit_file"))
         args: dict[str, Any]
         result: dict[str, Any]
         if kind == "read_file":
             language = self.rng.choice(("py", "py", "py", "ts", "sql"))
             path = f"src/{n['module']}/{n['noun']}_service.{language}"
             args = {"path": path}
-            result = {"path": path, "content": self.code(self.piece, language),
-                      "encoding": "utf-8"}
+            result = {"path": path, "content": self.code(self.piece, language), "encoding": "utf-8"}
         elif kind == "search_code":
             args = {"pattern": f"def {n['verb']}_", "path_glob": "src/**/*.py"}
             matches: list[dict[str, Any]] = []
             while sum(len(m["text"]) + 40 for m in matches) < self.piece // 2:
                 line = self.rng.choice(self.block().splitlines())
-                matches.append({"path": f"src/{self.rng.choice(MODULES)}/service.py",
-                                "line": self.rng.randint(1, 900), "text": line.strip()})
+                matches.append(
+                    {
+                        "path": f"src/{self.rng.choice(MODULES)}/service.py",
+                        "line": self.rng.randint(1, 900),
+                        "text": line.strip(),
+                    }
+                )
             result = {"matches": matches, "truncated": False}
         elif kind == "run_command":
-            args = {"command": f"python -m pytest -q tests/test_{n['module']}.py",
-                    "timeout_s": 300}
+            args = {"command": f"python -m pytest -q tests/test_{n['module']}.py", "timeout_s": 300}
             result = {"exit_code": 1, "stdout": self.test_output(self.piece), "stderr": ""}
         elif kind == "web_search":
-            args = {"query": f"python {n['verb']} {n['noun']} {n['status']} best practice",
-                    "max_results": 5}
-            result = {"results": [
-                {"title": f"How to {n['verb']} {self.rng.choice(NOUNS)}s in Python",
-                 "url": f"https://docs.example.org/{n['module']}/{self.rng.randint(1, 9999)}",
-                 "snippet": self.prose(3, non_ascii=0.1)}
-                for _ in range(max(1, self.piece // 600))]}
+            args = {"query": f"python {n['verb']} {n['noun']} {n['status']} best practice", "max_results": 5}
+            result = {
+                "results": [
+                    {
+                        "title": f"How to {n['verb']} {self.rng.choice(NOUNS)}s in Python",
+                        "url": f"https://docs.example.org/{n['module']}/{self.rng.randint(1, 9999)}",
+                        "snippet": self.prose(3, non_ascii=0.1),
+                    }
+                    for _ in range(max(1, self.piece // 600))
+                ]
+            }
         else:
             path = f"src/{n['module']}/{n['noun']}_service.py"
             old, new = self.block(), self.block()
@@ -354,21 +391,25 @@ class Writer:
             diff += [f"-{line}" for line in old.splitlines()]
             diff += [f"+{line}" for line in new.splitlines()]
             result = {"ok": True, "diff": "\n".join(diff)}
-        call = {"id": call_id, "type": "function",
-                "function": {"name": kind, "arguments": json.dumps(args)}}
+        call = {"id": call_id, "type": "function", "function": {"name": kind, "arguments": json.dumps(args)}}
         return call, {"role": "tool", "tool_call_id": call_id, "content": json.dumps(result)}
 
     def system_prompt(self, chars: int) -> str:
-        lines = ["You are a coding agent working in the user's repository through the tools "
-                 "listed below.", "", "# Rules"]
+        lines = [
+            "You are a coding agent working in the user's repository through the tools listed below.",
+            "",
+            "# Rules",
+        ]
         rules = list(SYSTEM_RULES)
         while sum(map(len, lines)) < chars // 2:
             lines.append(f"- {rules[len(lines) % len(rules)]}")
         lines += ["", "# Repository layout"]
         while sum(map(len, lines)) < chars:
             n = self.names()
-            lines.append(f"src/{n['module']}/{n['noun']}_{n['verb']}.py  -- "
-                         f"{n['Verb']}s {n['noun']}s for the {n['module']} service.")
+            lines.append(
+                f"src/{n['module']}/{n['noun']}_{n['verb']}.py  -- "
+                f"{n['Verb']}s {n['noun']}s for the {n['module']} service."
+            )
         return "\n".join(lines)
 
     def exchange(self) -> list[dict[str, Any]]:
@@ -381,12 +422,15 @@ class Writer:
         messages: list[dict[str, Any]] = [{"role": "user", "content": user}]
         for _ in range(1 if small else self.rng.randint(1, 3)):
             pairs = [self.tool_call() for _ in range(1 if small else self.rng.choice((1, 1, 2)))]
-            messages.append({"role": "assistant",
-                             "content": self.prose(1) if self.rng.random() < 0.5 else None,
-                             "tool_calls": [call for call, _ in pairs]})
+            messages.append(
+                {
+                    "role": "assistant",
+                    "content": self.prose(1) if self.rng.random() < 0.5 else None,
+                    "tool_calls": [call for call, _ in pairs],
+                }
+            )
             messages += [result for _, result in pairs]
-        answer = self.prose(self.rng.randint(1, 2) if small else self.rng.randint(2, 5),
-                            non_ascii=0.1)
+        answer = self.prose(self.rng.randint(1, 2) if small else self.rng.randint(2, 5), non_ascii=0.1)
         if not small and self.rng.random() < 0.5:
             answer += "\n\n```python\n" + self.code(self.piece // 3) + "```\n\n" + self.prose(2)
         messages.append({"role": "assistant", "content": answer})
@@ -404,8 +448,11 @@ def agent_request(target_bytes: int, seed: int = SEED) -> bytes:
     text) sized to hit the target."""
     writer = Writer(seed, piece_chars=min(max(target_bytes // 25, 250), 6000))
     system = writer.system_prompt(min(max(target_bytes // 8, 600), 12_000))
-    head: dict[str, Any] = {"model": wire_bench.MODEL, "tools": TOOLS,
-                            "messages": [{"role": "system", "content": system}]}
+    head: dict[str, Any] = {
+        "model": wire_bench.MODEL,
+        "tools": TOOLS,
+        "messages": [{"role": "system", "content": system}],
+    }
     messages: list[dict[str, Any]] = []
     used, misses = len(encode(head)), 0
     while misses < EXCHANGE_ATTEMPTS:  # a few more tries with other (smaller) exchanges
@@ -419,7 +466,7 @@ def agent_request(target_bytes: int, seed: int = SEED) -> bytes:
     closing = NON_ASCII_PROSE[0] + " " + writer.prose(target_bytes // 40 + 10)
 
     def body(chars: int) -> bytes:
-        last = {"role": "user", "content": closing[:max(chars, 1)]}
+        last = {"role": "user", "content": closing[: max(chars, 1)]}
         return encode(head | {"messages": [*head["messages"], *messages, last]})
 
     chars = target_bytes - used
@@ -447,16 +494,18 @@ class Payload:
         units = self.parsed.units
         non_ascii = [u for u in units if not u.text.isascii()]
         share = sum(len(u.text) for u in non_ascii) / max(sum(len(u.text) for u in units), 1)
-        return (f"{len(messages)} messages, {calls} tool call(s); {len(units):,} decoded text "
-                f"units, {len(non_ascii)} with non-ASCII text ({share:.0%} of the characters)")
+        return (
+            f"{len(messages)} messages, {calls} tool call(s); {len(units):,} decoded text "
+            f"units, {len(non_ascii)} with non-ASCII text ({share:.0%} of the characters)"
+        )
 
 
 def subject_of(raw: bytes, parsed: ParsedRequest) -> Subject:
-    return Subject(raw=raw, units=parsed.units, opaque=parsed.opaque,
-                   duplicate_keys=parsed.duplicate_keys)
+    return Subject(raw=raw, units=parsed.units, opaque=parsed.opaque, duplicate_keys=parsed.duplicate_keys)
 
 
 # --- engines and the runtime for checks.before_send ------------------------------------
+
 
 @dataclass(frozen=True)
 class Engines:
@@ -470,16 +519,19 @@ class Engines:
 
 def compile_engines(values: Sequence[str]) -> Engines:
     start = time.perf_counter()
-    formats: FormatSet = build_format_set(use_catalogue=True, disable=(), advisory=(),
-                                          custom=None, detector_modes={})
+    formats: FormatSet = build_format_set(use_catalogue=True, disable=(), advisory=(), custom=None, detector_modes={})
     loaded = time.perf_counter()
-    hyperscan = build_engine(secret_values=values, formats=formats,
-                             policy_version=POLICY_VERSION)
+    hyperscan = build_engine(secret_values=values, formats=formats, policy_version=POLICY_VERSION)
     compiled = time.perf_counter()
-    python = build_engine(secret_values=values, formats=formats, policy_version=POLICY_VERSION,
-                          engine="python")
-    return Engines(hyperscan, python, sum(len(literals.variants(v)) for v in values),
-                   len(formats.rules), loaded - start, compiled - loaded)
+    python = build_engine(secret_values=values, formats=formats, policy_version=POLICY_VERSION, engine="python")
+    return Engines(
+        hyperscan,
+        python,
+        sum(len(literals.variants(v)) for v in values),
+        len(formats.rules),
+        loaded - start,
+        compiled - loaded,
+    )
 
 
 @dataclass(frozen=True)
@@ -497,18 +549,29 @@ def check_setup(values: Sequence[str]) -> Iterator[CheckSetup]:
     catalogue, no detectors, the same secret values, before_send enforced)."""
     with tempfile.TemporaryDirectory(prefix="inspect-bench-") as tmp:
         unused = "http://127.0.0.1:9"  # the provider is never contacted
-        env = build_env(Path(tmp) / "config", unused, secrets_=list(values),
-                        profiles=[mock_profile(PROFILE_ID, "openai", unused)])
+        env = build_env(
+            Path(tmp) / "config", unused, secrets_=list(values), profiles=[mock_profile(PROFILE_ID, "openai", unused)]
+        )
         runtime = load_runtime(env.config)
         profile = runtime.profiles[PROFILE_ID]
-        yield CheckSetup(runtime, checks.Party("bench", None, "default", profile),
-                         Target.for_profile(profile, CARRIER.name, CARRIER.path))
+        yield CheckSetup(
+            runtime,
+            checks.Party("bench", None, "default", profile),
+            Target.for_profile(profile, CARRIER.name, CARRIER.path),
+        )
 
 
 def before_send(setup: CheckSetup, raw: bytes) -> checks.CheckOutcome:
     return checks.before_send(
-        setup.runtime, party=setup.party, parsed=[CARRIER.parse_request(raw, LIMITS)], body=raw,
-        headers=REQUEST_HEADERS, carrier=CARRIER.name, target=setup.target, route=None)
+        setup.runtime,
+        party=setup.party,
+        parsed=[CARRIER.parse_request(raw, LIMITS)],
+        body=raw,
+        headers=REQUEST_HEADERS,
+        carrier=CARRIER.name,
+        target=setup.target,
+        route=None,
+    )
 
 
 def validate(payload: Payload, engines: Engines, setup: CheckSetup) -> None:
@@ -523,8 +586,10 @@ def validate(payload: Payload, engines: Engines, setup: CheckSetup) -> None:
     for name, verdict in verdicts.items():
         if verdict.decision is not Decision.ALLOW or verdict.findings:
             found = ", ".join(f"{f.reason} at {f.pointer}" for f in verdict.findings)
-            raise NotAllowed(f"{payload.size.label} payload, {name}: {verdict.decision.value} "
-                             f"{list(verdict.reason_codes)}; findings: {found or 'none'}")
+            raise NotAllowed(
+                f"{payload.size.label} payload, {name}: {verdict.decision.value} "
+                f"{list(verdict.reason_codes)}; findings: {found or 'none'}"
+            )
     if outcome.mode is not Mode.ENFORCE or outcome.binding is None:
         raise BenchError(f"before_send: mode {outcome.mode.value}, binding {outcome.binding!r}")
 
@@ -532,7 +597,12 @@ def validate(payload: Payload, engines: Engines, setup: CheckSetup) -> None:
 # --- measurement -----------------------------------------------------------------------
 
 FULL, ENGINE, PARSE, CHECKS, PYTHON = (
-    "full decision", "engine only", "parse only", "checks.before_send", "python engine")
+    "full decision",
+    "engine only",
+    "parse only",
+    "checks.before_send",
+    "python engine",
+)
 
 
 @dataclass(frozen=True)
@@ -612,8 +682,9 @@ def summarize(samples: dict[str, list[float]], body_bytes: int) -> dict[str, Cas
     for name, values in samples.items():
         p50, p99 = percentile(values, 50) or 0.0, percentile(values, 99) or 0.0
         mean = statistics.fmean(values)
-        stats[name] = CaseStats(len(values), p50, p99, mean, body_bytes / MB / (p50 / 1e3),
-                                body_bytes / MB / (mean / 1e3), p50 / full_p50)
+        stats[name] = CaseStats(
+            len(values), p50, p99, mean, body_bytes / MB / (p50 / 1e3), body_bytes / MB / (mean / 1e3), p50 / full_p50
+        )
     return stats
 
 
@@ -623,26 +694,32 @@ class SizeResult:
     stats: dict[str, CaseStats]
 
     def as_json(self) -> dict[str, Any]:
-        return {"size": self.payload.size.label, "target_bytes": self.payload.size.target_bytes,
-                "body_bytes": len(self.payload.raw), "composition": self.payload.composition(),
-                "cases": {name: asdict(s) for name, s in self.stats.items()}}
+        return {
+            "size": self.payload.size.label,
+            "target_bytes": self.payload.size.target_bytes,
+            "body_bytes": len(self.payload.raw),
+            "composition": self.payload.composition(),
+            "cases": {name: asdict(s) for name, s in self.stats.items()},
+        }
 
 
 def format_size_table(result: SizeResult) -> str:
     payload = result.payload
-    lines = [f"== {payload.size.label}: body {len(payload.raw):,} B "
-             f"(target {payload.size.target_bytes:,})",
-             f"   {payload.composition()}",
-             f"   {'case':<20}{'iters':>7}{'p50 ms':>10}{'p99 ms':>10}{'mean ms':>10}"
-             f"{'MB/s p50':>10}{'MB/s mean':>11}{'x full':>9}"]
+    lines = [
+        f"== {payload.size.label}: body {len(payload.raw):,} B (target {payload.size.target_bytes:,})",
+        f"   {payload.composition()}",
+        f"   {'case':<20}{'iters':>7}{'p50 ms':>10}{'p99 ms':>10}{'mean ms':>10}"
+        f"{'MB/s p50':>10}{'MB/s mean':>11}{'x full':>9}",
+    ]
     for name, s in result.stats.items():
-        lines.append(f"   {name:<20}{s.iterations:>7}{s.p50_ms:>10.3f}{s.p99_ms:>10.3f}"
-                     f"{s.mean_ms:>10.3f}{s.mbps_p50:>10.1f}{s.mbps_mean:>11.1f}"
-                     f"{s.vs_full:>8.2f}x")
+        lines.append(
+            f"   {name:<20}{s.iterations:>7}{s.p50_ms:>10.3f}{s.p99_ms:>10.3f}"
+            f"{s.mean_ms:>10.3f}{s.mbps_p50:>10.1f}{s.mbps_mean:>11.1f}"
+            f"{s.vs_full:>8.2f}x"
+        )
     if PYTHON in result.stats:
         ratio = result.stats[PYTHON].vs_full
-        lines.append(f"   baseline: the documented slow engine takes {ratio:.0f}x the Hyperscan "
-                     "full decision's p50")
+        lines.append(f"   baseline: the documented slow engine takes {ratio:.0f}x the Hyperscan full decision's p50")
     return "\n".join(lines)
 
 
@@ -684,11 +761,15 @@ class InProcess:
 def run_in_process(sizes: Sequence[Size]) -> InProcess:
     values = wire_bench.secret_values(SECRET_COUNT)
     engines = compile_engines(values)
-    print(f"  engine: {engines.format_rules} catalogue rules (detectors off) + {SECRET_COUNT:,} "
-          f"secret values ({engines.literal_forms:,} byte forms)")
-    print(f"  compile: {engines.formats_s + engines.compile_s:.3f} s (catalogue load "
-          f"{engines.formats_s:.3f} s, Hyperscan database {engines.compile_s:.3f} s)\n",
-          flush=True)
+    print(
+        f"  engine: {engines.format_rules} catalogue rules (detectors off) + {SECRET_COUNT:,} "
+        f"secret values ({engines.literal_forms:,} byte forms)"
+    )
+    print(
+        f"  compile: {engines.formats_s + engines.compile_s:.3f} s (catalogue load "
+        f"{engines.formats_s:.3f} s, Hyperscan database {engines.compile_s:.3f} s)\n",
+        flush=True,
+    )
     results = []
     with check_setup(values) as setup, start_up_objects_frozen():
         for size in sizes:
@@ -703,6 +784,7 @@ def run_in_process(sizes: Sequence[Size]) -> InProcess:
 
 # --- over the wire ---------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Wire:
     pinning: str
@@ -713,8 +795,10 @@ class Wire:
 def run_wire(quick: bool) -> Wire:
     """The wire benchmark's 200 KB workload, gateway configured with 1,000 secret values."""
     pinning = wire_bench.pin_client()
-    print(f"Over the wire: {WIRE_WORKLOAD}, gateway with {SECRET_COUNT:,} secret values; "
-          f"pinning {pinning.describe()}", flush=True)
+    print(
+        f"Over the wire: {WIRE_WORKLOAD}, gateway with {SECRET_COUNT:,} secret values; pinning {pinning.describe()}",
+        flush=True,
+    )
     plan = [w for w in wire_bench.workloads(quick) if w.name == WIRE_WORKLOAD]
     rounds = 2 if quick else 5  # the wire benchmark's defaults
     with wire_bench.running_stack(SECRET_COUNT, pinning) as stack:
@@ -724,42 +808,62 @@ def run_wire(quick: bool) -> Wire:
 
 # --- targets, report, main -------------------------------------------------------------
 
+
 def target_checks(sizes: Sequence[SizeResult]) -> list[Check]:
     """The issue's two targets, on the full decision (parse + inspect, raw + decoded)."""
     out = []
     for result in sizes:
         if result.payload.size.target_bytes >= THROUGHPUT_TARGET_MIN_BYTES:
             mbps = result.stats[FULL].mbps_p50
-            out.append(Check(f"full decision (raw + decoded) >= {THROUGHPUT_TARGET_MBPS:g} MB/s",
-                             result.payload.size.label, f"{mbps:,.0f} MB/s",
-                             mbps >= THROUGHPUT_TARGET_MBPS))
+            out.append(
+                Check(
+                    f"full decision (raw + decoded) >= {THROUGHPUT_TARGET_MBPS:g} MB/s",
+                    result.payload.size.label,
+                    f"{mbps:,.0f} MB/s",
+                    mbps >= THROUGHPUT_TARGET_MBPS,
+                )
+            )
     for result in sizes:
         if result.payload.size.label == P50_TARGET_SIZE:
             p50 = result.stats[FULL].p50_ms
-            out.append(Check(f"full decision p50 <= {P50_TARGET_MS:g} ms", P50_TARGET_SIZE,
-                             f"{p50:.3f} ms", p50 <= P50_TARGET_MS))
+            out.append(
+                Check(
+                    f"full decision p50 <= {P50_TARGET_MS:g} ms", P50_TARGET_SIZE, f"{p50:.3f} ms", p50 <= P50_TARGET_MS
+                )
+            )
     return out
 
 
 def machine_info(pinning: str) -> dict[str, Any]:
     wire_info = wire_bench.machine_info(wire_bench.Pinning(False, "-"), SECRET_COUNT)
     return {key: wire_info[key] for key in ("nproc", "cpu_model", "python")} | {
-        "hyperscan": metadata.version("hyperscan"), "pinning": pinning,
-        "secret_values": SECRET_COUNT}
+        "hyperscan": metadata.version("hyperscan"),
+        "pinning": pinning,
+        "secret_values": SECRET_COUNT,
+    }
 
 
-def write_json(path: Path, info: dict[str, Any], in_process: InProcess, wire: Wire,
-               checks_: list[Check], errors: int) -> None:
+def write_json(
+    path: Path, info: dict[str, Any], in_process: InProcess, wire: Wire, checks_: list[Check], errors: int
+) -> None:
     engines = in_process.engines
     document = {
         "machine": info,
-        "engine": {"format_rules": engines.format_rules, "secret_values": SECRET_COUNT,
-                   "literal_forms": engines.literal_forms, "catalogue_load_s": engines.formats_s,
-                   "compile_s": engines.compile_s},
+        "engine": {
+            "format_rules": engines.format_rules,
+            "secret_values": SECRET_COUNT,
+            "literal_forms": engines.literal_forms,
+            "catalogue_load_s": engines.formats_s,
+            "compile_s": engines.compile_s,
+        },
         "in_process": [r.as_json() for r in in_process.sizes],
-        "wire": {"workload": WIRE_WORKLOAD, "body_bytes": len(wire.result.workload.body),
-                 "rounds": wire.result.rounds, "pinning": wire.pinning,
-                 "targets": {name: vars(s) for name, s in wire.stats.items()}},
+        "wire": {
+            "workload": WIRE_WORKLOAD,
+            "body_bytes": len(wire.result.workload.body),
+            "rounds": wire.result.rounds,
+            "pinning": wire.pinning,
+            "targets": {name: vars(s) for name, s in wire.stats.items()},
+        },
         "checks": [vars(c) for c in checks_],
         "errors": errors,
     }

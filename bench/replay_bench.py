@@ -34,7 +34,9 @@ ROUTES = {"anthropic": "/v1/messages", "openai": "/v1/chat/completions"}
 def run(post: Any, provider: str, session: replay.Session, turns: int) -> list[dict[str, Any]]:
     usages = []
     for turn in range(turns):
-        body = replay.anthropic_request(session, turn) if provider == "anthropic" else replay.openai_request(session, turn)
+        body = (
+            replay.anthropic_request(session, turn) if provider == "anthropic" else replay.openai_request(session, turn)
+        )
         r = post(ROUTES[provider], body)
         if r.status_code != 200:
             raise SystemExit(f"{provider} turn {turn}: HTTP {r.status_code}")
@@ -47,8 +49,10 @@ def table(provider: str, rows: list[replay.TurnFigures], direct: list[replay.Tur
     for row, d in zip(rows, direct, strict=True):
         share = row.cache_read / row.input_total if row.input_total else 0.0
         opt = row.optimum_read / row.input_total if row.input_total else 0.0
-        lines.append(f"   {row.turn + 1:>4} {row.input_total:>7,} {row.cache_read:>7,} "
-                     f"{row.cache_write_5m + row.cache_write_1h:>7,} {share:>6.1%} {opt:>7.1%} {d.cache_read:>11,}")
+        lines.append(
+            f"   {row.turn + 1:>4} {row.input_total:>7,} {row.cache_read:>7,} "
+            f"{row.cache_write_5m + row.cache_write_1h:>7,} {share:>6.1%} {opt:>7.1%} {d.cache_read:>11,}"
+        )
     return "\n".join(lines)
 
 
@@ -69,26 +73,46 @@ def main(argv: list[str] | None = None) -> int:
             for provider, seed in (("anthropic", 21), ("openai", 22)):
                 mock.state.clear_cache()
                 session = replay.build_session(args.turns, seed=seed)
-                via = replay.figures(provider, run(
-                    lambda p, b: client.post(p, json=b, headers={"authorization": f"Bearer {env.gateway_key}"}),
-                    provider, session, args.turns))
+                via = replay.figures(
+                    provider,
+                    run(
+                        lambda p, b: client.post(p, json=b, headers={"authorization": f"Bearer {env.gateway_key}"}),
+                        provider,
+                        session,
+                        args.turns,
+                    ),
+                )
                 mock.state.clear_cache()
-                headers = {"x-api-key": UPSTREAM_KEY} if provider == "anthropic" else {"authorization": f"Bearer {UPSTREAM_KEY}"}
-                plain = replay.figures(provider, run(lambda p, b: direct.post(p, json=b, headers=headers),
-                                                     provider, session, args.turns))
+                headers = (
+                    {"x-api-key": UPSTREAM_KEY}
+                    if provider == "anthropic"
+                    else {"authorization": f"Bearer {UPSTREAM_KEY}"}
+                )
+                plain = replay.figures(
+                    provider, run(lambda p, b, h=headers: direct.post(p, json=b, headers=h), provider, session, args.turns)
+                )
                 read_rate = 0.1 if provider == "anthropic" else args.openai_read
                 with_gw = replay.summarise(via, read_rate=read_rate)
                 without = replay.summarise(plain, read_rate=read_rate)
                 print(f"\n== {provider}: {args.turns} turns, read x{read_rate}, write x1.25 (5 min) / x2 (1 h)")
                 print(table(provider, via, plain))
-                print(f"   cached-read share: {with_gw.share:.1%}   optimum: {with_gw.optimum_share:.1%}   "
-                      f"of optimum: {with_gw.of_optimum:.1%}   target >= 90%: {'PASS' if with_gw.of_optimum >= 0.9 else 'MISS'}")
-                print(f"   input billed-equivalent: with wiregate {with_gw.billed:,.0f}   without {without.billed:,.0f}   "
-                      f"(no caching at all {with_gw.billed_uncached:,.0f}; saving vs without {1 - with_gw.billed / without.billed:.1%})")
+                print(
+                    f"   cached-read share: {with_gw.share:.1%}   optimum: {with_gw.optimum_share:.1%}   "
+                    f"of optimum: {with_gw.of_optimum:.1%}   target >= 90%: {'PASS' if with_gw.of_optimum >= 0.9 else 'MISS'}"
+                )
+                print(
+                    f"   input billed-equivalent: with wiregate {with_gw.billed:,.0f}   without {without.billed:,.0f}   "
+                    f"(no caching at all {with_gw.billed_uncached:,.0f}; saving vs without {1 - with_gw.billed / without.billed:.1%})"
+                )
                 results[provider] = {
-                    "turns": [r.__dict__ for r in via], "direct": [r.__dict__ for r in plain],
-                    "share": with_gw.share, "optimum_share": with_gw.optimum_share, "of_optimum": with_gw.of_optimum,
-                    "billed_with": with_gw.billed, "billed_without": without.billed, "billed_uncached": with_gw.billed_uncached,
+                    "turns": [r.__dict__ for r in via],
+                    "direct": [r.__dict__ for r in plain],
+                    "share": with_gw.share,
+                    "optimum_share": with_gw.optimum_share,
+                    "of_optimum": with_gw.of_optimum,
+                    "billed_with": with_gw.billed,
+                    "billed_without": without.billed,
+                    "billed_uncached": with_gw.billed_uncached,
                 }
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -145,16 +145,23 @@ def chat_body(target_bytes: int) -> bytes:
 
 
 TOOLS = [
-    {"type": "function", "function": {
-        "name": "search_catalogue",
-        "description": "Search the library catalogue.",
-        "parameters": {"type": "object", "properties": {
-            "query": {"type": "string"},
-            "branch": {"type": "string"},
-            "formats": {"type": "array", "items": {"type": "string"}},
-            "limit": {"type": "integer"},
-        }, "required": ["query"]},
-    }},
+    {
+        "type": "function",
+        "function": {
+            "name": "search_catalogue",
+            "description": "Search the library catalogue.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "query": {"type": "string"},
+                    "branch": {"type": "string"},
+                    "formats": {"type": "array", "items": {"type": "string"}},
+                    "limit": {"type": "integer"},
+                },
+                "required": ["query"],
+            },
+        },
+    },
 ]
 
 
@@ -165,19 +172,29 @@ def _words(index: int, count: int) -> str:
 def _tool_round(index: int, summary_chars: int) -> list[dict[str, Any]]:
     """One assistant tool call and its JSON result, as chat history."""
     call_id = f"call_bench_{index:03d}"
-    arguments = {"query": _words(index, 6), "branch": "Riverside",
-                 "formats": ["book", "audiobook"], "limit": 8}
+    arguments = {"query": _words(index, 6), "branch": "Riverside", "formats": ["book", "audiobook"], "limit": 8}
     results = [
-        {"id": f"cat-{index:03d}-{n:02d}", "title": _words(index + n, 4),
-         "available": n % 3 != 0, "copies": n + 1,
-         "summary": prose(summary_chars // 8, seed=index + n)}
+        {
+            "id": f"cat-{index:03d}-{n:02d}",
+            "title": _words(index + n, 4),
+            "available": n % 3 != 0,
+            "copies": n + 1,
+            "summary": prose(summary_chars // 8, seed=index + n),
+        }
         for n in range(8)
     ]
     return [
-        {"role": "assistant", "content": None, "tool_calls": [{
-            "id": call_id, "type": "function",
-            "function": {"name": "search_catalogue", "arguments": json.dumps(arguments)},
-        }]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": call_id,
+                    "type": "function",
+                    "function": {"name": "search_catalogue", "arguments": json.dumps(arguments)},
+                }
+            ],
+        },
         {"role": "tool", "tool_call_id": call_id, "content": json.dumps({"results": results})},
     ]
 
@@ -203,23 +220,25 @@ def long_chat_body(target_bytes: int) -> bytes:
 
 
 def stream_body() -> bytes:
-    return _encode({
-        "model": MODEL,
-        "stream": True,
-        "messages": [
-            {"role": "system", "content": "You are a helpful assistant for a town library."},
-            {"role": "user", "content": f"Summarise the minutes. mock-scenario:{STREAM_SCENARIO}"},
-        ],
-    })
+    return _encode(
+        {
+            "model": MODEL,
+            "stream": True,
+            "messages": [
+                {"role": "system", "content": "You are a helpful assistant for a town library."},
+                {"role": "user", "content": f"Summarise the minutes. mock-scenario:{STREAM_SCENARIO}"},
+            ],
+        }
+    )
 
 
 def stream_scenario(chunks: int, chunk_size: int = 8) -> dict[str, Any]:
     """Mock scenario: `chunks` SSE content events of `chunk_size` characters each."""
-    return {"id": STREAM_SCENARIO,
-            "steps": [{"text": prose(chunks * chunk_size, seed=9), "chunk_size": chunk_size}]}
+    return {"id": STREAM_SCENARIO, "steps": [{"text": prose(chunks * chunk_size, seed=9), "chunk_size": chunk_size}]}
 
 
 # --- workloads -------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Bound:
@@ -248,18 +267,19 @@ def workloads(quick: bool) -> list[Workload]:
 
     small, large, stream = chat_body(1024), long_chat_body(200 * 1024), stream_body()
     return [
-        Workload("chat-1KB c=1", small, 1,
-                 pick(Bound(300, 15), Bound(100, 3)), pick(Bound(50, 5), Bound(20, 2))),
-        Workload("chat-1KB c=32", small, 32,
-                 pick(Bound(None, 3), Bound(None, 1)), pick(Bound(None, 1), Bound(None, 0.5))),
-        Workload("chat-200KB c=1", large, 1,
-                 pick(Bound(100, 20), Bound(30, 3)), pick(Bound(10, 5), Bound(5, 2))),
-        Workload("stream-200 c=1", stream, 1,
-                 pick(Bound(60, 20), Bound(25, 3)), pick(Bound(10, 5), Bound(5, 2)), stream=True),
+        Workload("chat-1KB c=1", small, 1, pick(Bound(300, 15), Bound(100, 3)), pick(Bound(50, 5), Bound(20, 2))),
+        Workload(
+            "chat-1KB c=32", small, 32, pick(Bound(None, 3), Bound(None, 1)), pick(Bound(None, 1), Bound(None, 0.5))
+        ),
+        Workload("chat-200KB c=1", large, 1, pick(Bound(100, 20), Bound(30, 3)), pick(Bound(10, 5), Bound(5, 2))),
+        Workload(
+            "stream-200 c=1", stream, 1, pick(Bound(60, 20), Bound(25, 3)), pick(Bound(10, 5), Bound(5, 2)), stream=True
+        ),
     ]
 
 
 # --- processes and configuration -------------------------------------------------------
+
 
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -270,8 +290,7 @@ def free_port() -> int:
 def secret_values(count: int) -> list[str]:
     """Random 20-40 character tokens: configured as secrets, never present in the traffic."""
     alphabet = string.ascii_letters + string.digits + "-_"
-    return ["".join(secrets.choice(alphabet) for _ in range(20 + secrets.randbelow(21)))
-            for _ in range(count)]
+    return ["".join(secrets.choice(alphabet) for _ in range(20 + secrets.randbelow(21))) for _ in range(count)]
 
 
 def set_https_port(config: Path, port: int) -> None:
@@ -297,8 +316,7 @@ class Pinning:
     def describe(self) -> str:
         if not self.applied:
             return f"not applied ({self.how})"
-        return (f"applied via {self.how}: core {CLIENT_CORE} = client + mock, "
-                f"core {GATEWAY_CORE} = gateway")
+        return f"applied via {self.how}: core {CLIENT_CORE} = client + mock, core {GATEWAY_CORE} = gateway"
 
 
 def pin_client() -> Pinning:
@@ -353,7 +371,10 @@ class Processes:
             fallback_core = core
         with log.open("wb") as out:
             proc = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
                 preexec_fn=_child_setup(fallback_core),
             )
         self._running.append((name, proc, log))
@@ -408,23 +429,22 @@ def running_stack(secret_count: int, pinning: Pinning) -> Iterator[Stack]:
         profile = mock_profile("bench-openai", "openai", mock_url)
         for tuned_for_tests in ("retry", "timeouts"):  # benchmark with the product defaults
             profile.pop(tuned_for_tests, None)
-        env = build_env(workdir / "config", mock_url, secrets_=secret_values(secret_count),
-                        profiles=[profile])
+        env = build_env(workdir / "config", mock_url, secrets_=secret_values(secret_count), profiles=[profile])
         set_https_port(env.config, gateway_port)
         wiregate = str(Path(sys.executable).with_name("wiregate"))
-        mock_argv = [wiregate, "mock-provider", "--port", str(mock_port),
-                     "--api-key", env.upstream_key]
+        mock_argv = [wiregate, "mock-provider", "--port", str(mock_port), "--api-key", env.upstream_key]
         processes.start("mock provider", mock_argv, MOCK_CORE, workdir / "mock.log")
-        processes.start("gateway", [wiregate, "serve", "--config", str(env.config)],
-                        GATEWAY_CORE, workdir / "gateway.log")
-        yield Stack(env, mock_url, f"https://127.0.0.1:{gateway_port}", uds_path(env.config),
-                    processes)
+        processes.start(
+            "gateway", [wiregate, "serve", "--config", str(env.config)], GATEWAY_CORE, workdir / "gateway.log"
+        )
+        yield Stack(env, mock_url, f"https://127.0.0.1:{gateway_port}", uds_path(env.config), processes)
     finally:
         processes.stop_all()
         shutil.rmtree(workdir, ignore_errors=True)
 
 
 # --- client targets --------------------------------------------------------------------
+
 
 @dataclass
 class Target:
@@ -456,10 +476,8 @@ class Targets:
         https = aiohttp.TCPConnector(limit=limit, keepalive_timeout=KEEPALIVE_S, ssl=tls)
         uds = aiohttp.UnixConnector(str(stack.uds), limit=limit, keepalive_timeout=KEEPALIVE_S)
         gateway_key = stack.env.gateway_key
-        self.direct = Target("direct", session(direct), stack.mock_url,
-                             headers(stack.env.upstream_key))
-        self.https = Target("gateway-https", session(https), stack.gateway_url,
-                            headers(gateway_key))
+        self.direct = Target("direct", session(direct), stack.mock_url, headers(stack.env.upstream_key))
+        self.https = Target("gateway-https", session(https), stack.gateway_url, headers(gateway_key))
         self.uds = Target("gateway-uds", session(uds), "http://localhost", headers(gateway_key))
 
     @property
@@ -472,8 +490,7 @@ class Targets:
 
 
 async def wait_ready(stack: Stack, targets: Targets) -> None:
-    checks = [(targets.direct, "/_mock/healthz"), (targets.https, "/healthz"),
-              (targets.uds, "/healthz")]
+    checks = [(targets.direct, "/_mock/healthz"), (targets.https, "/healthz"), (targets.uds, "/healthz")]
     deadline = time.monotonic() + READY_TIMEOUT_S
     for target, path in checks:
         while True:
@@ -534,8 +551,7 @@ async def send(target: Target, body: bytes) -> tuple[float, bytes, str | None]:
     """One request, timed until the whole response body is read: (ms, body, error)."""
     start = time.perf_counter()
     try:
-        async with target.session.post(target.base_url + CHAT_PATH, data=body,
-                                       headers=target.headers) as resp:
+        async with target.session.post(target.base_url + CHAT_PATH, data=body, headers=target.headers) as resp:
             payload = await resp.read()
             status = resp.status
     except (aiohttp.ClientError, TimeoutError) as exc:
@@ -553,9 +569,7 @@ async def run_round(target: Target, workload: Workload, bound: Bound) -> Measure
     deadline = start + bound.seconds
 
     async def worker() -> None:
-        while time.perf_counter() < deadline and (
-            bound.requests is None or next(issued) < bound.requests
-        ):
+        while time.perf_counter() < deadline and (bound.requests is None or next(issued) < bound.requests):
             ms, _, error = await send(target, workload.body)
             result.record(ms, error)
 
@@ -626,6 +640,7 @@ async def mock_records_kept_small(targets: Targets) -> AsyncIterator[None]:
 
 # --- statistics and report -------------------------------------------------------------
 
+
 def percentile(values: list[float], q: float) -> float | None:
     """Nearest-rank percentile (q in 0..100); None for no values."""
     if not values:
@@ -655,15 +670,22 @@ def summarize(result: WorkloadResult) -> dict[str, Stats]:
     stats: dict[str, Stats] = {}
     for name, m in result.measurements.items():
         ok = len(m.latencies_ms)
-        stats[name] = Stats(ok, m.errors, percentile(m.latencies_ms, 50),
-                            percentile(m.latencies_ms, 99),
-                            ok / m.elapsed_s if m.elapsed_s else None)
+        stats[name] = Stats(
+            ok,
+            m.errors,
+            percentile(m.latencies_ms, 50),
+            percentile(m.latencies_ms, 99),
+            ok / m.elapsed_s if m.elapsed_s else None,
+        )
     direct = stats["direct"]
     for name, s in stats.items():
         if name != "direct" and s.p50_ms is not None and direct.p50_ms is not None:
             stats[name] = dataclasses.replace(
-                s, p50_ratio=_ratio(s.p50_ms, direct.p50_ms), rps_ratio=_ratio(s.rps, direct.rps),
-                added_p50_ms=s.p50_ms - direct.p50_ms)
+                s,
+                p50_ratio=_ratio(s.p50_ms, direct.p50_ms),
+                rps_ratio=_ratio(s.rps, direct.rps),
+                added_p50_ms=s.p50_ms - direct.p50_ms,
+            )
     return stats
 
 
@@ -675,7 +697,8 @@ def format_table(result: WorkloadResult, stats: dict[str, Stats]) -> str:
     w = result.workload
     probes = ", ".join(
         f"{name} {p.response_bytes:,} B" + (f" / {p.events} events" if w.stream else "")
-        for name, p in result.probes.items())
+        for name, p in result.probes.items()
+    )
     lines = [
         f"== {w.name}: body {len(w.body):,} B, concurrency {w.concurrency}, "
         f"{result.rounds} round(s) x {w.round.describe()} per target "
@@ -707,14 +730,24 @@ def target_checks(stats: dict[str, dict[str, Stats]]) -> list[Check]:
     checks = []
     for name in ("gateway-https", "gateway-uds"):
         added = stats["chat-1KB c=1"][name].added_p50_ms
-        checks.append(Check(f"added p50 <= {ADDED_P50_TARGET_MS:g} ms at 1 KB c=1", name,
-                            _fmt(added, '+.3f', ' ms'),
-                            added is not None and added <= ADDED_P50_TARGET_MS))
+        checks.append(
+            Check(
+                f"added p50 <= {ADDED_P50_TARGET_MS:g} ms at 1 KB c=1",
+                name,
+                _fmt(added, "+.3f", " ms"),
+                added is not None and added <= ADDED_P50_TARGET_MS,
+            )
+        )
     for name in ("gateway-https", "gateway-uds"):
         rps = stats["chat-1KB c=32"][name].rps
-        checks.append(Check(f">= {THROUGHPUT_TARGET_RPS:,.0f} req/s at c=32, gateway on one core",
-                            name, _fmt(rps, ',.0f', ' req/s'),
-                            rps is not None and rps >= THROUGHPUT_TARGET_RPS))
+        checks.append(
+            Check(
+                f">= {THROUGHPUT_TARGET_RPS:,.0f} req/s at c=32, gateway on one core",
+                name,
+                _fmt(rps, ",.0f", " req/s"),
+                rps is not None and rps >= THROUGHPUT_TARGET_RPS,
+            )
+        )
     return checks
 
 
@@ -759,22 +792,31 @@ def print_errors(results: list[WorkloadResult]) -> int:
         for name, m in result.measurements.items():
             total += m.errors
             for error, count in m.error_kinds.items():
-                print(f"ERROR [{result.workload.name} / {name}] x{count}: {error}",
-                      file=sys.stderr)
+                print(f"ERROR [{result.workload.name} / {name}] x{count}: {error}", file=sys.stderr)
     if total:
         print(f"FAILED: {total} request(s) did not return 200", file=sys.stderr)
     return total
 
 
-def write_json(path: Path, info: dict[str, Any], results: list[WorkloadResult],
-               stats: dict[str, dict[str, Stats]], checks: list[Check], errors: int) -> None:
+def write_json(
+    path: Path,
+    info: dict[str, Any],
+    results: list[WorkloadResult],
+    stats: dict[str, dict[str, Stats]],
+    checks: list[Check],
+    errors: int,
+) -> None:
     document = {
         "machine": info,
         "workloads": [
-            {"name": r.workload.name, "body_bytes": len(r.workload.body),
-             "concurrency": r.workload.concurrency, "rounds": r.rounds,
-             "round": r.workload.round.describe(),
-             "targets": {name: vars(s) for name, s in stats[r.workload.name].items()}}
+            {
+                "name": r.workload.name,
+                "body_bytes": len(r.workload.body),
+                "concurrency": r.workload.concurrency,
+                "rounds": r.rounds,
+                "round": r.workload.round.describe(),
+                "targets": {name: vars(s) for name, s in stats[r.workload.name].items()},
+            }
             for r in results
         ],
         "checks": [vars(c) for c in checks],
@@ -785,6 +827,7 @@ def write_json(path: Path, info: dict[str, Any], results: list[WorkloadResult],
 
 
 # --- main ------------------------------------------------------------------------------
+
 
 async def measure(stack: Stack, plan: list[Workload], rounds: int) -> list[WorkloadResult]:
     limit = max(64, 2 * max(w.concurrency for w in plan))

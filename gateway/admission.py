@@ -19,7 +19,6 @@ from typing import Any
 from gateway.carriers.base import TextUnit
 
 
-
 @dataclass(frozen=True, slots=True)
 class Estimator:
     name: str
@@ -79,8 +78,14 @@ class Admission:
 
 
 def admit(
-    units: Iterable[TextUnit], *, carrier: str, doc: dict[str, Any], estimator: Estimator,
-    margin: float, context_window: int | None, default_output: int | None,
+    units: Iterable[TextUnit],
+    *,
+    carrier: str,
+    doc: dict[str, Any],
+    estimator: Estimator,
+    margin: float,
+    context_window: int | None,
+    default_output: int | None,
 ) -> Admission:
     estimated = estimate_input(units, estimator)
     output = requested_output(carrier, doc)

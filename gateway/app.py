@@ -23,7 +23,6 @@ from aiohttp import web
 from gateway import __version__, auth, checkapi
 from gateway.carriers import CARRIERS, SHORT_NAMES
 from gateway.checks import ReleaseLedger
-from gateway.usage import KINDS, UsageLedger
 from gateway.config.runtime import RuntimeHolder
 from gateway.errors import Dialect, GatewayError
 from gateway.inspection import verdict as rc
@@ -32,6 +31,7 @@ from gateway.obs.metrics import Metrics
 from gateway.proxy import flow, release
 from gateway.proxy.upstream import Upstream
 from gateway.state import CALL, SERVICES, Call, Capacity, Services
+from gateway.usage import KINDS, UsageLedger
 
 REQUEST_ID_HEADER = "X-PowerContext-Request-ID"
 _TRACEPARENT = re.compile(r"^[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}$")
@@ -101,8 +101,7 @@ async def envelope(request: web.Request, handler: Handler) -> web.StreamResponse
         status = 499
         raise
     except Exception as exc:  # an unexpected failure: nothing was released; say only that
-        log.error("internal_error", request_id=call.request_id, error_class=type(exc).__name__,
-                  route=call.route)
+        log.error("internal_error", request_id=call.request_id, error_class=type(exc).__name__, route=call.route)
         err = GatewayError(500, "internal_error", ())
         return release.refusal(err, call.dialect, call.request_id)
     finally:
@@ -126,13 +125,26 @@ def _account(services: Services, call: Call, status: int, request: web.Request) 
     m.request_seconds.labels(call.route).observe(seconds)
     trace = _TRACEPARENT.match(request.headers.get("traceparent", ""))
     log.info(
-        "request", request_id=call.request_id, trace_id=trace.group(1) if trace else None,
-        method=request.method, route=call.route, status=status,
-        duration_ms=round(seconds * 1000, 3), principal=call.principal,
-        delegate_for=call.delegate_for, scope=call.scope, profile=call.profile,
-        carrier=call.carrier, model=call.model, stream=call.stream, outcome=call.outcome,
-        reason_codes=call.reason_codes, upstream_status=call.upstream_status,
-        attempts=len(call.attempts), bytes_in=call.bytes_in, bytes_out=call.bytes_out,
+        "request",
+        request_id=call.request_id,
+        trace_id=trace.group(1) if trace else None,
+        method=request.method,
+        route=call.route,
+        status=status,
+        duration_ms=round(seconds * 1000, 3),
+        principal=call.principal,
+        delegate_for=call.delegate_for,
+        scope=call.scope,
+        profile=call.profile,
+        carrier=call.carrier,
+        model=call.model,
+        stream=call.stream,
+        outcome=call.outcome,
+        reason_codes=call.reason_codes,
+        upstream_status=call.upstream_status,
+        attempts=len(call.attempts),
+        bytes_in=call.bytes_in,
+        bytes_out=call.bytes_out,
     )
 
 
@@ -145,6 +157,7 @@ async def _stamp_request_id(request: web.Request, response: web.StreamResponse) 
 
 
 # --- routes -------------------------------------------------------------------------
+
 
 def _provider_handler(carrier_name: str) -> Handler:
     carrier = CARRIERS[carrier_name]
@@ -185,9 +198,14 @@ async def models(request: web.Request) -> web.Response:
                 seen[name] = loaded.profile.provider
     if dialect_for(request) is Dialect.ANTHROPIC:
         data = [{"type": "model", "id": m, "display_name": m, "created_at": "1970-01-01T00:00:00Z"} for m in seen]
-        return web.json_response({"data": data, "has_more": False,
-                                  "first_id": data[0]["id"] if data else None,
-                                  "last_id": data[-1]["id"] if data else None})
+        return web.json_response(
+            {
+                "data": data,
+                "has_more": False,
+                "first_id": data[0]["id"] if data else None,
+                "last_id": data[-1]["id"] if data else None,
+            }
+        )
     data_oa = [{"id": m, "object": "model", "created": 0, "owned_by": p} for m, p in seen.items()]
     return web.json_response({"object": "list", "data": data_oa})
 
@@ -230,6 +248,7 @@ async def capabilities(request: web.Request) -> web.Response:
 
 # --- app factory ----------------------------------------------------------------------
 
+
 async def _client_session(app: web.Application) -> AsyncIterator[None]:
     connector = aiohttp.TCPConnector(limit=0, limit_per_host=256, ttl_dns_cache=300, enable_cleanup_closed=True)
     # trust_env=False: proxy settings from the environment never redirect upstream traffic.
@@ -242,11 +261,19 @@ async def _client_session(app: web.Application) -> AsyncIterator[None]:
         await session.close()
 
 
-def create_app(holder: RuntimeHolder, *, config_path: Path | None = None, metrics_: Metrics | None = None) -> web.Application:
+def create_app(
+    holder: RuntimeHolder, *, config_path: Path | None = None, metrics_: Metrics | None = None
+) -> web.Application:
     app = web.Application(middlewares=[envelope], client_max_size=holder.current.config.limits.request_bytes)
     m = metrics_ or Metrics()
-    app[SERVICES] = Services(holder=holder, metrics=m, capacity=Capacity(m), config_path=config_path,
-                             ledger=ReleaseLedger(), usage=UsageLedger())
+    app[SERVICES] = Services(
+        holder=holder,
+        metrics=m,
+        capacity=Capacity(m),
+        config_path=config_path,
+        ledger=ReleaseLedger(),
+        usage=UsageLedger(),
+    )
     for path, carrier in PROVIDER_ROUTES.items():
         app.router.add_post(path, _provider_handler(carrier))
     app.router.add_post("/v1/context/check", checkapi.handle)

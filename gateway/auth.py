@@ -49,9 +49,7 @@ def require(principal: Principal, action: str) -> None:
         raise GatewayError(403, "permission_denied", (rc.FORBIDDEN_ACTION,))
 
 
-def identify(
-    runtime: Runtime, headers: Mapping[str, str], action: str, *, body_scope: str | None = None
-) -> Identity:
+def identify(runtime: Runtime, headers: Mapping[str, str], action: str, *, body_scope: str | None = None) -> Identity:
     """Authenticate, check the action, resolve scope (body, then header, then the
     principal's default) and delegation."""
     principal = authenticate(runtime, headers)
@@ -63,7 +61,6 @@ def identify(
     if scope not in principal.scopes and "*" not in principal.scopes:
         raise GatewayError(403, "permission_denied", (rc.FORBIDDEN_ACTION,))
     subject = headers.get(ON_BEHALF_HEADER)
-    if subject is not None:
-        if not principal.may("delegate") or subject not in principal.may_act_for:
-            raise GatewayError(403, "permission_denied", (rc.FORBIDDEN_ACTION,))
+    if subject is not None and (not principal.may("delegate") or subject not in principal.may_act_for):
+        raise GatewayError(403, "permission_denied", (rc.FORBIDDEN_ACTION,))
     return Identity(principal, scope, subject)

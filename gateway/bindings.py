@@ -122,12 +122,14 @@ def rotate_keyring_file(path: Path, *, retire_after: bool = False) -> str:
         if item["state"] == "active":
             item["state"] = "accepted"
     new_id = "k-" + secrets.token_hex(4)
-    data["keys"].append({
-        "id": new_id,
-        "secret": base64.b64encode(secrets.token_bytes(32)).decode(),
-        "state": "active",
-        "created": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-    })
+    data["keys"].append(
+        {
+            "id": new_id,
+            "secret": base64.b64encode(secrets.token_bytes(32)).decode(),
+            "state": "active",
+            "created": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        }
+    )
     data["active"] = new_id
     tmp = path.with_suffix(path.suffix + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -171,9 +173,7 @@ def open_binding(ring: KeyRing, token: object) -> dict[str, Any]:
         blob = _unb64(parts[2])
         if _b64(blob) != parts[2]:  # only the canonical encoding is accepted
             raise ValueError
-        plaintext = key.cipher.decrypt(
-            blob[:_NONCE], blob[_NONCE:], f"{PREFIX}.{key.id}".encode()
-        )
+        plaintext = key.cipher.decrypt(blob[:_NONCE], blob[_NONCE:], f"{PREFIX}.{key.id}".encode())
         claims = json.loads(plaintext)
     except (InvalidTag, ValueError):
         raise BindingError(rc.BINDING_INVALID) from None
@@ -205,12 +205,15 @@ def check_claims(
             raise BindingError(rc.BINDING_MISMATCH)
 
 
-def new_claims(
-    ring: KeyRing, *, kind: str, audience: str, now: float, ttl_s: float, **fields: Any
-) -> dict[str, Any]:
+def new_claims(ring: KeyRing, *, kind: str, audience: str, now: float, ttl_s: float, **fields: Any) -> dict[str, Any]:
     claims: dict[str, Any] = {
-        "v": 1, "kind": kind, "kid": ring.active.id, "aud": audience,
-        "iat": int(now), "exp": int(now + ttl_s), "jti": secrets.token_hex(8),
+        "v": 1,
+        "kind": kind,
+        "kid": ring.active.id,
+        "aud": audience,
+        "iat": int(now),
+        "exp": int(now + ttl_s),
+        "jti": secrets.token_hex(8),
     }
     claims.update(fields)
     return claims

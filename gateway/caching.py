@@ -179,9 +179,10 @@ def plan_anthropic(text: str, doc: dict[str, Any], settings: CacheSettings, esti
         block = blocks[index]
         span = jsonspan.locate(text, block.path)
         if block.is_string:
-            literal = text[span[0]:span[1]]
-            edits.append((span[0], span[1],
-                          f'[{{"type":"text","text":{literal},"cache_control":{_marker_json(ttl)}}}]'))
+            literal = text[span[0] : span[1]]
+            edits.append(
+                (span[0], span[1], f'[{{"type":"text","text":{literal},"cache_control":{_marker_json(ttl)}}}]')
+            )
         else:
             edits.append(jsonspan.add_member(text, span, f'"cache_control":{_marker_json(ttl)}'))
     return CachePlan(
@@ -192,8 +193,11 @@ def plan_anthropic(text: str, doc: dict[str, Any], settings: CacheSettings, esti
 
 
 def _order_ttls(
-    chosen: dict[int, tuple[str, str]], markers: dict[int, str], automatic: str | None,
-    n_blocks: int, skipped: list[str],
+    chosen: dict[int, tuple[str, str]],
+    markers: dict[int, str],
+    automatic: str | None,
+    n_blocks: int,
+    skipped: list[str],
 ) -> dict[int, tuple[str, str]]:
     """1 h breakpoints must all come before 5 min ones. Ours yield: a 1 h breakpoint after
     a 5 min one becomes 5 min; a 5 min breakpoint before a 1 h one is dropped."""
@@ -240,7 +244,11 @@ def plan_openai(text: str, doc: dict[str, Any], settings: CacheSettings, ctx: Ca
 
 
 def plan(
-    carrier: str, text: str, doc: dict[str, Any], settings: CacheSettings, ctx: CacheContext,
+    carrier: str,
+    text: str,
+    doc: dict[str, Any],
+    settings: CacheSettings,
+    ctx: CacheContext,
     estimate: Estimate,
 ) -> CachePlan:
     """The cache edits for this body and profile (none when the profile cannot cache)."""

@@ -96,8 +96,14 @@ def _iso(ts: float) -> str:
     return datetime.fromtimestamp(int(ts), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _result(phase: Phase, verdict: Verdict, valid_until: float, *, correlate_until: float | None = None,
-            binding: str | None = None) -> dict[str, Any]:
+def _result(
+    phase: Phase,
+    verdict: Verdict,
+    valid_until: float,
+    *,
+    correlate_until: float | None = None,
+    binding: str | None = None,
+) -> dict[str, Any]:
     out: dict[str, Any] = {
         "schema": RESULT_SCHEMA,
         "phase": phase.value,
@@ -116,8 +122,9 @@ def _result(phase: Phase, verdict: Verdict, valid_until: float, *, correlate_unt
 
 def _invalid() -> GatewayError:
     # Validation details are not echoed: they can quote the caller's payload.
-    return GatewayError(422, "invalid_request", (rc.INVALID_REQUEST,),
-                        "The check request does not match its phase's schema.")
+    return GatewayError(
+        422, "invalid_request", (rc.INVALID_REQUEST,), "The check request does not match its phase's schema."
+    )
 
 
 async def handle(request: web.Request) -> web.Response:
@@ -171,25 +178,47 @@ def _before_send(runtime: Any, party: Party, dto: BeforeSendCheck, now: float) -
         except JsonError as exc:
             failures.append(exc.reason)
     if not parsed:
-        reason = rc.JSON_INVALID if rc.JSON_INVALID in failures else (failures[0] if failures else rc.UNSUPPORTED_CARRIER)
+        reason = (
+            rc.JSON_INVALID if rc.JSON_INVALID in failures else (failures[0] if failures else rc.UNSUPPORTED_CARRIER)
+        )
         return _result(Phase.BEFORE_SEND, withhold(reason, runtime.policy.version, complete=False), now)
     headers = {k.lower(): v for k, v in dto.payload.headers.items()}
     relevant = checks.relevant_headers(headers, party.profile)
-    replays = [reuse.Replay(p.binding, p.location.pointer, p.location.start_byte, p.location.end_byte)
-               for p in dto.prepared_contexts]
+    replays = [
+        reuse.Replay(p.binding, p.location.pointer, p.location.start_byte, p.location.end_byte)
+        for p in dto.prepared_contexts
+    ]
     replay_reasons = reuse.verify(
-        replays, body=body, ring=runtime.keyring, audience=runtime.config.deployment_id,
-        principal=party.principal, delegate=party.delegate, scope=party.scope, now=now,
+        replays,
+        body=body,
+        ring=runtime.keyring,
+        audience=runtime.config.deployment_id,
+        principal=party.principal,
+        delegate=party.delegate,
+        scope=party.scope,
+        now=now,
         max_depth=runtime.carrier_limits.max_depth,
     )
     outcome = checks.before_send(
-        runtime, party=party, parsed=parsed, body=body, headers=relevant, carrier=",".join(names),
-        target=None, route=None, extra_withhold=replay_reasons, mode=Mode.ENFORCE, now=now,
+        runtime,
+        party=party,
+        parsed=parsed,
+        body=body,
+        headers=relevant,
+        carrier=",".join(names),
+        target=None,
+        route=None,
+        extra_withhold=replay_reasons,
+        mode=Mode.ENFORCE,
+        now=now,
     )
     cfg = runtime.config.bindings
     return _result(
-        Phase.BEFORE_SEND, outcome.verdict, outcome.valid_until or now + cfg.send_valid_s,
-        correlate_until=outcome.correlate_until or now + cfg.correlate_s, binding=outcome.binding,
+        Phase.BEFORE_SEND,
+        outcome.verdict,
+        outcome.valid_until or now + cfg.send_valid_s,
+        correlate_until=outcome.correlate_until or now + cfg.correlate_s,
+        binding=outcome.binding,
     )
 
 
@@ -214,8 +243,9 @@ def _fold(names: list[str], payload: JsonPayload | SsePayload, limits: Any) -> t
     return FoldedResponse(
         units=tuple(u for r in results for u in r.units),
         complete=complete,
-        incomplete_reason=None if complete else next(
-            (r.incomplete_reason for r in results if r.incomplete_reason), rc.RESPONSE_INCOMPLETE),
+        incomplete_reason=None
+        if complete
+        else next((r.incomplete_reason for r in results if r.incomplete_reason), rc.RESPONSE_INCOMPLETE),
         duplicate_keys=tuple(dict.fromkeys(d for r in results for d in r.duplicate_keys)),
         opaque=tuple(dict.fromkeys(o for r in results for o in r.opaque)),
         raw_scan=all(r.raw_scan for r in results),
@@ -229,14 +259,24 @@ def _before_release(services: Any, runtime: Any, party: Party, dto: BeforeReleas
     except BindingError as exc:
         return _result(Phase.BEFORE_RELEASE, withhold(exc.reason, runtime.policy.version), now + cfg.release_valid_s)
     if dto.completion != "complete":
-        return _result(Phase.BEFORE_RELEASE, withhold(rc.RESPONSE_INCOMPLETE, runtime.policy.version),
-                       now + cfg.release_valid_s)
+        return _result(
+            Phase.BEFORE_RELEASE, withhold(rc.RESPONSE_INCOMPLETE, runtime.policy.version), now + cfg.release_valid_s
+        )
     names = str(claims.get("car", "")).split(",")
     folded, raw = _fold(names, dto.payload, runtime.carrier_limits)
     headers = {k.lower(): v for k, v in dto.payload.headers.items()}
     outcome: CheckOutcome = checks.before_release(
-        runtime, party=party, request_binding=dto.request_binding, folded=folded, raw=raw,
-        released_headers=headers, route=None, ledger=services.ledger, mode=Mode.ENFORCE, now=now,
+        runtime,
+        party=party,
+        request_binding=dto.request_binding,
+        folded=folded,
+        raw=raw,
+        released_headers=headers,
+        route=None,
+        ledger=services.ledger,
+        mode=Mode.ENFORCE,
+        now=now,
     )
-    return _result(Phase.BEFORE_RELEASE, outcome.verdict, outcome.valid_until or now + cfg.release_valid_s,
-                   binding=outcome.binding)
+    return _result(
+        Phase.BEFORE_RELEASE, outcome.verdict, outcome.valid_until or now + cfg.release_valid_s, binding=outcome.binding
+    )

@@ -174,15 +174,19 @@ def before_send(
         mode = policy.mode(Phase.BEFORE_SEND, profile=profile_id, route=route)
     if target is not None and not destination_ok(target, party.profile, runtime):
         # An unapproved destination is never a matter of mode.
-        verdict = Verdict(Decision.BLOCK, (rc.DESTINATION_NOT_APPROVED,), Coverage(COVERAGE_PROFILE, True),
-                          policy.version, (Finding(rc.DESTINATION_NOT_APPROVED),))
+        verdict = Verdict(
+            Decision.BLOCK,
+            (rc.DESTINATION_NOT_APPROVED,),
+            Coverage(COVERAGE_PROFILE, True),
+            policy.version,
+            (Finding(rc.DESTINATION_NOT_APPROVED),),
+        )
         return CheckOutcome(Phase.BEFORE_SEND, verdict, Mode.ENFORCE, time.perf_counter() - started)
     if mode is Mode.OFF:
         verdict = _not_checked(policy.version)
     else:
         units, opaque, dups = _merge(parsed)
-        subject = Subject(raw=body, units=units, opaque=opaque, duplicate_keys=dups,
-                          extra_units=header_units(headers))
+        subject = Subject(raw=body, units=units, opaque=opaque, duplicate_keys=dups, extra_units=header_units(headers))
         verdict = with_withholds(_inspect(runtime, subject, profile_id), list(extra_withhold))
     outcome = CheckOutcome(Phase.BEFORE_SEND, verdict, mode, time.perf_counter() - started)
     if not outcome.proceed:
@@ -190,15 +194,31 @@ def before_send(
     cfg = runtime.config.bindings
     valid_until, correlate_until = now + cfg.send_valid_s, now + cfg.correlate_s
     claims = bindings.new_claims(
-        runtime.keyring, kind="send", audience=runtime.config.deployment_id, now=now,
-        ttl_s=cfg.send_valid_s, phase=Phase.BEFORE_SEND.value, sub=party.principal,
-        dlg=party.delegate, scope=party.scope, tp=profile_id, tpd=party.profile.digest,
-        car=carrier, body=hashlib.sha256(body).hexdigest(), hdr=digest_headers(headers),
-        pv=policy.version, dec=verdict.decision.value, cu=int(correlate_until),
+        runtime.keyring,
+        kind="send",
+        audience=runtime.config.deployment_id,
+        now=now,
+        ttl_s=cfg.send_valid_s,
+        phase=Phase.BEFORE_SEND.value,
+        sub=party.principal,
+        dlg=party.delegate,
+        scope=party.scope,
+        tp=profile_id,
+        tpd=party.profile.digest,
+        car=carrier,
+        body=hashlib.sha256(body).hexdigest(),
+        hdr=digest_headers(headers),
+        pv=policy.version,
+        dec=verdict.decision.value,
+        cu=int(correlate_until),
     )
     return CheckOutcome(
-        Phase.BEFORE_SEND, verdict, mode, time.perf_counter() - started,
-        binding=bindings.seal(runtime.keyring, claims), valid_until=float(int(valid_until)),
+        Phase.BEFORE_SEND,
+        verdict,
+        mode,
+        time.perf_counter() - started,
+        binding=bindings.seal(runtime.keyring, claims),
+        valid_until=float(int(valid_until)),
         correlate_until=float(int(correlate_until)),
     )
 
@@ -207,9 +227,17 @@ def open_send_binding(runtime: Runtime, token: str, party: Party, now: float) ->
     """The claims of a send binding a release refers to. Raises BindingError(reason)."""
     claims = bindings.open_binding(runtime.keyring, token)
     bindings.check_claims(
-        claims, now=now, kind="send", audience=runtime.config.deployment_id,
-        expect={"sub": party.principal, "dlg": party.delegate, "scope": party.scope,
-                "tp": party.profile.profile.id, "tpd": party.profile.digest},
+        claims,
+        now=now,
+        kind="send",
+        audience=runtime.config.deployment_id,
+        expect={
+            "sub": party.principal,
+            "dlg": party.delegate,
+            "scope": party.scope,
+            "tp": party.profile.profile.id,
+            "tpd": party.profile.digest,
+        },
         deadline_claim="cu",
     )
     return claims
@@ -238,8 +266,9 @@ def before_release(
         claims = open_send_binding(runtime, request_binding, party, now)
     except BindingError as exc:
         # A release not tied to a valid send is never released, whatever the mode.
-        return CheckOutcome(Phase.BEFORE_RELEASE, withhold(exc.reason, policy.version), Mode.ENFORCE,
-                            time.perf_counter() - started)
+        return CheckOutcome(
+            Phase.BEFORE_RELEASE, withhold(exc.reason, policy.version), Mode.ENFORCE, time.perf_counter() - started
+        )
     if mode is Mode.OFF:
         verdict = _not_checked(policy.version)
     else:
@@ -249,9 +278,13 @@ def before_release(
             if folded.incomplete_reason and folded.incomplete_reason != rc.RESPONSE_INCOMPLETE:
                 reasons.append(folded.incomplete_reason)
         subject = Subject(
-            raw=raw if folded.raw_scan else None, units=folded.units, opaque=folded.opaque,
-            duplicate_keys=folded.duplicate_keys, complete=folded.complete,
-            incomplete_reasons=tuple(reasons), extra_units=header_units(released_headers),
+            raw=raw if folded.raw_scan else None,
+            units=folded.units,
+            opaque=folded.opaque,
+            duplicate_keys=folded.duplicate_keys,
+            complete=folded.complete,
+            incomplete_reasons=tuple(reasons),
+            extra_units=header_units(released_headers),
         )
         verdict = _inspect(runtime, subject, profile_id)
     outcome = CheckOutcome(Phase.BEFORE_RELEASE, verdict, mode, time.perf_counter() - started)
@@ -259,18 +292,35 @@ def before_release(
         return outcome
     payload_digest = hashlib.sha256(raw).hexdigest()
     if not ledger.admit(str(claims.get("jti")), payload_digest, float(claims.get("cu", now)), now):  # type: ignore[arg-type]
-        return CheckOutcome(Phase.BEFORE_RELEASE, withhold(rc.BINDING_MISMATCH, policy.version),
-                            Mode.ENFORCE, time.perf_counter() - started)
+        return CheckOutcome(
+            Phase.BEFORE_RELEASE,
+            withhold(rc.BINDING_MISMATCH, policy.version),
+            Mode.ENFORCE,
+            time.perf_counter() - started,
+        )
     cfg = runtime.config.bindings
     release_claims = bindings.new_claims(
-        runtime.keyring, kind="release", audience=runtime.config.deployment_id, now=now,
-        ttl_s=cfg.release_valid_s, phase=Phase.BEFORE_RELEASE.value, sub=party.principal,
-        dlg=party.delegate, scope=party.scope, tp=profile_id, tpd=party.profile.digest,
-        rb=hashlib.sha256(request_binding.encode()).hexdigest(), body=payload_digest,
-        pv=policy.version, dec=verdict.decision.value,
+        runtime.keyring,
+        kind="release",
+        audience=runtime.config.deployment_id,
+        now=now,
+        ttl_s=cfg.release_valid_s,
+        phase=Phase.BEFORE_RELEASE.value,
+        sub=party.principal,
+        dlg=party.delegate,
+        scope=party.scope,
+        tp=profile_id,
+        tpd=party.profile.digest,
+        rb=hashlib.sha256(request_binding.encode()).hexdigest(),
+        body=payload_digest,
+        pv=policy.version,
+        dec=verdict.decision.value,
     )
     return CheckOutcome(
-        Phase.BEFORE_RELEASE, verdict, mode, time.perf_counter() - started,
+        Phase.BEFORE_RELEASE,
+        verdict,
+        mode,
+        time.perf_counter() - started,
         binding=bindings.seal(runtime.keyring, release_claims),
         valid_until=float(int(now + cfg.release_valid_s)),
     )

@@ -1,15 +1,15 @@
 """`wiregate` command line: argument parsing only; each subcommand calls one function.
 
-  wiregate init [--dir DIR] [--force]
-  wiregate serve --config FILE
-  wiregate keys new-signing-key --out FILE
-  wiregate keys rotate --keyring FILE
-  wiregate profiles new --id ID --provider P --base-url URL --models PAT [PAT ...]
-                        --credential env:NAME|file:PATH [--loopback-http] --sign-key FILE [--out FILE]
-  wiregate profiles sign FILE --key KEYFILE
-  wiregate profiles verify FILE [FILE ...] (--trusted PUBFILE ... | --config FILE)
-  wiregate principals add --id ID --profiles P [P ...] [--actions A ...] (--config FILE | --file FILE)
-  wiregate mock-provider (--port N | --uds PATH) [--api-key KEY]
+wiregate init [--dir DIR] [--force]
+wiregate serve --config FILE
+wiregate keys new-signing-key --out FILE
+wiregate keys rotate --keyring FILE
+wiregate profiles new --id ID --provider P --base-url URL --models PAT [PAT ...]
+                      --credential env:NAME|file:PATH [--loopback-http] --sign-key FILE [--out FILE]
+wiregate profiles sign FILE --key KEYFILE
+wiregate profiles verify FILE [FILE ...] (--trusted PUBFILE ... | --config FILE)
+wiregate principals add --id ID --profiles P [P ...] [--actions A ...] (--config FILE | --file FILE)
+wiregate mock-provider (--port N | --uds PATH) [--api-key KEY]
 """
 
 from __future__ import annotations
@@ -116,9 +116,15 @@ def _cmd_profiles_new(args: argparse.Namespace) -> int:
     from gateway.profiles.model import UpstreamProfile
 
     doc = devsetup.profile_document(
-        id=args.id, provider=args.provider, base_url=args.base_url, models=args.models,
-        credential=args.credential, carriers=args.carriers, loopback_http=args.loopback_http,
-        fallbacks=args.fallbacks, expires=args.expires,
+        id=args.id,
+        provider=args.provider,
+        base_url=args.base_url,
+        models=args.models,
+        credential=args.credential,
+        carriers=args.carriers,
+        loopback_http=args.loopback_http,
+        fallbacks=args.fallbacks,
+        expires=args.expires,
     )
     try:
         UpstreamProfile.model_validate(doc)
@@ -215,8 +221,15 @@ def _cmd_mock(args: argparse.Namespace) -> int:
 
     log.configure("info")
     try:
-        asyncio.run(serve_forever(host=args.host, port=args.port, uds=args.uds, api_key=args.api_key,
-                                  cache_min_tokens=args.cache_min_tokens))
+        asyncio.run(
+            serve_forever(
+                host=args.host,
+                port=args.port,
+                uds=args.uds,
+                api_key=args.api_key,
+                cache_min_tokens=args.cache_min_tokens,
+            )
+        )
     except KeyboardInterrupt:
         pass
     return 0
@@ -235,7 +248,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", required=True)
     p.set_defaults(func=_cmd_serve)
 
-    keys = sub.add_parser("keys", help="profile-signing keys and the binding key ring").add_subparsers(dest="keys_cmd", required=True)
+    keys = sub.add_parser("keys", help="profile-signing keys and the binding key ring").add_subparsers(
+        dest="keys_cmd", required=True
+    )
     p = keys.add_parser("new-signing-key", help="create an Ed25519 profile-signing key")
     p.add_argument("--out", required=True)
     p.set_defaults(func=_cmd_new_signing_key)
@@ -244,7 +259,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--retire", action="store_true", help="retire previously accepted keys")
     p.set_defaults(func=_cmd_rotate)
 
-    profiles = sub.add_parser("profiles", help="create, sign and verify UpstreamProfiles").add_subparsers(dest="profiles_cmd", required=True)
+    profiles = sub.add_parser("profiles", help="create, sign and verify UpstreamProfiles").add_subparsers(
+        dest="profiles_cmd", required=True
+    )
     p = profiles.add_parser("new", help="write a new signed profile")
     p.add_argument("--id", required=True)
     p.add_argument("--provider", required=True, choices=["openai", "anthropic", "openai-compatible"])
@@ -269,12 +286,18 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--config")
     p.set_defaults(func=_cmd_profiles_verify)
 
-    principals = sub.add_parser("principals", help="manage principals").add_subparsers(dest="principals_cmd", required=True)
+    principals = sub.add_parser("principals", help="manage principals").add_subparsers(
+        dest="principals_cmd", required=True
+    )
     p = principals.add_parser("add", help="add a principal and print its new gateway key once")
     p.add_argument("--id", required=True)
     p.add_argument("--profiles", required=True, nargs="+")
-    p.add_argument("--actions", nargs="+", default=["proxy"],
-                   choices=["proxy", "context.prepare", "context.write", "context.check", "observe", "admin", "delegate"])
+    p.add_argument(
+        "--actions",
+        nargs="+",
+        default=["proxy"],
+        choices=["proxy", "context.prepare", "context.write", "context.check", "observe", "admin", "delegate"],
+    )
     p.add_argument("--scopes", nargs="+")
     group = p.add_mutually_exclusive_group(required=True)
     group.add_argument("--config")

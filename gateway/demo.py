@@ -21,7 +21,9 @@ SECRET = "sk-demo-PLEASE-never-leak-0042"
 POLICY = "You are the demo assistant. Follow the house rules carefully. " * 90  # > 1024 tokens
 
 
-async def _call(session: aiohttp.ClientSession, url: str, key: str, ctx: ssl.SSLContext, body: dict) -> tuple[int, dict]:
+async def _call(
+    session: aiohttp.ClientSession, url: str, key: str, ctx: ssl.SSLContext, body: dict
+) -> tuple[int, dict]:
     async with session.post(url, json=body, headers={"authorization": f"Bearer {key}"}, ssl=ctx) as r:
         return r.status, await r.json()
 
@@ -42,23 +44,45 @@ async def _demo(work: Path) -> None:
             ctx = ssl.create_default_context(cafile=facts["ca"])
             key = facts["gateway_key"]
             async with aiohttp.ClientSession() as session:
-                status, body = await _call(session, base + "/v1/chat/completions", key, ctx, {
-                    "model": "mock-gpt-1", "messages": [{"role": "user", "content": "Say hello."}]})
+                status, body = await _call(
+                    session,
+                    base + "/v1/chat/completions",
+                    key,
+                    ctx,
+                    {"model": "mock-gpt-1", "messages": [{"role": "user", "content": "Say hello."}]},
+                )
                 print(f"1. allowed: HTTP {status}: {body['choices'][0]['message']['content']!r}")
-                status, body = await _call(session, base + "/v1/chat/completions", key, ctx, {
-                    "model": "mock-gpt-1", "messages": [{"role": "user", "content": f"My key is {SECRET}"}]})
+                status, body = await _call(
+                    session,
+                    base + "/v1/chat/completions",
+                    key,
+                    ctx,
+                    {"model": "mock-gpt-1", "messages": [{"role": "user", "content": f"My key is {SECRET}"}]},
+                )
                 sent = len(mock.state.records())
-                print(f"2. blocked: HTTP {status}: code={body['error']['code']} reason_codes={body['error']['reason_codes']}"
-                      f" (requests the mock provider received so far: {sent}, the allowed one only)")
+                print(
+                    f"2. blocked: HTTP {status}: code={body['error']['code']} reason_codes={body['error']['reason_codes']}"
+                    f" (requests the mock provider received so far: {sent}, the allowed one only)"
+                )
                 messages = [{"role": "user", "content": "What are the house rules?"}]
                 for turn in (1, 2):
-                    status, body = await _call(session, base + "/v1/messages", key, ctx, {
-                        "model": "mock-claude-1", "max_tokens": 64, "system": POLICY, "messages": messages})
+                    status, body = await _call(
+                        session,
+                        base + "/v1/messages",
+                        key,
+                        ctx,
+                        {"model": "mock-claude-1", "max_tokens": 64, "system": POLICY, "messages": messages},
+                    )
                     u = body["usage"]
-                    print(f"3.{turn} anthropic turn {turn}: HTTP {status}: cache write {u['cache_creation_input_tokens']}, "
-                          f"cache read {u['cache_read_input_tokens']}, uncached input {u['input_tokens']}")
-                    messages = [*messages, {"role": "assistant", "content": body["content"][0]["text"]},
-                                {"role": "user", "content": "And then?"}]
+                    print(
+                        f"3.{turn} anthropic turn {turn}: HTTP {status}: cache write {u['cache_creation_input_tokens']}, "
+                        f"cache read {u['cache_read_input_tokens']}, uncached input {u['input_tokens']}"
+                    )
+                    messages = [
+                        *messages,
+                        {"role": "assistant", "content": body["content"][0]["text"]},
+                        {"role": "user", "content": "And then?"},
+                    ]
         finally:
             await running.stop()
 

@@ -54,21 +54,31 @@ def new_keyring(path: Path) -> str:
     ring = {
         "version": 1,
         "active": key_id,
-        "keys": [{
-            "id": key_id,
-            "secret": base64.b64encode(secrets.token_bytes(32)).decode(),
-            "state": "active",
-            "created": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        }],
+        "keys": [
+            {
+                "id": key_id,
+                "secret": base64.b64encode(secrets.token_bytes(32)).decode(),
+                "state": "active",
+                "created": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            }
+        ],
     }
     write_private(path, (json.dumps(ring, indent=2) + "\n").encode())
     return key_id
 
 
 def profile_document(
-    *, id: str, provider: str, base_url: str, models: list[str], credential: str,
-    carriers: list[str] | None = None, loopback_http: bool = False,
-    fallbacks: list[str] | None = None, expires: str | None = None, version: int = 1,
+    *,
+    id: str,
+    provider: str,
+    base_url: str,
+    models: list[str],
+    credential: str,
+    carriers: list[str] | None = None,
+    loopback_http: bool = False,
+    fallbacks: list[str] | None = None,
+    expires: str | None = None,
+    version: int = 1,
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     if carriers is None:
@@ -108,23 +118,35 @@ def profile_document(
 def example_profiles(mock_port: int = MOCK_PORT) -> list[dict[str, Any]]:
     return [
         profile_document(
-            id="openai", provider="openai", base_url="https://api.openai.com/v1",
+            id="openai",
+            provider="openai",
+            base_url="https://api.openai.com/v1",
             models=["gpt-*", "o1*", "o3*", "o4*", "chatgpt-*", "text-embedding-*"],
-            credential="env:OPENAI_API_KEY", extra={"retention": "provider-default"},
-        ),
-        profile_document(
-            id="anthropic", provider="anthropic", base_url="https://api.anthropic.com",
-            models=["claude-*"], credential="env:ANTHROPIC_API_KEY",
+            credential="env:OPENAI_API_KEY",
             extra={"retention": "provider-default"},
         ),
         profile_document(
-            id="mock-openai", provider="openai", base_url=f"http://127.0.0.1:{mock_port}/v1",
-            models=["mock-gpt-*", "mock-embed-*"], credential="file:secrets/mock-upstream.key",
+            id="anthropic",
+            provider="anthropic",
+            base_url="https://api.anthropic.com",
+            models=["claude-*"],
+            credential="env:ANTHROPIC_API_KEY",
+            extra={"retention": "provider-default"},
+        ),
+        profile_document(
+            id="mock-openai",
+            provider="openai",
+            base_url=f"http://127.0.0.1:{mock_port}/v1",
+            models=["mock-gpt-*", "mock-embed-*"],
+            credential="file:secrets/mock-upstream.key",
             loopback_http=True,
         ),
         profile_document(
-            id="mock-anthropic", provider="anthropic", base_url=f"http://127.0.0.1:{mock_port}",
-            models=["mock-claude-*"], credential="file:secrets/mock-upstream.key",
+            id="mock-anthropic",
+            provider="anthropic",
+            base_url=f"http://127.0.0.1:{mock_port}",
+            models=["mock-claude-*"],
+            credential="file:secrets/mock-upstream.key",
             loopback_http=True,
         ),
     ]
@@ -208,16 +230,22 @@ def init(directory: Path, *, force: bool = False) -> dict[str, Any]:
     (directory / "principals.toml").write_text(
         "# Principals: gateway keys are stored as sha256 digests only.\n"
         + principal_block(
-            "dev", [digest],
+            "dev",
+            [digest],
             ["proxy", "context.check", "context.prepare", "context.write", "observe", "admin"],
             ["mock-openai", "mock-anthropic", "openai", "anthropic"],
         )
     )
     (directory / "policy.toml").write_text(POLICY_TEMPLATE)
     config.write_text(CONFIG_TEMPLATE.format(deployment_id="dev-" + secrets.token_hex(4)))
-    return {"dir": str(directory), "config": str(config), "ca": str(ca),
-            "gateway_key": gateway_key, "signing_key_id": key_id,
-            "socket": str(directory / "run" / "wiregate.sock")}
+    return {
+        "dir": str(directory),
+        "config": str(config),
+        "ca": str(ca),
+        "gateway_key": gateway_key,
+        "signing_key_id": key_id,
+        "socket": str(directory / "run" / "wiregate.sock"),
+    }
 
 
 def _toml_list(items: list[str]) -> str:
@@ -225,7 +253,10 @@ def _toml_list(items: list[str]) -> str:
 
 
 def principal_block(
-    principal_id: str, digests: list[str], actions: list[str], profiles: list[str],
+    principal_id: str,
+    digests: list[str],
+    actions: list[str],
+    profiles: list[str],
     scopes: list[str] | None = None,
 ) -> str:
     scopes = scopes or ["default"]

@@ -69,15 +69,30 @@ _DEFAULT_MESSAGES: dict[str, str] = {
 
 # The error `type` each status maps to, per dialect (WIRE-FORMATS §1.8, §3.6).
 _OPENAI_TYPES = {
-    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-    404: "not_found_error", 405: "invalid_request_error", 413: "invalid_request_error",
-    415: "invalid_request_error", 422: "invalid_request_error", 429: "rate_limit_error",
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    415: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
 }
 _ANTHROPIC_TYPES = {
-    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-    404: "not_found_error", 405: "invalid_request_error", 413: "request_too_large",
-    415: "invalid_request_error", 422: "invalid_request_error", 429: "rate_limit_error",
-    500: "api_error", 503: "overloaded_error", 504: "timeout_error", 529: "overloaded_error",
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "request_too_large",
+    415: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "overloaded_error",
+    504: "timeout_error",
+    529: "overloaded_error",
 }
 
 
@@ -125,6 +140,7 @@ def response_headers(err: GatewayError) -> dict[str, str]:
 
 
 # Constructors for the common refusals, so call sites read as intent.
+
 
 def blocked_request(reasons: tuple[str, ...]) -> GatewayError:
     return GatewayError(403, "request_blocked", reasons)

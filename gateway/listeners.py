@@ -67,9 +67,11 @@ def socket_umask(mode: int) -> int:
 
 # --- dev certificates ----------------------------------------------------------------
 
+
 def _name(common: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "wiregate dev"),
-                      x509.NameAttribute(NameOID.COMMON_NAME, common)])
+    return x509.Name(
+        [x509.NameAttribute(NameOID.ORGANIZATION_NAME, "wiregate dev"), x509.NameAttribute(NameOID.COMMON_NAME, common)]
+    )
 
 
 def _write_private(path: Path, data: bytes) -> None:
@@ -97,11 +99,13 @@ def generate_dev_tls(directory: Path, *, days: int = 825) -> tuple[Path, Path, P
         .sign(ca_key, hashes.SHA256())
     )
     key = ec.generate_private_key(ec.SECP256R1())
-    san = x509.SubjectAlternativeName([
-        x509.DNSName("localhost"),
-        x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
-        x509.IPAddress(ipaddress.ip_address("::1")),
-    ])
+    san = x509.SubjectAlternativeName(
+        [
+            x509.DNSName("localhost"),
+            x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+            x509.IPAddress(ipaddress.ip_address("::1")),
+        ]
+    )
     cert = (
         x509.CertificateBuilder()
         .subject_name(_name("localhost"))
@@ -114,17 +118,15 @@ def generate_dev_tls(directory: Path, *, days: int = 825) -> tuple[Path, Path, P
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.KeyUsage(True, False, True, False, False, False, False, False, False), critical=True)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
-        )
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
     pem = serialization.Encoding.PEM
     ca_path, cert_path, key_path = directory / "ca.pem", directory / "server.pem", directory / "server.key"
     ca_path.write_bytes(ca_cert.public_bytes(pem))
-    _write_private(directory / "ca.key", ca_key.private_bytes(
-        pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    _write_private(
+        directory / "ca.key", ca_key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
     cert_path.write_bytes(cert.public_bytes(pem))
-    _write_private(key_path, key.private_bytes(
-        pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    _write_private(key_path, key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
     return ca_path, cert_path, key_path

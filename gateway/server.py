@@ -55,8 +55,12 @@ class RunningGateway:
             except OSError:
                 log.error("tls_reload_failed", reason="certificate or key unreadable")
         metrics.reloads.labels("ok").inc()
-        log.info("config_reloaded", generation=runtime.generation, policy_version=runtime.policy.version,
-                 count=len(runtime.profiles))
+        log.info(
+            "config_reloaded",
+            generation=runtime.generation,
+            policy_version=runtime.policy.version,
+            count=len(runtime.profiles),
+        )
         return True
 
     async def stop(self) -> None:
@@ -65,17 +69,18 @@ class RunningGateway:
             self.uds_path.unlink(missing_ok=True)
 
 
-async def start(
-    config_path: Path, *, https_port: int | None = None, uds_path: Path | None = None
-) -> RunningGateway:
+async def start(config_path: Path, *, https_port: int | None = None, uds_path: Path | None = None) -> RunningGateway:
     """Load, build and start listening. Overrides are for tests and benchmarks."""
-    config_path = config_path.resolve()
+    config_path = config_path.resolve()  # noqa: ASYNC240 - once, at start-up, before serving
     runtime = load_runtime(config_path)
     holder = RuntimeHolder(runtime)
     app = create_app(holder, config_path=config_path)
     cfg = runtime.config
     runner = web.AppRunner(
-        app, handler_cancellation=True, auto_decompress=False, access_log=None,
+        app,
+        handler_cancellation=True,
+        auto_decompress=False,
+        access_log=None,
         shutdown_timeout=cfg.server.shutdown_grace_s,
     )
     await runner.setup()
@@ -111,8 +116,13 @@ async def start(
     except BaseException:
         await running.stop()
         raise
-    log.info("started", generation=runtime.generation, policy_version=runtime.policy.version,
-             count=len(runtime.profiles), engine=runtime.policy.engine.matcher.engine)
+    log.info(
+        "started",
+        generation=runtime.generation,
+        policy_version=runtime.policy.version,
+        count=len(runtime.profiles),
+        engine=runtime.policy.engine.matcher.engine,
+    )
     return running
 
 

@@ -18,8 +18,8 @@ from gateway.obs.metrics import Metrics
 
 if TYPE_CHECKING:
     from gateway.checks import CheckOutcome, ReleaseLedger
-    from gateway.usage import UsageLedger
     from gateway.proxy.upstream import AttemptRecord, Upstream
+    from gateway.usage import UsageLedger
 
 
 class Capacity:

@@ -22,8 +22,16 @@ from gateway.carriers.jsonspan import Edit
 from gateway.carriers.sse import SSEEvent
 
 Provenance = Literal["known", "estimated", "unknown"]
-KINDS = ("input_total", "input_uncached", "cache_read", "cache_write", "cache_write_5m",
-         "cache_write_1h", "output", "reasoning")
+KINDS = (
+    "input_total",
+    "input_uncached",
+    "cache_read",
+    "cache_write",
+    "cache_write_5m",
+    "cache_write_1h",
+    "output",
+    "reasoning",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,8 +93,16 @@ def normalise(carrier: str, usage: dict[str, Any] | None) -> dict[str, Count]:
     if carrier == "openai.embeddings":
         prompt = known(usage.get("prompt_tokens"))
         zero = Count(0, "known")  # embeddings are never cached and produce no output tokens
-        return {"input_total": prompt, "input_uncached": prompt, "cache_read": zero, "cache_write": zero,
-                "cache_write_5m": zero, "cache_write_1h": zero, "output": zero, "reasoning": zero}
+        return {
+            "input_total": prompt,
+            "input_uncached": prompt,
+            "cache_read": zero,
+            "cache_write": zero,
+            "cache_write_5m": zero,
+            "cache_write_1h": zero,
+            "output": zero,
+            "reasoning": zero,
+        }
     responses = carrier == "openai.responses"
     details = usage.get("input_tokens_details" if responses else "prompt_tokens_details")
     out_details = usage.get("output_tokens_details" if responses else "completion_tokens_details")
@@ -118,14 +134,20 @@ class UsageRecord:
 
     def as_json(self) -> dict[str, Any]:
         return {
-            "request_id": self.request_id, "attempt": self.attempt, "profile": self.profile,
-            "carrier": self.carrier, "outcome": self.outcome, "status": self.status,
-            "estimator": self.estimator, **{k: self.counts[k].as_json() for k in KINDS},
+            "request_id": self.request_id,
+            "attempt": self.attempt,
+            "profile": self.profile,
+            "carrier": self.carrier,
+            "outcome": self.outcome,
+            "status": self.status,
+            "estimator": self.estimator,
+            **{k: self.counts[k].as_json() for k in KINDS},
         }
 
 
-def with_estimates(counts: dict[str, Count], *, input_estimate: int | None, output_estimate: int | None,
-                   estimator: str) -> tuple[dict[str, Count], str | None]:
+def with_estimates(
+    counts: dict[str, Count], *, input_estimate: int | None, output_estimate: int | None, estimator: str
+) -> tuple[dict[str, Count], str | None]:
     """Fill unknown input/output totals with estimates (only where the profile asks)."""
     filled = dict(counts)
     used = False
@@ -139,6 +161,7 @@ def with_estimates(counts: dict[str, Count], *, input_estimate: int | None, outp
 
 
 # --- OpenAI chat streams: usage the client did not ask for ------------------------------
+
 
 def plan_stream_usage(carrier: str, text: str, doc: dict[str, Any]) -> tuple[list[Edit], bool]:
     """Ask a chat stream for its usage upstream when the client did not. Returns the edits
@@ -182,6 +205,7 @@ def strip_injected_usage(events: Sequence[SSEEvent]) -> list[SSEEvent]:
 
 # --- the ledger ------------------------------------------------------------------------
 
+
 @dataclass
 class _ProfileTotals:
     records: int = 0
@@ -222,7 +246,11 @@ class UsageLedger:
             "schema": "wiregate.usage-report.v1",
             "kinds": list(KINDS),
             "profiles": {
-                pid: {"records": t.records, "outcomes": dict(t.outcomes), "tokens": {k: dict(v) for k, v in t.tokens.items()}}
+                pid: {
+                    "records": t.records,
+                    "outcomes": dict(t.outcomes),
+                    "tokens": {k: dict(v) for k, v in t.tokens.items()},
+                }
                 for pid, t in sorted(self._profiles.items())
             },
         }

@@ -125,8 +125,10 @@ class AnthropicMessages:
         )
 
     def stream_error_event(self, code: str, reason_codes: Sequence[str], message: str) -> bytes:
-        body = {"type": "error", "error": {"type": "permission_error", "message": message,
-                                           "code": code, "reason_codes": list(reason_codes)}}
+        body = {
+            "type": "error",
+            "error": {"type": "permission_error", "message": message, "code": code, "reason_codes": list(reason_codes)},
+        }
         return b"event: error\ndata: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"
 
 

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from gateway.carriers import jsonraw
-from gateway.carriers.jsonraw import JsonError, Path, TextUnit
+from gateway.carriers.jsonraw import JsonError, Path
+from gateway.carriers.jsonraw import TextUnit as TextUnit  # re-exported: carriers build units
 from gateway.carriers.sse import SSEEvent
 from gateway.inspection import verdict as rc
 
@@ -165,9 +166,7 @@ def joined(path: Path, parts: Sequence[str]) -> TextUnit | None:
     return TextUnit(path, "".join(parts), "joined")
 
 
-def folded_units(
-    path: Path, text: str, limits: CarrierLimits, out: list[TextUnit], dups: list[str]
-) -> None:
+def folded_units(path: Path, text: str, limits: CarrierLimits, out: list[TextUnit], dups: list[str]) -> None:
     """A reassembled streamed field, plus its strings if it is JSON (tool arguments)."""
     out.append(TextUnit(path, text, "folded"))
     if _looks_like_json(text) and limits.embedded_json_depth > 0:
@@ -204,5 +203,3 @@ def stream_flag(doc: dict[str, Any]) -> bool:
     if type(value) is not bool:
         raise JsonError(rc.UNSUPPORTED_CARRIER)
     return value
-
-

@@ -57,9 +57,7 @@ def _refuse_constant(name: str) -> Any:
     raise JsonError(rc.JSON_INVALID)  # NaN, Infinity, -Infinity are not JSON
 
 
-_DECODER = json.JSONDecoder(
-    object_pairs_hook=_pairs_hook, parse_float=JsonFloat, parse_constant=_refuse_constant
-)
+_DECODER = json.JSONDecoder(object_pairs_hook=_pairs_hook, parse_float=JsonFloat, parse_constant=_refuse_constant)
 # A \uD800-\uDFFF escape in the raw text: only then can a lone surrogate appear after decoding.
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 _SURROGATE_ESCAPE_TEXT = re.compile(r"\\u[dD][89a-fA-F]")
@@ -121,9 +119,7 @@ def decode_texts(text: str, max_depth: int) -> tuple[Any, list[str], bool]:
     return doc, texts, dups
 
 
-def decode_units(
-    raw: bytes | str, base: Path, max_depth: int
-) -> tuple[Any, list[TextUnit], list[Path]]:
+def decode_units(raw: bytes | str, base: Path, max_depth: int) -> tuple[Any, list[TextUnit], list[Path]]:
     """Decode a complete document (wire bytes: strict UTF-8; no lone surrogates) and
     collect its units; duplicate keys keep every value and are reported by path."""
     if isinstance(raw, str):
@@ -185,7 +181,6 @@ class TextUnit(NamedTuple):
         return pointer(self.path)
 
 
-
 def walk(doc: Any, base: Path = ()) -> Iterator[tuple[Path, str, str]]:
     """Yield (path, text, kind) for every string value, object key and number lexical form
     anywhere in `doc`, including values shadowed by duplicate keys. For a key, `path` is the
@@ -205,15 +200,11 @@ def walk(doc: Any, base: Path = ()) -> Iterator[tuple[Path, str, str]]:
                     stack.append(((*path, key), value))
         elif cls is list:
             stack.extend(((*path, i), v) for i, v in enumerate(node))
-        elif cls is JsonFloat:
-            yield path, str(node), KIND_NUMBER
-        elif cls is int:
+        elif cls is JsonFloat or cls is int:
             yield path, str(node), KIND_NUMBER
 
 
-def collect(
-    doc: Any, base: Path, max_depth: int, *, embedded: bool = False
-) -> tuple[list[TextUnit], list[Path], int]:
+def collect(doc: Any, base: Path, max_depth: int, *, embedded: bool = False) -> tuple[list[TextUnit], list[Path], int]:
     """One pass over `doc`: a unit for everything `walk` yields, the paths of objects
     with duplicate keys, the number of keys held, and the depth limit (JsonError(too_deep)).
 

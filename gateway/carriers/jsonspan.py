@@ -48,35 +48,35 @@ def locate(text: str, path: Sequence[str | int]) -> tuple[int, int]:
 
 
 def _member(text: str, at: int, key: str) -> int:
-    if text[at:at + 1] != "{":
+    if text[at : at + 1] != "{":
         raise SpanError("not an object")
     at = _ws(text, at + 1)
-    while text[at:at + 1] == '"':
+    while text[at : at + 1] == '"':
         name, at = scanstring(text, at + 1)
         at = _ws(text, at)
-        if text[at:at + 1] != ":":
+        if text[at : at + 1] != ":":
             raise SpanError("malformed object")
         at = _ws(text, at + 1)
         if name == key:
             return at
         at = _ws(text, _value_end(text, at))
-        if text[at:at + 1] == ",":
+        if text[at : at + 1] == ",":
             at = _ws(text, at + 1)
     raise SpanError("no such member")
 
 
 def _element(text: str, at: int, index: int) -> int:
-    if text[at:at + 1] != "[":
+    if text[at : at + 1] != "[":
         raise SpanError("not an array")
     at = _ws(text, at + 1)
     for _ in range(index):
-        if text[at:at + 1] == "]":
+        if text[at : at + 1] == "]":
             raise SpanError("no such element")
         at = _ws(text, _value_end(text, at))
-        if text[at:at + 1] != ",":
+        if text[at : at + 1] != ",":
             raise SpanError("no such element")
         at = _ws(text, at + 1)
-    if text[at:at + 1] == "]":
+    if text[at : at + 1] == "]":
         raise SpanError("no such element")
     return at
 
@@ -89,7 +89,7 @@ def add_member(text: str, span: tuple[int, int], member: str) -> Edit:
     start, end = span
     if text[start] != "{" or text[end - 1] != "}":
         raise SpanError("not an object")
-    empty = not text[start + 1:end - 1].strip()
+    empty = not text[start + 1 : end - 1].strip()
     return end - 1, end - 1, (member if empty else "," + member)
 
 

@@ -108,14 +108,19 @@ class OpenAIChat:
         )
 
     def stream_error_event(self, code: str, reason_codes: Sequence[str], message: str) -> bytes:
-        body = {"error": {"message": message, "type": "permission_error", "param": None,
-                          "code": code, "reason_codes": list(reason_codes)}}
+        body = {
+            "error": {
+                "message": message,
+                "type": "permission_error",
+                "param": None,
+                "code": code,
+                "reason_codes": list(reason_codes),
+            }
+        }
         return b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"
 
 
-def _fold_choice(
-    choice: Any, texts: dict[tuple[int, str], list[str]], args: dict[tuple[int, int], list[str]]
-) -> None:
+def _fold_choice(choice: Any, texts: dict[tuple[int, str], list[str]], args: dict[tuple[int, int], list[str]]) -> None:
     ci = common.get_int(choice, "index") or 0
     delta = choice.get("delta") if isinstance(choice, dict) else None
     if not isinstance(delta, dict):
@@ -128,8 +133,6 @@ def _fold_choice(
         ti = common.get_int(call, "index") or 0
         if not isinstance(call, dict):
             continue
-        piece = common.get_str(call.get("function"), "arguments") or common.get_str(
-            call.get("custom"), "input"
-        )
+        piece = common.get_str(call.get("function"), "arguments") or common.get_str(call.get("custom"), "input")
         if piece:
             args.setdefault((ci, ti), []).append(piece)

@@ -42,9 +42,7 @@ class OpenAIEmbeddings:
             for i, item in enumerate(inputs):
                 if type(item) is str:
                     units.append(TextUnit(("input", i), item, "string"))
-                elif type(item) is int or (
-                    isinstance(item, list) and all(type(t) is int for t in item)
-                ):
+                elif type(item) is int or (isinstance(item, list) and all(type(t) is int for t in item)):
                     opaque.append("/input" if type(item) is int else f"/input/{i}")
                 else:
                     raise JsonError(rc.UNSUPPORTED_CARRIER)

@@ -111,10 +111,14 @@ class OpenAIResponses:
 
     def stream_error_event(self, code: str, reason_codes: Sequence[str], message: str) -> bytes:
         # `error` mapping included so the SDK raises APIError on this event.
-        body = {"type": "error", "code": code, "message": message, "param": None,
-                "reason_codes": list(reason_codes),
-                "error": {"message": message, "type": "permission_error", "code": code,
-                          "reason_codes": list(reason_codes)}}
+        body = {
+            "type": "error",
+            "code": code,
+            "message": message,
+            "param": None,
+            "reason_codes": list(reason_codes),
+            "error": {"message": message, "type": "permission_error", "code": code, "reason_codes": list(reason_codes)},
+        }
         return b"event: error\ndata: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"
 
 

@@ -96,9 +96,8 @@ class SSEParser:
             self._data.append(value)
         elif name == "event":
             self._event = value
-        elif name == "id":
-            if "\x00" not in value:
-                self._id = value
+        elif name == "id" and "\x00" not in value:
+            self._id = value
         # `retry` and unknown fields are ignored, as the standard says.
 
 

@@ -76,6 +76,7 @@ def read_config(path: Path) -> GatewayConfig:
 
 # --- secrets -------------------------------------------------------------------------
 
+
 def read_reference(ref: str, base: Path, what: str) -> str:
     """Resolve `env:NAME` or `file:PATH` to its value. Errors name the reference only."""
     if ref.startswith("env:"):
@@ -116,6 +117,7 @@ def read_secret_values(sources: tuple[str, ...], base: Path, min_length: int) ->
 
 
 # --- profiles ------------------------------------------------------------------------
+
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     obj = dict(pairs)
@@ -182,7 +184,9 @@ def load_profile(path: Path, trusted: dict[str, signing.TrustedKey], now: dateti
     return LoadedProfile(profile, path.name, digest, credential, error)
 
 
-def load_profiles(directory: Path, trusted: dict[str, signing.TrustedKey], now: datetime, base: Path) -> dict[str, LoadedProfile]:
+def load_profiles(
+    directory: Path, trusted: dict[str, signing.TrustedKey], now: datetime, base: Path
+) -> dict[str, LoadedProfile]:
     if not directory.is_dir():
         raise ConfigError(f"{directory}: profiles directory not found")
     if not trusted:
@@ -201,6 +205,7 @@ def load_profiles(directory: Path, trusted: dict[str, signing.TrustedKey], now: 
 
 
 # --- principals and policy -------------------------------------------------------------
+
 
 def load_principals(path: Path, profiles: dict[str, LoadedProfile]) -> tuple[tuple[bytes, Principal], ...]:
     file = _model(PrincipalsFile, _read_toml(path), str(path))
@@ -244,8 +249,10 @@ def _format_set(file: PolicyFile, path: Path, base: Path) -> FormatSet:
             raise ConfigError(f"{path}: custom rules {custom_path} cannot be read ({exc.strerror})") from None
     try:
         return build_format_set(
-            use_catalogue=file.formats.catalogue, disable=file.formats.disable,
-            advisory=file.formats.advisory, custom=custom,
+            use_catalogue=file.formats.catalogue,
+            disable=file.formats.disable,
+            advisory=file.formats.advisory,
+            custom=custom,
             detector_modes=file.detectors.model_dump(),
         )
     except FormatConfigError as exc:
@@ -253,7 +260,10 @@ def _format_set(file: PolicyFile, path: Path, base: Path) -> FormatSet:
 
 
 def load_policy(
-    path: Path, base: Path, profiles: dict[str, LoadedProfile], max_matches: int,
+    path: Path,
+    base: Path,
+    profiles: dict[str, LoadedProfile],
+    max_matches: int,
 ) -> Policy:
     file = _model(PolicyFile, _read_toml(path), str(path))
     for pid in [*file.profile_modes, *file.allow_opaque_profiles]:
@@ -263,8 +273,11 @@ def load_policy(
     formats = _format_set(file, path, base)
     try:
         engine = build_engine(
-            secret_values=values, formats=formats, policy_version=file.version,
-            engine=file.engine, max_matches=max_matches,
+            secret_values=values,
+            formats=formats,
+            policy_version=file.version,
+            engine=file.engine,
+            max_matches=max_matches,
         )
     except EngineUnavailable as exc:
         raise ConfigError(f"{path}: {exc}") from None
@@ -293,10 +306,14 @@ def load_runtime(config_path: Path, *, now: datetime | None = None, generation: 
         keyring = load_keyring(resolve(base, config.keyring_file))
     except KeyRingError as exc:
         raise ConfigError(f"binding key ring: {exc}") from None
-    limits = CarrierLimits(
-        max_depth=config.limits.json_depth, embedded_json_depth=config.limits.embedded_json_depth
-    )
+    limits = CarrierLimits(max_depth=config.limits.json_depth, embedded_json_depth=config.limits.embedded_json_depth)
     return Runtime(
-        config=config, base_dir=base, profiles=profiles, principals=principals,
-        policy=policy, carrier_limits=limits, keyring=keyring, generation=generation,
+        config=config,
+        base_dir=base,
+        profiles=profiles,
+        principals=principals,
+        policy=policy,
+        carrier_limits=limits,
+        keyring=keyring,
+        generation=generation,
     )

@@ -37,9 +37,14 @@ class Principal:
     @classmethod
     def from_entry(cls, entry: PrincipalEntry) -> Principal:
         return cls(
-            id=entry.id, type=entry.type, actions=frozenset(entry.actions),
-            profiles=entry.profiles, models=entry.models, scopes=entry.scopes,
-            default_scope=entry.default_scope, may_act_for=entry.may_act_for,
+            id=entry.id,
+            type=entry.type,
+            actions=frozenset(entry.actions),
+            profiles=entry.profiles,
+            models=entry.models,
+            scopes=entry.scopes,
+            default_scope=entry.default_scope,
+            may_act_for=entry.may_act_for,
         )
 
     def may(self, action: str) -> bool:

@@ -97,13 +97,23 @@ def verify(
 
 
 def _verify_one(
-    replay: Replay, doc: Any, ring: KeyRing, audience: str, principal: str,
-    delegate: str | None, scope: str, now: float, dependency_ok: DependencyCheck | None,
+    replay: Replay,
+    doc: Any,
+    ring: KeyRing,
+    audience: str,
+    principal: str,
+    delegate: str | None,
+    scope: str,
+    now: float,
+    dependency_ok: DependencyCheck | None,
 ) -> str | None:
     try:
         claims = bindings.open_binding(ring, replay.binding)
         bindings.check_claims(
-            claims, now=now, kind="reuse", audience=audience,
+            claims,
+            now=now,
+            kind="reuse",
+            audience=audience,
             expect={"sub": principal, "dlg": delegate, "scope": scope},
         )
     except BindingError as exc:

@@ -78,7 +78,7 @@ def _hyperscan(
         import hyperscan  # noqa: F401
     except ImportError as exc:  # pragma: no cover - depends on the platform
         raise EngineUnavailable(
-            "the hyperscan package cannot be imported; install it, or set engine = \"python\" "
+            'the hyperscan package cannot be imported; install it, or set engine = "python" '
             "in the policy to use the documented slow engine"
         ) from exc
 

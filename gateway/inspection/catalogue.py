@@ -144,9 +144,7 @@ def _left(neighbour: str) -> str:
     )
 
 
-_LEFT: Mapping[str, str] = MappingProxyType(
-    {"word": _left(_WORD), "token": _left(_TOKENISH_LEFT_BYTES), "none": ""}
-)
+_LEFT: Mapping[str, str] = MappingProxyType({"word": _left(_WORD), "token": _left(_TOKENISH_LEFT_BYTES), "none": ""})
 _RIGHT: Mapping[str, str] = MappingProxyType(
     {
         "word": r"(?!" + _WORD + r")",
@@ -218,9 +216,7 @@ class FormatMatch:
 def load_catalogue(data: bytes | None = None) -> Catalogue:
     """Parse and validate a catalogue; ``None`` loads the packaged ``catalogue.json``."""
     if data is None:
-        data = (
-            importlib.resources.files("gateway.inspection").joinpath("catalogue.json").read_bytes()
-        )
+        data = importlib.resources.files("gateway.inspection").joinpath("catalogue.json").read_bytes()
     try:
         doc = json.loads(data)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -427,9 +423,7 @@ def _scan_rule(rule: Rule, data: bytes) -> list[FormatMatch]:
     return [FormatMatch(rule.id, start, end) for end, start in best.items()]
 
 
-def reference_scan(
-    catalogue: Catalogue, data: bytes, *, include_advisory: bool = True
-) -> list[FormatMatch]:
+def reference_scan(catalogue: Catalogue, data: bytes, *, include_advisory: bool = True) -> list[FormatMatch]:
     """Slow engine: keyword prefilter, then every rule's confirmation regex over ``data``.
 
     Returns all accepted matches sorted by ``(start, rule_id)`` (then ``end``); overlapping

@@ -58,11 +58,14 @@ def _card(data: bytes) -> bool:
     known = (
         prefix.startswith("4")  # Visa
         or prefix[:2] in ("34", "37")  # Amex
-        or 51 <= int(prefix[:2]) <= 55 or 2221 <= int(prefix[:4]) <= 2720  # Mastercard
+        or 51 <= int(prefix[:2]) <= 55
+        or 2221 <= int(prefix[:4]) <= 2720  # Mastercard
         or prefix.startswith(("6011", "65", "644", "645", "646", "647", "648", "649"))  # Discover
         or 3528 <= int(prefix[:4]) <= 3589  # JCB
         or prefix[:2] in ("36", "38", "39", "30")  # Diners
-        or prefix.startswith(("62", "50", "56", "57", "58", "6304", "6759", "6761", "6762", "6763"))  # UnionPay, Maestro
+        or prefix.startswith(
+            ("62", "50", "56", "57", "58", "6304", "6759", "6761", "6762", "6763")
+        )  # UnionPay, Maestro
     )
     return known and luhn_ok(digits)
 

@@ -72,9 +72,7 @@ class Engine:
         units = [*subject.units, *subject.extra_units]
         truncated |= self._scan_units(units, findings)
         normalised = [
-            TextUnit(u.path, n, u.kind)
-            for u in units
-            if not u.text.isascii() and (n := _normalise(u.text)) != u.text
+            TextUnit(u.path, n, u.kind) for u in units if not u.text.isascii() and (n := _normalise(u.text)) != u.text
         ]
         if normalised:
             truncated |= self._scan_units(normalised, findings)
@@ -96,9 +94,7 @@ class Engine:
             policy_version=self.policy_version,
         )
 
-    def _scan_units(
-        self, units: Sequence[TextUnit], findings: dict[tuple[str, str | None], Finding]
-    ) -> bool:
+    def _scan_units(self, units: Sequence[TextUnit], findings: dict[tuple[str, str | None], Finding]) -> bool:
         if not units:
             return False
         buf = _SEPARATOR.join(u.text for u in units).encode("utf-8", "surrogatepass")
@@ -110,9 +106,7 @@ class Engine:
                 self._add(findings, hit, unit.pointer)
         return result.truncated
 
-    def _add(
-        self, findings: dict[tuple[str, str | None], Finding], hit: Hit, pointer: str | None
-    ) -> None:
+    def _add(self, findings: dict[tuple[str, str | None], Finding], hit: Hit, pointer: str | None) -> None:
         if hit.kind == LITERAL:
             finding = Finding(rc.SECRET_VALUE, pointer)
         else:

@@ -48,8 +48,10 @@ class FormatSet:
 
     def full_scan(self, data: bytes) -> list[tuple[int, int, int]]:
         ids = {r.id: i for i, r in enumerate(self.rules)}
-        out = [(ids[m.rule_id], m.start, m.end)
-               for m in catalogue.reference_scan(Catalogue(self.version, self.rules), data)]
+        out = [
+            (ids[m.rule_id], m.start, m.end)
+            for m in catalogue.reference_scan(Catalogue(self.version, self.rules), data)
+        ]
         for j, (detector, _) in enumerate(self.detectors):
             out.extend((len(self.rules) + j, s, e) for s, e in detectors.full_scan(detector, data))
         return out
@@ -78,11 +80,7 @@ def build_format_set(
     for rule_id in [*disable, *advisory]:
         if rule_id not in known:
             raise FormatConfigError(f"unknown format rule id {rule_id!r}")
-    rules = [
-        dataclasses.replace(r, advisory=True) if r.id in advisory else r
-        for r in rules
-        if r.id not in disable
-    ]
+    rules = [dataclasses.replace(r, advisory=True) if r.id in advisory else r for r in rules if r.id not in disable]
     chosen: list[tuple[Detector, bool]] = []
     for kind, mode in detector_modes.items():
         if kind not in detectors.DETECTORS:

@@ -23,9 +23,7 @@ def validate(values: list[str], *, min_length: int) -> tuple[str, ...]:
     seen: dict[str, None] = {}
     for i, value in enumerate(values):
         if len(value) < min_length:
-            raise LiteralError(
-                f"secret value #{i + 1} is shorter than secret_values.min_length={min_length}"
-            )
+            raise LiteralError(f"secret value #{i + 1} is shorter than secret_values.min_length={min_length}")
         if "\x00" in value:
             raise LiteralError(f"secret value #{i + 1} contains a NUL character")
         seen.setdefault(value, None)

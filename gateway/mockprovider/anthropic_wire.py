@@ -98,9 +98,7 @@ def _tool_input(arguments: str, name: str) -> dict[str, Any]:
     return value
 
 
-def message(
-    request: Mapping[str, Any], gen: Generation, cache: CacheUsage = NO_CACHE
-) -> dict[str, Any]:
+def message(request: Mapping[str, Any], gen: Generation, cache: CacheUsage = NO_CACHE) -> dict[str, Any]:
     content: list[dict[str, Any]] = []
     if _has_text_block(gen):
         content.append({"type": "text", "text": gen.text})
@@ -154,9 +152,7 @@ def _delta_usage(usage: Mapping[str, Any], gen: Generation) -> dict[str, Any]:
     return {name: usage[name] for name in fields}
 
 
-def stream_events(
-    request: Mapping[str, Any], gen: Generation, cache: CacheUsage = NO_CACHE
-) -> list[bytes]:
+def stream_events(request: Mapping[str, Any], gen: Generation, cache: CacheUsage = NO_CACHE) -> list[bytes]:
     usage = _usage(request, gen, cache)
     log = _EventLog()
     log.emit(
@@ -191,9 +187,7 @@ def stream_events(
     return log.events
 
 
-def messages_reply(
-    request: Mapping[str, Any], gen: Generation, *, stream: bool, cache: CacheUsage = NO_CACHE
-) -> Reply:
+def messages_reply(request: Mapping[str, Any], gen: Generation, *, stream: bool, cache: CacheUsage = NO_CACHE) -> Reply:
     if stream:
         return sse_reply(stream_events(request, gen, cache))
     return json_reply(message(request, gen, cache))

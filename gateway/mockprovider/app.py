@@ -54,9 +54,7 @@ STATE_KEY: web.AppKey[MockState] = web.AppKey("mockprovider_state", MockState)
 INFLIGHT_KEY: web.AppKey[set[asyncio.Task[Any]]] = web.AppKey("mockprovider_inflight", set)
 
 MAX_REQUEST_BYTES = 64 * 1024 * 1024
-_REQUEST_ID_HEADER: Mapping[Dialect, str] = MappingProxyType(
-    {"openai": "x-request-id", "anthropic": "request-id"}
-)
+_REQUEST_ID_HEADER: Mapping[Dialect, str] = MappingProxyType({"openai": "x-request-id", "anthropic": "request-id"})
 
 
 @dataclass(frozen=True)
@@ -92,9 +90,7 @@ def _answer_responses(request_json: Mapping[str, Any], step: Step, caller: Calle
     gen = plan_generation("openai_responses", request_json, step)
     query = openai_cache_query("openai_responses", request_json, caller.workspace)
     cache = caller.state.openai_cache(query)
-    return openai_wire.responses_reply(
-        request_json, gen, stream=_is_stream(request_json), cache=cache
-    )
+    return openai_wire.responses_reply(request_json, gen, stream=_is_stream(request_json), cache=cache)
 
 
 def _answer_embeddings(request_json: Mapping[str, Any], step: Step, caller: Caller) -> Reply:
@@ -113,9 +109,7 @@ def _answer_messages(request_json: Mapping[str, Any], step: Step, caller: Caller
     except BreakpointError as error:
         raise WireError(400, str(error)) from error
     cache = caller.state.anthropic_cache(query)
-    return anthropic_wire.messages_reply(
-        request_json, gen, stream=_is_stream(request_json), cache=cache
-    )
+    return anthropic_wire.messages_reply(request_json, gen, stream=_is_stream(request_json), cache=cache)
 
 
 def _answer_unknown_route(request_json: Mapping[str, Any], step: Step, caller: Caller) -> Reply:
@@ -170,9 +164,7 @@ def _authorized(dialect: Dialect, headers: Mapping[str, str], api_key: str | Non
     if api_key is None:
         return True
     expected = api_key.encode()
-    return any(
-        hmac.compare_digest(key.encode(), expected) for key in _presented_keys(dialect, headers)
-    )
+    return any(hmac.compare_digest(key.encode(), expected) for key in _presented_keys(dialect, headers))
 
 
 def _lowercase_headers(request: web.Request) -> dict[str, str]:
@@ -233,9 +225,7 @@ def _generated_reply(state: MockState, incoming: _Incoming, step: Step) -> Reply
     request_json: Mapping[str, Any] = {}
     if incoming.endpoint.needs_json:
         if not isinstance(incoming.parsed, dict):
-            return _error_reply(
-                dialect, 400, "The request body must be a JSON object.", incoming.request_id
-            )
+            return _error_reply(dialect, 400, "The request body must be a JSON object.", incoming.request_id)
         request_json = incoming.parsed
     try:
         caller = Caller(state, _workspace(dialect, incoming.headers))
@@ -283,9 +273,7 @@ class _RecordProgress:
         self._state.update_record(self._seq, last_write_at=time.monotonic())
 
 
-async def _answer_recorded(
-    request: web.Request, state: MockState, seq: int, incoming: _Incoming
-) -> web.StreamResponse:
+async def _answer_recorded(request: web.Request, state: MockState, seq: int, incoming: _Incoming) -> web.StreamResponse:
     try:
         reply, step = _decide(state, incoming)
         delivered = await deliver(request, reply, step, _RecordProgress(state, seq))
@@ -317,9 +305,7 @@ async def handle_v1(request: web.Request) -> web.StreamResponse:
             parsed=parsed,
             scenario=scenario,
         )
-        incoming = _Incoming(
-            _endpoint_for(request), headers, body, parsed, scenario, _request_id(body)
-        )
+        incoming = _Incoming(_endpoint_for(request), headers, body, parsed, scenario, _request_id(body))
         return await _answer_recorded(request, state, seq, incoming)
     finally:
         if task is not None:

@@ -145,15 +145,13 @@ def resolve_breakpoints(
         existing = by_position.get(last)
         if existing is not None and existing.ttl != automatic:
             raise BreakpointError(
-                "the top-level cache_control TTL differs from the cache_control TTL "
-                "already on the last block"
+                "the top-level cache_control TTL differs from the cache_control TTL already on the last block"
             )
         by_position[last] = Breakpoint(last, automatic)
     breakpoints = tuple(sorted(by_position.values(), key=lambda bp: bp.position))
     if len(breakpoints) > MAX_BREAKPOINTS:
         raise BreakpointError(
-            f"A maximum of {MAX_BREAKPOINTS} blocks with cache_control may be provided. "
-            f"Found {len(breakpoints)}."
+            f"A maximum of {MAX_BREAKPOINTS} blocks with cache_control may be provided. Found {len(breakpoints)}."
         )
     seen_5m = False
     for bp in breakpoints:
@@ -179,27 +177,18 @@ def lookback_window(position: int, lookback: int = LOOKBACK_BLOCKS) -> range:
     return range(position, max(-1, position - lookback), -1)
 
 
-def lookback_positions(
-    breakpoints: Iterable[Breakpoint], lookback: int = LOOKBACK_BLOCKS
-) -> frozenset[int]:
+def lookback_positions(breakpoints: Iterable[Breakpoint], lookback: int = LOOKBACK_BLOCKS) -> frozenset[int]:
     """Every position some breakpoint's lookback reaches (what a caller must probe)."""
     return frozenset(pos for bp in breakpoints for pos in lookback_window(bp.position, lookback))
 
 
-def read_position(
-    breakpoints: Iterable[Breakpoint], live: Set[int], lookback: int = LOOKBACK_BLOCKS
-) -> int | None:
+def read_position(breakpoints: Iterable[Breakpoint], live: Set[int], lookback: int = LOOKBACK_BLOCKS) -> int | None:
     """The furthest position any breakpoint's lookback finds in `live` (None = miss)."""
-    hits = (
-        next((pos for pos in lookback_window(bp.position, lookback) if pos in live), None)
-        for bp in breakpoints
-    )
+    hits = (next((pos for pos in lookback_window(bp.position, lookback) if pos in live), None) for bp in breakpoints)
     return max((hit for hit in hits if hit is not None), default=None)
 
 
-def bill_anthropic(
-    prefix_tokens: Sequence[int], read_at: int | None, writes: Sequence[Breakpoint]
-) -> CacheUsage:
+def bill_anthropic(prefix_tokens: Sequence[int], read_at: int | None, writes: Sequence[Breakpoint]) -> CacheUsage:
     """Mixed-TTL billing with A = `read_at`, B = last 1 h write, C = last write.
 
     `writes` must be in prompt order and all after A.

@@ -62,11 +62,7 @@ TEXT_KEYS = frozenset(
 def strip_cache_markers(value: Any) -> Any:
     """`value` with every `CACHE_MARKER_KEYS` member removed, at any depth."""
     if isinstance(value, dict):
-        return {
-            key: strip_cache_markers(item)
-            for key, item in value.items()
-            if key not in CACHE_MARKER_KEYS
-        }
+        return {key: strip_cache_markers(item) for key, item in value.items() if key not in CACHE_MARKER_KEYS}
     if isinstance(value, list):
         return [strip_cache_markers(item) for item in value]
     return value
@@ -117,9 +113,7 @@ def _expand_shorthands(api: Api, content: dict[str, Any]) -> dict[str, Any]:
 def canonical_content(api: Api, request: Mapping[str, Any]) -> dict[str, Any]:
     """The content fields of `request`, cache markers stripped and shorthands expanded."""
     content = {
-        name: strip_cache_markers(request[name])
-        for name in CONTENT_FIELDS[api]
-        if request.get(name) is not None
+        name: strip_cache_markers(request[name]) for name in CONTENT_FIELDS[api] if request.get(name) is not None
     }
     return _expand_shorthands(api, content)
 
@@ -206,9 +200,7 @@ def plan_generation(api: Api, request: Mapping[str, Any], step: Step) -> Generat
         PlannedToolCall(
             name=call.name,
             arguments=call.arguments,
-            pieces=call.chunks
-            if call.chunks is not None
-            else split_text(call.arguments, step.chunk_size),
+            pieces=call.chunks if call.chunks is not None else split_text(call.arguments, step.chunk_size),
         )
         for call in step.tool_calls
     )

@@ -83,9 +83,7 @@ def _chat_base(gen: Generation, obj: str) -> dict[str, Any]:
     }
 
 
-def chat_completion(
-    request: Mapping[str, Any], gen: Generation, cache: CacheUsage = NO_CACHE
-) -> dict[str, Any]:
+def chat_completion(request: Mapping[str, Any], gen: Generation, cache: CacheUsage = NO_CACHE) -> dict[str, Any]:
     message: dict[str, Any] = {
         "role": "assistant",
         "content": _chat_content(gen),
@@ -128,16 +126,11 @@ def _chat_deltas(gen: Generation) -> list[dict[str, Any]]:
             "function": {"name": call.name, "arguments": ""},
         }
         deltas.append({"tool_calls": [head]})
-        deltas.extend(
-            {"tool_calls": [{"index": index, "function": {"arguments": piece}}]}
-            for piece in call.pieces
-        )
+        deltas.extend({"tool_calls": [{"index": index, "function": {"arguments": piece}}]} for piece in call.pieces)
     return deltas
 
 
-def chat_chunks(
-    request: Mapping[str, Any], gen: Generation, cache: CacheUsage = NO_CACHE
-) -> list[bytes]:
+def chat_chunks(request: Mapping[str, Any], gen: Generation, cache: CacheUsage = NO_CACHE) -> list[bytes]:
     stream_options = request.get("stream_options")
     include_usage = isinstance(stream_options, dict) and stream_options.get("include_usage") is True
     base = _chat_base(gen, "chat.completion.chunk")
@@ -159,9 +152,7 @@ def chat_chunks(
     return events
 
 
-def chat_reply(
-    request: Mapping[str, Any], gen: Generation, *, stream: bool, cache: CacheUsage = NO_CACHE
-) -> Reply:
+def chat_reply(request: Mapping[str, Any], gen: Generation, *, stream: bool, cache: CacheUsage = NO_CACHE) -> Reply:
     if stream:
         return sse_reply(chat_chunks(request, gen, cache))
     return json_reply(chat_completion(request, gen, cache))
@@ -175,12 +166,9 @@ class _ResponseIds:
         self.response = derive_id("resp_", gen.digest, "response", 32)
         self.message = derive_id("msg_", gen.digest, "response-message", 32)
         self.function_items = [
-            derive_id("fc_", gen.digest, f"response-function-{i}", 32)
-            for i in range(len(gen.tool_calls))
+            derive_id("fc_", gen.digest, f"response-function-{i}", 32) for i in range(len(gen.tool_calls))
         ]
-        self.call_ids = [
-            derive_id("call_", gen.digest, f"response-call-{i}") for i in range(len(gen.tool_calls))
-        ]
+        self.call_ids = [derive_id("call_", gen.digest, f"response-call-{i}") for i in range(len(gen.tool_calls))]
 
 
 def _has_message_item(gen: Generation) -> bool:
@@ -304,9 +292,7 @@ def _emit_function_item(
     )
 
 
-def responses_events(
-    request: Mapping[str, Any], gen: Generation, cache: CacheUsage = NO_CACHE
-) -> list[bytes]:
+def responses_events(request: Mapping[str, Any], gen: Generation, cache: CacheUsage = NO_CACHE) -> list[bytes]:
     ids = _ResponseIds(gen)
     log = _ResponsesEventLog()
     in_progress = _response_object(request, gen, ids, completed=False)
@@ -328,9 +314,7 @@ def responses_reply(
 ) -> Reply:
     if stream:
         return sse_reply(responses_events(request, gen, cache))
-    return json_reply(
-        _response_object(request, gen, _ResponseIds(gen), completed=True, cache=cache)
-    )
+    return json_reply(_response_object(request, gen, _ResponseIds(gen), completed=True, cache=cache))
 
 
 # -- embeddings ---------------------------------------------------------------
@@ -339,9 +323,7 @@ EmbeddingInput = str | list[int]
 
 
 def _is_token_list(value: object) -> bool:
-    return isinstance(value, list) and all(
-        isinstance(item, int) and not isinstance(item, bool) for item in value
-    )
+    return isinstance(value, list) and all(isinstance(item, int) and not isinstance(item, bool) for item in value)
 
 
 def _embedding_inputs(value: object) -> list[EmbeddingInput]:
@@ -357,8 +339,7 @@ def _embedding_inputs(value: object) -> list[EmbeddingInput]:
             return [list(item) for item in value]
     raise WireError(
         400,
-        "'input' must be a string, a non-empty list of strings, "
-        "a list of token ids or a list of token-id lists",
+        "'input' must be a string, a non-empty list of strings, a list of token ids or a list of token-id lists",
     )
 
 

@@ -120,9 +120,7 @@ def _str_len(value: Any) -> int:
 def _tool_result_chars(content: Any) -> int:
     if isinstance(content, list):
         return sum(
-            _str_len(item.get("text"))
-            for item in content
-            if isinstance(item, dict) and item.get("type") == "text"
+            _str_len(item.get("text")) for item in content if isinstance(item, dict) and item.get("type") == "text"
         )
     return _str_len(content)
 
@@ -192,9 +190,7 @@ def anthropic_cache_query(request: Mapping[str, Any], workspace: str) -> Anthrop
 
 # -- OpenAI ---------------------------------------------------------------------------
 
-_ITEM_FIELD: Mapping[OpenAIApi, str] = MappingProxyType(
-    {"openai_chat": "messages", "openai_responses": "input"}
-)
+_ITEM_FIELD: Mapping[OpenAIApi, str] = MappingProxyType({"openai_chat": "messages", "openai_responses": "input"})
 
 
 def _segment(kind: str, value: Any, chars: int) -> PromptUnit:
@@ -209,9 +205,7 @@ def openai_units(api: OpenAIApi, request: Mapping[str, Any]) -> tuple[PromptUnit
         units.append(_segment("tools", tools, len(canonical_text(tools))))
     instructions = content.get("instructions")  # a content field of Responses only
     if instructions is not None:
-        units.append(
-            _segment("instructions", instructions, text_chars(instructions, "instructions"))
-        )
+        units.append(_segment("instructions", instructions, text_chars(instructions, "instructions")))
     field = _ITEM_FIELD[api]
     items = content.get(field)
     if isinstance(items, list):
@@ -221,9 +215,7 @@ def openai_units(api: OpenAIApi, request: Mapping[str, Any]) -> tuple[PromptUnit
     return tuple(units)
 
 
-def openai_cache_query(
-    api: OpenAIApi, request: Mapping[str, Any], workspace: str
-) -> PromptPrefixes:
+def openai_cache_query(api: OpenAIApi, request: Mapping[str, Any], workspace: str) -> PromptPrefixes:
     """Prefix hashes keyed by (API key, model, ``prompt_cache_key``) and token totals."""
     cache_key = request.get("prompt_cache_key")
     namespace = [

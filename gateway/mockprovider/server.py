@@ -50,16 +50,12 @@ def _remove_stale_socket(path: str) -> None:
             os.unlink(path)
 
 
-async def start_runner(
-    app: web.Application, *, host: str, port: int | None, uds: str | None
-) -> web.AppRunner:
+async def start_runner(app: web.Application, *, host: str, port: int | None, uds: str | None) -> web.AppRunner:
     """Set up `app` and start a TCP site (if `port` is not None) and/or a UDS site."""
     if port is None and uds is None:
         raise ValueError("give a TCP port, a Unix socket path, or both")
     _require_loopback(host)
-    runner = web.AppRunner(
-        app, handler_cancellation=True, access_log=None, shutdown_timeout=_SHUTDOWN_TIMEOUT_S
-    )
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=_SHUTDOWN_TIMEOUT_S)
     await runner.setup()
     try:
         if port is not None:
@@ -190,9 +186,7 @@ class MockProviderServer:
         self._stop_event = asyncio.Event()
         port = None if self._uds is not None else self._requested_port
         try:
-            runner = await start_runner(
-                create_app(self._state), host=self._host, port=port, uds=self._uds
-            )
+            runner = await start_runner(create_app(self._state), host=self._host, port=port, uds=self._uds)
         except BaseException as error:
             self._startup_error = error
             self._ready.set()

@@ -322,9 +322,7 @@ class MockState:
         self._next_seq = 1
         self._api_key = api_key
         self._cache_min_tokens = _non_negative_int(cache_min_tokens, "cache_min_tokens")
-        self._openai_cache_min_tokens = _non_negative_int(
-            openai_cache_min_tokens, "openai_cache_min_tokens"
-        )
+        self._openai_cache_min_tokens = _non_negative_int(openai_cache_min_tokens, "openai_cache_min_tokens")
         self._openai_cache_ttl_s = _positive_seconds(openai_cache_ttl_s, "openai_cache_ttl_s")
         self.clock: Clock = clock
         self._cache = CacheStore()
@@ -400,9 +398,7 @@ class MockState:
                 for position in lookback_positions(query.breakpoints)
                 if self._cache.is_live(hashes[position], now)
             )
-            plan = plan_anthropic(
-                query.prefixes.tokens, query.breakpoints, live, self._cache_min_tokens
-            )
+            plan = plan_anthropic(query.prefixes.tokens, query.breakpoints, live, self._cache_min_tokens)
             if plan.read_position is not None:
                 self._cache.refresh(hashes[plan.read_position], now)
             for write in plan.writes:
@@ -511,10 +507,7 @@ class MockState:
     def records(self) -> list[RequestRecord]:
         """Copies of all records, oldest first (safe to keep while requests continue)."""
         with self._lock:
-            return [
-                dataclasses.replace(record, headers=dict(record.headers))
-                for record in self._records
-            ]
+            return [dataclasses.replace(record, headers=dict(record.headers)) for record in self._records]
 
     def clear(self) -> int:
         """Forget all records (sequence numbers keep increasing); return how many."""

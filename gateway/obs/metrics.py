@@ -16,49 +16,77 @@ class Metrics:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter(
-            "wiregate_requests", "Requests by route and outcome",
-            ["route", "carrier", "profile", "outcome"], registry=r,
+            "wiregate_requests",
+            "Requests by route and outcome",
+            ["route", "carrier", "profile", "outcome"],
+            registry=r,
         )
         self.request_seconds = Histogram(
-            "wiregate_request_seconds", "End-to-end request latency",
-            ["route"], buckets=_LATENCY_BUCKETS, registry=r,
+            "wiregate_request_seconds",
+            "End-to-end request latency",
+            ["route"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
         )
         self.stage_seconds = Histogram(
-            "wiregate_stage_seconds", "Latency of each stage of the wire path",
-            ["stage"], buckets=_LATENCY_BUCKETS, registry=r,
+            "wiregate_stage_seconds",
+            "Latency of each stage of the wire path",
+            ["stage"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
         )
         self.decisions = Counter(
-            "wiregate_decisions", "Check decisions by phase, decision, reason and mode",
-            ["phase", "decision", "reason", "mode"], registry=r,
+            "wiregate_decisions",
+            "Check decisions by phase, decision, reason and mode",
+            ["phase", "decision", "reason", "mode"],
+            registry=r,
         )
         self.advisory_findings = Counter(
-            "wiregate_advisory_findings", "Advisory findings (never block alone) by phase and rule",
-            ["phase", "reason"], registry=r,
+            "wiregate_advisory_findings",
+            "Advisory findings (never block alone) by phase and rule",
+            ["phase", "reason"],
+            registry=r,
         )
         self.check_seconds = Histogram(
-            "wiregate_check_seconds", "Duration of a check", ["phase"],
-            buckets=_LATENCY_BUCKETS, registry=r,
+            "wiregate_check_seconds",
+            "Duration of a check",
+            ["phase"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
         )
         self.upstream_attempts = Counter(
-            "wiregate_upstream_attempts", "Upstream attempts by profile and outcome",
-            ["profile", "outcome"], registry=r,
+            "wiregate_upstream_attempts",
+            "Upstream attempts by profile and outcome",
+            ["profile", "outcome"],
+            registry=r,
         )
         self.buffered_bytes = Gauge(
-            "wiregate_buffered_bytes", "Response bytes currently held for checking", registry=r,
+            "wiregate_buffered_bytes",
+            "Response bytes currently held for checking",
+            registry=r,
         )
         self.buffered_responses = Gauge(
-            "wiregate_buffered_responses", "Responses currently being buffered", registry=r,
+            "wiregate_buffered_responses",
+            "Responses currently being buffered",
+            registry=r,
         )
         self.usage_tokens = Counter(
-            "wiregate_usage_tokens", "Tokens by kind, profile and provenance",
-            ["kind", "profile", "provenance"], registry=r,
+            "wiregate_usage_tokens",
+            "Tokens by kind, profile and provenance",
+            ["kind", "profile", "provenance"],
+            registry=r,
         )
         self.usage_unknown = Counter(
-            "wiregate_usage_unknown", "Attempts whose usage figure of a kind is unknown",
-            ["kind", "profile"], registry=r,
+            "wiregate_usage_unknown",
+            "Attempts whose usage figure of a kind is unknown",
+            ["kind", "profile"],
+            registry=r,
         )
         self.reloads = Counter(
-            "wiregate_config_reloads", "Configuration reloads by outcome", ["outcome"], registry=r,
+            "wiregate_config_reloads",
+            "Configuration reloads by outcome",
+            ["outcome"],
+            registry=r,
         )
 
     def render(self) -> bytes:

@@ -96,6 +96,7 @@ async def handle(request: web.Request, carrier: Carrier) -> web.StreamResponse:
 
 # --- 1 and 3 ---------------------------------------------------------------------------
 
+
 async def read_body(request: web.Request, limits: Limits) -> bytes:
     encoding = request.headers.get("content-encoding", "identity").strip().lower()
     if encoding not in ("identity", "gzip", ""):
@@ -140,9 +141,16 @@ def parse_request(carrier: Carrier, raw: bytes, runtime: Runtime) -> ParsedReque
 
 # --- 4 to 7 ----------------------------------------------------------------------------
 
+
 async def _send_along_chain(
-    request: web.Request, services: Services, runtime: Runtime, carrier: Carrier,
-    parsed: ParsedRequest, raw: bytes, parties: list[Party], deadline: float,
+    request: web.Request,
+    services: Services,
+    runtime: Runtime,
+    carrier: Carrier,
+    parsed: ParsedRequest,
+    raw: bytes,
+    parties: list[Party],
+    deadline: float,
 ) -> tuple[Sent, Target, Party, CheckOutcome]:
     call: Call = request[CALL]
     assert services.upstream is not None
@@ -159,8 +167,14 @@ async def _send_along_chain(
         headers = upstream_headers(loaded.profile, loaded.credential, request.headers)
         bound = checks.relevant_headers(headers, loaded)
         send = checks.before_send(  # 6
-            runtime, party=party, parsed=[planned.parsed], body=body, headers=bound,
-            carrier=carrier.name, target=target, route=request.path,
+            runtime,
+            party=party,
+            parsed=[planned.parsed],
+            body=body,
+            headers=bound,
+            carrier=carrier.name,
+            target=target,
+            route=request.path,
         )
         _note_check(services, call, send, loaded.profile.id)
         if not send.proceed or send.binding is None:
@@ -186,8 +200,13 @@ async def _send_along_chain(
             status = sent.response.status if sent.response is not None else None
             if sent.response is not None:
                 sent.response.close()
-            log.warning("fallback", request_id=call.request_id, profile=loaded.profile.id,
-                        upstream_status=status, reason=sent.failure)
+            log.warning(
+                "fallback",
+                request_id=call.request_id,
+                profile=loaded.profile.id,
+                upstream_status=status,
+                reason=sent.failure,
+            )
             continue
         if sent.response is None:
             failure = sent.failure or rc.UPSTREAM_UNAVAILABLE
@@ -210,7 +229,11 @@ class Planned:
 
 
 def plan(
-    carrier: Carrier, parsed: ParsedRequest, raw: bytes, party: Party, session: str | None,
+    carrier: Carrier,
+    parsed: ParsedRequest,
+    raw: bytes,
+    party: Party,
+    session: str | None,
     limits: CarrierLimits,
 ) -> Planned:
     """Step 4: native cache markers for this profile, and usage for streams that would
@@ -243,9 +266,13 @@ def admit(parsed: ParsedRequest, carrier: Carrier, loaded: LoadedProfile) -> Non
     """Step 5: the request must fit the profile's context window, or it is withheld."""
     profile = loaded.profile
     decision = admission.admit(
-        parsed.units, carrier=carrier.name, doc=parsed.doc,
-        estimator=admission.ESTIMATORS[profile.estimator.name], margin=profile.estimator.safety_margin,
-        context_window=profile.context_window, default_output=profile.max_output_tokens,
+        parsed.units,
+        carrier=carrier.name,
+        doc=parsed.doc,
+        estimator=admission.ESTIMATORS[profile.estimator.name],
+        margin=profile.estimator.safety_margin,
+        context_window=profile.context_window,
+        default_output=profile.max_output_tokens,
     )
     if not decision.admitted:
         raise GatewayError(422, "request_withheld", (rc.WINDOW_EXCEEDED,))
@@ -261,6 +288,7 @@ def _refusal(outcome: CheckOutcome) -> GatewayError:
 
 # --- 8 to 10 ---------------------------------------------------------------------------
 
+
 class _TooLarge(Exception):
     pass
 
@@ -269,8 +297,12 @@ Beat = Callable[[], Awaitable[None]]
 
 
 async def _read_all(
-    response: aiohttp.ClientResponse, limit: int, services: Services,
-    beat: Beat | None, first_beat_s: float, every_s: float,
+    response: aiohttp.ClientResponse,
+    limit: int,
+    services: Services,
+    beat: Beat | None,
+    first_beat_s: float,
+    every_s: float,
 ) -> bytes:
     """The whole body, within `limit` bytes. With `beat`, call it after `first_beat_s` of
     buffering and every `every_s` after that until the body is complete."""
@@ -327,8 +359,15 @@ class _Heartbeats:
 
 
 async def _receive(
-    request: web.Request, services: Services, runtime: Runtime, carrier: Carrier,
-    sent: Sent, target: Target, party: Party, send: CheckOutcome, deadline: float,
+    request: web.Request,
+    services: Services,
+    runtime: Runtime,
+    carrier: Carrier,
+    sent: Sent,
+    target: Target,
+    party: Party,
+    send: CheckOutcome,
+    deadline: float,
 ) -> web.StreamResponse:
     call: Call = request[CALL]
     response = sent.response
@@ -348,9 +387,12 @@ async def _receive(
         try:
             async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
                 body = await _read_all(  # 8
-                    response, limits.response_bytes, services,
+                    response,
+                    limits.response_bytes,
+                    services,
                     heartbeats.beat if heartbeats else None,
-                    streaming.heartbeat_after_s, streaming.heartbeat_every_s,
+                    streaming.heartbeat_after_s,
+                    streaming.heartbeat_every_s,
                 )
         except TimeoutError:
             call.final_outcome = "timeout"
@@ -368,21 +410,29 @@ async def _receive(
             # A provider error we cannot read (an HTML page from a proxy, say): say so, without it.
             raise GatewayError(502, "upstream_error", (rc.UPSTREAM_INVALID_RESPONSE,))
         outcome = checks.before_release(  # 9
-            runtime, party=party, request_binding=send.binding, folded=folded, raw=released,
-            released_headers=passed, route=request.path, ledger=services.ledger,
+            runtime,
+            party=party,
+            request_binding=send.binding,
+            folded=folded,
+            raw=released,
+            released_headers=passed,
+            route=request.path,
+            ledger=services.ledger,
         )
         _note_check(services, call, outcome, target.profile_id)
         if not outcome.proceed:
-            call.final_outcome = "blocked" if outcome.verdict.decision is Decision.BLOCK else (
-                "incomplete" if not folded.complete else "withheld")
+            call.final_outcome = (
+                "blocked"
+                if outcome.verdict.decision is Decision.BLOCK
+                else ("incomplete" if not folded.complete else "withheld")
+            )
             raise _refusal(outcome)
     except GatewayError as err:
         if heartbeats is not None and heartbeats.out is not None:
             # Headers are out: the refusal becomes the protocol's own error event.
             call.outcome = "refused_in_stream"
             call.reason_codes = err.reason_codes
-            return await heartbeats.finish(
-                carrier.stream_error_event(err.code, err.reason_codes, err.public_message))
+            return await heartbeats.finish(carrier.stream_error_event(err.code, err.reason_codes, err.public_message))
         raise
     finally:
         response.close()  # never back to the pool half-read; a no-op once fully read
@@ -419,8 +469,14 @@ def _decode(
 
 
 async def _pass_through(
-    request: web.Request, services: Services, runtime: Runtime, carrier: Carrier,
-    response: aiohttp.ClientResponse, party: Party, send: CheckOutcome, mode: Mode,
+    request: web.Request,
+    services: Services,
+    runtime: Runtime,
+    carrier: Carrier,
+    response: aiohttp.ClientResponse,
+    party: Party,
+    send: CheckOutcome,
+    mode: Mode,
 ) -> web.StreamResponse:
     """Observe/off: stream the response through unchanged; check a bounded copy after."""
     call: Call = request[CALL]
@@ -450,8 +506,15 @@ async def _pass_through(
         if broken or size > limit:
             folded = dataclasses.replace(folded, complete=False, incomplete_reason=rc.RESPONSE_INCOMPLETE)
         outcome = checks.before_release(
-            runtime, party=party, request_binding=send.binding, folded=folded, raw=released,
-            released_headers=passed, route=request.path, ledger=services.ledger, mode=Mode.OBSERVE,
+            runtime,
+            party=party,
+            request_binding=send.binding,
+            folded=folded,
+            raw=released,
+            released_headers=passed,
+            route=request.path,
+            ledger=services.ledger,
+            mode=Mode.OBSERVE,
         )
         _note_check(services, call, outcome, party.profile.profile.id)
     if broken:
@@ -465,20 +528,24 @@ async def _pass_through(
 
 # --- bookkeeping -----------------------------------------------------------------------
 
+
 def _note_check(services: Services, call: Call, outcome: CheckOutcome, profile: str) -> None:
     call.checks.append(outcome)
     verdict = outcome.verdict
     services.metrics.check_seconds.labels(outcome.phase.value).observe(outcome.seconds)
     for reason in verdict.reason_codes or ("none",):
-        services.metrics.decisions.labels(
-            outcome.phase.value, verdict.decision.value, reason, outcome.mode.value
-        ).inc()
+        services.metrics.decisions.labels(outcome.phase.value, verdict.decision.value, reason, outcome.mode.value).inc()
     if not verdict.allowed or outcome.mode is not Mode.ENFORCE:
         log.info(
-            "decision", request_id=call.request_id, phase=outcome.phase.value,
-            decision=verdict.decision.value, mode=outcome.mode.value,
-            reason_codes=verdict.reason_codes, locations=verdict.locations()[:16],
-            profile=profile, policy_version=verdict.policy_version,
+            "decision",
+            request_id=call.request_id,
+            phase=outcome.phase.value,
+            decision=verdict.decision.value,
+            mode=outcome.mode.value,
+            reason_codes=verdict.reason_codes,
+            locations=verdict.locations()[:16],
+            profile=profile,
+            policy_version=verdict.policy_version,
             observed=outcome.observed_only,
         )
     if not verdict.allowed:
@@ -487,8 +554,13 @@ def _note_check(services: Services, call: Call, outcome: CheckOutcome, profile: 
     if advisory:
         for reason in advisory:
             services.metrics.advisory_findings.labels(outcome.phase.value, reason).inc()
-        log.info("advisory_findings", request_id=call.request_id, phase=outcome.phase.value,
-                 reason_codes=advisory, profile=profile)
+        log.info(
+            "advisory_findings",
+            request_id=call.request_id,
+            phase=outcome.phase.value,
+            reason_codes=advisory,
+            profile=profile,
+        )
 
 
 def _output_estimate(folded: FoldedResponse, party: Party) -> int:
@@ -512,12 +584,20 @@ def _record_usage(services: Services, call: Call) -> None:
             if final and loaded is not None and loaded.profile.estimator.fill_missing:
                 est = admission.ESTIMATORS[loaded.profile.estimator.name]
                 counts, estimator_label = usage.with_estimates(
-                    counts, input_estimate=call.input_estimate, output_estimate=call.output_estimate,
-                    estimator=est.label)
+                    counts,
+                    input_estimate=call.input_estimate,
+                    output_estimate=call.output_estimate,
+                    estimator=est.label,
+                )
             record = usage.UsageRecord(
-                request_id=call.request_id, attempt=index, profile=attempt.profile_id,
-                carrier=call.carrier or "", outcome=outcome or "unknown", status=attempt.status,
-                counts=counts, estimator=estimator_label,
+                request_id=call.request_id,
+                attempt=index,
+                profile=attempt.profile_id,
+                carrier=call.carrier or "",
+                outcome=outcome or "unknown",
+                status=attempt.status,
+                counts=counts,
+                estimator=estimator_label,
             )
             services.usage.add(record)
             for kind, count in counts.items():

@@ -18,8 +18,16 @@ from gateway.carriers.sse import SSEEvent
 from gateway.errors import Dialect, GatewayError, render_body, response_headers
 
 _PASS_HEADERS = frozenset(
-    {"x-request-id", "request-id", "retry-after", "retry-after-ms", "x-should-retry",
-     "openai-processing-ms", "openai-version", "anthropic-organization-id"}
+    {
+        "x-request-id",
+        "request-id",
+        "retry-after",
+        "retry-after-ms",
+        "x-should-retry",
+        "openai-processing-ms",
+        "openai-version",
+        "anthropic-organization-id",
+    }
 )
 _PASS_PREFIXES = ("x-ratelimit-", "anthropic-ratelimit-")
 

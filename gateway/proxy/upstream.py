@@ -88,7 +88,10 @@ def upstream_headers(
 
 
 def retry_delay(
-    headers: Mapping[str, str], attempt: int, initial_ms: int, max_ms: int,
+    headers: Mapping[str, str],
+    attempt: int,
+    initial_ms: int,
+    max_ms: int,
     jitter: Callable[[], float] = random.random,
 ) -> float:
     """Seconds to wait before the next attempt: the provider's hint when it gives one,
@@ -151,7 +154,10 @@ class Upstream:
             last = attempt == policy.attempts
             try:
                 response = await self.session.post(
-                    target.url, data=body, headers=dict(headers), allow_redirects=False,
+                    target.url,
+                    data=body,
+                    headers=dict(headers),
+                    allow_redirects=False,
                     timeout=timeout,
                 )
             except (aiohttp.ClientError, OSError, TimeoutError) as exc:
