@@ -215,3 +215,28 @@ def test_fallback_is_replanned_for_its_profile(gw: tuple[Env, GatewayThread], mo
     assert [s["system"][0]["cache_control"] for s in sent] == [{"type": "ephemeral"}] * 3 + [{"type": "ephemeral", "ttl": "1h"}]
     records = _records(env, gateway, r.headers["x-powercontext-request-id"])
     assert [x["profile"] for x in records] == ["mock-anthropic"] * 3 + ["anthropic-backup"]
+
+
+def test_client_markers_are_forwarded_exactly(gw: tuple[Env, GatewayThread], mock: MockProviderServer) -> None:
+    """Four client markers: the upstream body is byte-for-byte what the client sent. Two:
+    wiregate adds at most two more, and never touches the client's."""
+    env, gateway = gw
+    marker = {"type": "ephemeral"}
+    blocks = [{"type": "text", "text": SYSTEM[:2000] + str(i), "cache_control": marker} for i in range(4)]
+    body = {"model": "claude-test-model", "max_tokens": 20, "system": blocks,
+            "messages": [{"role": "user", "content": "hi"}]}
+    raw = json.dumps(body, indent=2).encode()  # the client's own formatting
+    r = raw_client(gateway, env).post("/v1/messages", content=raw,
+                                      headers={"authorization": f"Bearer {env.gateway_key}", "content-type": "application/json"})
+    assert r.status_code == 200
+    assert mock.state.records()[-1].body == raw
+    two = {**body, "system": blocks[:2] + [{"type": "text", "text": SYSTEM}],
+           "messages": [{"role": "user", "content": "first " * 50}, {"role": "assistant", "content": "ok"},
+                        {"role": "user", "content": "second"}]}
+    r = _post(env, gateway, "/v1/messages", two)
+    assert r.status_code == 200
+    sent = mock.state.records()[-1].json
+    count = sum(1 for b in sent["system"] if "cache_control" in b) + sum(
+        1 for m in sent["messages"] if isinstance(m["content"], list) for b in m["content"] if "cache_control" in b)
+    assert count == 4
+    assert sent["system"][0]["cache_control"] == marker and sent["system"][1]["cache_control"] == marker
