@@ -246,3 +246,11 @@ def test_observe_mode_passes_and_records(observe_gw: tuple[Env, GatewayThread], 
     # before_send stays enforced in this policy
     with pytest.raises(openai.PermissionDeniedError):
         openai_client(gateway, env).chat.completions.create(model="gpt-4.1", messages=[{"role": "user", "content": SECRET}])
+
+
+def test_a_secret_in_the_model_field_is_not_logged(gw: tuple[Env, GatewayThread], captured_logs: Any) -> None:
+    env, gateway = gw
+    r = raw_client(gateway, env).post("/v1/chat/completions", headers={"authorization": f"Bearer {env.gateway_key}"},
+                                      json={"model": f"gpt-{SECRET}", "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code in (403, 422)
+    assert SECRET not in captured_logs.text()

@@ -72,7 +72,7 @@ async def handle(request: web.Request, carrier: Carrier) -> web.StreamResponse:
     call.bytes_in = len(raw)
 
     parsed = parse_request(carrier, raw, runtime)  # 3
-    call.model, call.stream = parsed.model, parsed.stream
+    call.stream = parsed.stream  # the model name is logged only once a check has passed it
 
     now = datetime.now(UTC)  # 2: the profile chain
     short = _SHORT_OF[carrier.name]
@@ -179,6 +179,8 @@ async def _send_along_chain(
         _note_check(services, call, send, loaded.profile.id)
         if not send.proceed or send.binding is None:
             raise _refusal(send)
+        if send.verdict.allowed:
+            call.model = parsed.model  # checked text: safe for the access log
         if loaded.credential_error is not None:
             log.error("credential_unavailable", request_id=call.request_id, profile=loaded.profile.id)
             if more:
