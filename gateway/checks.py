@@ -193,23 +193,16 @@ def before_send(
         return outcome
     cfg = runtime.config.bindings
     valid_until, correlate_until = now + cfg.send_valid_s, now + cfg.correlate_s
-    claims = bindings.new_claims(
-        runtime.keyring,
-        kind="send",
-        audience=runtime.config.deployment_id,
-        now=now,
-        ttl_s=cfg.send_valid_s,
-        phase=Phase.BEFORE_SEND.value,
-        sub=party.principal,
-        dlg=party.delegate,
-        scope=party.scope,
-        tp=profile_id,
-        tpd=party.profile.digest,
+    token = _seal(
+        runtime,
+        party,
+        Phase.BEFORE_SEND,
+        verdict,
+        now,
+        cfg.send_valid_s,
         car=carrier,
         body=hashlib.sha256(body).hexdigest(),
         hdr=digest_headers(headers),
-        pv=policy.version,
-        dec=verdict.decision.value,
         cu=int(correlate_until),
     )
     return CheckOutcome(
@@ -217,10 +210,35 @@ def before_send(
         verdict,
         mode,
         time.perf_counter() - started,
-        binding=bindings.seal(runtime.keyring, claims),
+        binding=token,
         valid_until=float(int(valid_until)),
         correlate_until=float(int(correlate_until)),
     )
+
+
+def _seal(
+    runtime: Runtime, party: Party, phase: Phase, verdict: Verdict, now: float, ttl_s: float, **claims: object
+) -> str:
+    """A binding naming the deployment, the party (principal, delegation, scope, target
+    profile and its digest), the phase, the policy version and the decision."""
+    kind = "send" if phase is Phase.BEFORE_SEND else "release"
+    sealed = bindings.new_claims(
+        runtime.keyring,
+        kind=kind,
+        audience=runtime.config.deployment_id,
+        now=now,
+        ttl_s=ttl_s,
+        phase=phase.value,
+        sub=party.principal,
+        dlg=party.delegate,
+        scope=party.scope,
+        tp=party.profile.profile.id,
+        tpd=party.profile.digest,
+        pv=runtime.policy.version,
+        dec=verdict.decision.value,
+        **claims,
+    )
+    return bindings.seal(runtime.keyring, sealed)
 
 
 def open_send_binding(runtime: Runtime, token: str, party: Party, now: float) -> dict[str, object]:
@@ -299,28 +317,21 @@ def before_release(
             time.perf_counter() - started,
         )
     cfg = runtime.config.bindings
-    release_claims = bindings.new_claims(
-        runtime.keyring,
-        kind="release",
-        audience=runtime.config.deployment_id,
-        now=now,
-        ttl_s=cfg.release_valid_s,
-        phase=Phase.BEFORE_RELEASE.value,
-        sub=party.principal,
-        dlg=party.delegate,
-        scope=party.scope,
-        tp=profile_id,
-        tpd=party.profile.digest,
+    token = _seal(
+        runtime,
+        party,
+        Phase.BEFORE_RELEASE,
+        verdict,
+        now,
+        cfg.release_valid_s,
         rb=hashlib.sha256(request_binding.encode()).hexdigest(),
         body=payload_digest,
-        pv=policy.version,
-        dec=verdict.decision.value,
     )
     return CheckOutcome(
         Phase.BEFORE_RELEASE,
         verdict,
         mode,
         time.perf_counter() - started,
-        binding=bindings.seal(runtime.keyring, release_claims),
+        binding=token,
         valid_until=float(int(now + cfg.release_valid_s)),
     )
