@@ -254,3 +254,22 @@ def test_a_secret_in_the_model_field_is_not_logged(gw: tuple[Env, GatewayThread]
                                       json={"model": f"gpt-{SECRET}", "messages": [{"role": "user", "content": "hi"}]})
     assert r.status_code in (403, 422)
     assert SECRET not in captured_logs.text()
+
+
+def test_observe_per_profile_and_per_route(mock: MockProviderServer, make_env: Any, gateway_for: Any) -> None:
+    from tests.harness import mock_profile
+
+    profiles = [mock_profile("mock-openai", "openai", mock.url), mock_profile("watched", "openai", mock.url),
+                mock_profile("mock-anthropic", "anthropic", mock.url)]
+    env = make_env(secrets_=[SECRET], profiles=profiles, policy_extra=(
+        '[profile_modes.watched]\nbefore_send = "observe"\n'
+        '[route_modes."/v1/messages"]\nbefore_send = "observe"\n'))
+    gateway = gateway_for(env)
+    client = raw_client(gateway, env)
+    headers = {"authorization": f"Bearer {env.gateway_key}"}
+    chat = {"model": "gpt-4.1", "messages": [{"role": "user", "content": f"x {SECRET}"}]}
+    assert client.post("/v1/chat/completions", json=chat, headers=headers).status_code == 403  # enforced
+    watched = client.post("/v1/chat/completions", json=chat, headers={**headers, "x-wiregate-profile": "watched"})
+    assert watched.status_code == 200  # observed on this profile: sent, and recorded
+    messages = {"model": "claude-test-model", "max_tokens": 9, "messages": [{"role": "user", "content": SECRET}]}
+    assert client.post("/v1/messages", json=messages, headers=headers).status_code == 200  # observed on this route
