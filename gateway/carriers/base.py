@@ -94,10 +94,6 @@ class Carrier(Protocol):
 _JSON_START = re.compile(r"\s*[\[{]")
 
 
-def _looks_like_json(text: str) -> bool:
-    return _JSON_START.match(text) is not None
-
-
 def units_of(doc: Any, limits: CarrierLimits, base: Path = ()) -> tuple[list[TextUnit], list[str]]:
     """Every string, key and number in an already decoded `doc`, plus what JSON held inside
     its strings holds (see `parse_object`). Returns the units and the pointers of objects
@@ -169,7 +165,7 @@ def joined(path: Path, parts: Sequence[str]) -> TextUnit | None:
 def folded_units(path: Path, text: str, limits: CarrierLimits, out: list[TextUnit], dups: list[str]) -> None:
     """A reassembled streamed field, plus its strings if it is JSON (tool arguments)."""
     out.append(TextUnit(path, text, "folded"))
-    if _looks_like_json(text) and limits.embedded_json_depth > 0:
+    if limits.embedded_json_depth > 0 and _JSON_START.match(text):
         _decode_embedded(text, path, limits, limits.embedded_json_depth, out, dups)
 
 

@@ -17,7 +17,7 @@ def json_response(
     raw: bytes,
     limits: CarrierLimits,
     *,
-    error_key: str,
+    error_key: str | None,
     skip: frozenset[str] = frozenset(),
 ) -> FoldedResponse:
     """Decode a complete non-stream JSON response. `skip` names top-level members whose
@@ -41,7 +41,7 @@ def json_response(
         complete=True,
         usage=UsageReport(dict(usage)) if isinstance(usage, dict) else None,
         response_id=rid if jsonraw.is_str(rid) else None,
-        is_error=error_key in doc,
+        is_error=error_key is not None and error_key in doc,
         duplicate_keys=tuple(dups),
     )
 

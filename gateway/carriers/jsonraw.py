@@ -81,7 +81,7 @@ def loads_text(text: str, *, max_depth: int, check_depth: bool = True) -> Any:
     except ValueError:  # JSONDecodeError, int digit limits, ...
         raise JsonError(rc.JSON_INVALID) from None
     if check_depth:
-        _check_depth(doc, max_depth)
+        check_shape(doc, max_depth)
     return doc
 
 
@@ -98,10 +98,6 @@ def loads(raw: bytes, *, max_depth: int, check_depth: bool = True) -> Any:
     if not surrogates_ok(raw, doc):
         raise JsonError(rc.JSON_INVALID)
     return doc
-
-
-def _check_depth(doc: Any, max_depth: int) -> None:
-    check_shape(doc, max_depth)
 
 
 def decode_shape(text: str, max_depth: int) -> tuple[Any, bool]:
@@ -204,12 +200,10 @@ def walk(doc: Any, base: Path = ()) -> Iterator[tuple[Path, str, str]]:
             yield path, str(node), KIND_NUMBER
 
 
-def collect(doc: Any, base: Path, max_depth: int, *, embedded: bool = False) -> tuple[list[TextUnit], list[Path], int]:
-    """One pass over `doc`: a unit for everything `walk` yields, the paths of objects
-    with duplicate keys, the number of keys held, and the depth limit (JsonError(too_deep)).
-
-    `embedded`: `doc` was decoded from a string at `base`; every unit then keeps `base`
-    (the field a client or provider can address) and the kind "embedded"."""
+def collect(doc: Any, base: Path, max_depth: int) -> tuple[list[TextUnit], list[Path], int]:
+    """One pass over `doc`: a unit for everything `walk` yields (each distinct key text
+    once, where it first appears), the paths of objects with duplicate keys, the number of
+    keys held, and the depth limit (JsonError(too_deep))."""
     items: list[TextUnit] = []
     dups: list[Path] = []
     keys = 0
@@ -217,7 +211,7 @@ def collect(doc: Any, base: Path, max_depth: int, *, embedded: bool = False) -> 
     append = items.append
     new = tuple.__new__
     unit = TextUnit
-    s_kind, k_kind, n_kind = ("embedded",) * 3 if embedded else (KIND_STRING, KIND_KEY, KIND_NUMBER)
+    s_kind, k_kind, n_kind = KIND_STRING, KIND_KEY, KIND_NUMBER
     stack: list[tuple[Path, Any, int]] = [(base, doc, 1)]
     pop, push = stack.pop, stack.append
     while stack:
@@ -233,17 +227,17 @@ def collect(doc: Any, base: Path, max_depth: int, *, embedded: bool = False) -> 
                 if key not in seen_keys:  # a key text is inspected once, where it first appears
                     seen_keys.add(key)
                     append(new(unit, (path, key, k_kind)))
-                push((path if embedded else (*path, key), value, depth + 1))
+                push(((*path, key), value, depth + 1))
             if cls is DupDict:
                 dups.append(path)
                 for key, value in node.shadowed:
-                    push((path if embedded else (*path, key), value, depth + 1))
+                    push(((*path, key), value, depth + 1))
         elif cls is list:
             if depth > max_depth:
                 raise JsonError(rc.TOO_DEEP)
             for i, value in enumerate(node):
                 vcls = type(value)
-                sub = path if embedded else (*path, i)
+                sub = (*path, i)
                 if vcls is str:
                     append(new(unit, (sub, value, s_kind)))
                 elif vcls is int:
@@ -295,22 +289,6 @@ def collect_texts(doc: Any, max_depth: int) -> tuple[list[str], bool, int]:
         elif cls is JsonFloat or cls is int:
             append(str(node))
     return texts, dups, keys
-
-
-def has_duplicates(doc: Any) -> list[Path]:
-    """Paths of every object that had duplicate keys."""
-    found: list[Path] = []
-    stack: list[tuple[Path, Any]] = [((), doc)]
-    while stack:
-        path, node = stack.pop()
-        if isinstance(node, dict):
-            if isinstance(node, DupDict):
-                found.append(path)
-                stack.extend(((*path, k), v) for k, v in node.shadowed)
-            stack.extend(((*path, k), v) for k, v in node.items())
-        elif isinstance(node, list):
-            stack.extend(((*path, i), v) for i, v in enumerate(node))
-    return found
 
 
 def pointer(path: Path) -> str:

@@ -65,7 +65,8 @@ class OpenAIResponses:
         )
 
     def parse_response(self, raw: bytes, limits: CarrierLimits) -> FoldedResponse:
-        return common.json_response(raw, limits, error_key="__never__")
+        # A Responses object always has an `error` member (null on success); its status says.
+        return common.json_response(raw, limits, error_key=None)
 
     def fold_stream(self, events: Sequence[SSEEvent], limits: CarrierLimits) -> FoldedResponse:
         decoder = common.EventDecoder(limits)

@@ -63,10 +63,6 @@ class Sent:
     failure: str | None = None  # a reason code when no response could be had
     attempts: list[AttemptRecord] = field(default_factory=list)
 
-    @property
-    def retryable_failure(self) -> bool:
-        return self.response is None
-
 
 def upstream_headers(
     profile: UpstreamProfile, credential: str | None, client_headers: Mapping[str, str]
