@@ -276,6 +276,7 @@ def _before_release(services: Any, runtime: Any, party: Party, dto: BeforeReleas
         ledger=services.ledger,
         mode=Mode.ENFORCE,
         now=now,
+        send_claims=claims,
     )
     return _result(
         Phase.BEFORE_RELEASE, outcome.verdict, outcome.valid_until or now + cfg.release_valid_s, binding=outcome.binding

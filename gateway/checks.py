@@ -273,7 +273,10 @@ def before_release(
     ledger: ReleaseLedger,
     mode: Mode | None = None,
     now: float | None = None,
+    send_claims: Mapping[str, object] | None = None,
 ) -> CheckOutcome:
+    """`send_claims`: the request binding as `open_send_binding` already opened it (the API
+    needs its carriers first); otherwise it is opened here."""
     started = time.perf_counter()
     now = time.time() if now is None else now
     policy = runtime.policy
@@ -281,7 +284,7 @@ def before_release(
     if mode is None:
         mode = policy.mode(Phase.BEFORE_RELEASE, profile=profile_id, route=route)
     try:
-        claims = open_send_binding(runtime, request_binding, party, now)
+        claims = send_claims if send_claims is not None else open_send_binding(runtime, request_binding, party, now)
     except BindingError as exc:
         # A release not tied to a valid send is never released, whatever the mode.
         return CheckOutcome(

@@ -160,10 +160,9 @@ async def _send_along_chain(
         target = Target.for_profile(loaded, carrier.name, carrier.path)
         call.profile = loaded.profile.id
         planned = plan(carrier, parsed, raw, party, request.headers.get(SESSION_HEADER), runtime.carrier_limits)  # 4
-        admit(planned.parsed, carrier, loaded)  # 5
+        call.input_estimate = admit(planned.parsed, carrier, loaded)  # 5
         body = planned.body
         call.usage_injected = planned.usage_injected
-        call.input_estimate = planned.input_estimate
         headers = upstream_headers(loaded.profile, loaded.credential, request.headers)
         bound = checks.relevant_headers(headers, loaded)
         send = checks.before_send(  # 6
@@ -225,9 +224,7 @@ SESSION_HEADER = "x-wiregate-session"
 class Planned:
     body: bytes  # the final upstream body: what before_send checks and what leaves
     parsed: ParsedRequest  # that body as the carrier reads it
-    cache: caching.CachePlan
     usage_injected: bool  # the stream was asked for usage the client did not ask for
-    input_estimate: int
 
 
 def plan(
@@ -245,8 +242,7 @@ def plan(
     turns a check off)."""
     profile = party.profile.profile
     estimator = admission.ESTIMATORS[profile.estimator.name]
-    estimate = admission.estimate_input(parsed.units, estimator)
-    unchanged = Planned(raw, parsed, caching.NOTHING, False, estimate)
+    unchanged = Planned(raw, parsed, False)
     if parsed.duplicate_keys:
         return unchanged  # withheld by before_send anyway; never edit an ambiguous body
     try:
@@ -258,14 +254,15 @@ def plan(
         if not edits:
             return unchanged
         body = jsonspan.apply(text, edits).encode("utf-8")
-        return Planned(body, carrier.parse_request(body, limits), cache, injected, estimate)
+        return Planned(body, carrier.parse_request(body, limits), injected)
     except (jsonspan.SpanError, JsonError, UnicodeDecodeError) as exc:
         log.warning("cache_plan_skipped", profile=profile.id, error_class=type(exc).__name__)
         return unchanged
 
 
-def admit(parsed: ParsedRequest, carrier: Carrier, loaded: LoadedProfile) -> None:
-    """Step 5: the request must fit the profile's context window, or it is withheld."""
+def admit(parsed: ParsedRequest, carrier: Carrier, loaded: LoadedProfile) -> int:
+    """Step 5: the request must fit the profile's context window, or it is withheld.
+    Returns the input estimate (usage records use it where the provider says nothing)."""
     profile = loaded.profile
     decision = admission.admit(
         parsed.units,
@@ -278,6 +275,7 @@ def admit(parsed: ParsedRequest, carrier: Carrier, loaded: LoadedProfile) -> Non
     )
     if not decision.admitted:
         raise GatewayError(422, "request_withheld", (rc.WINDOW_EXCEEDED,))
+    return decision.estimated_input
 
 
 def _refusal(outcome: CheckOutcome) -> GatewayError:
@@ -407,21 +405,12 @@ async def _receive(
             raise GatewayError(503, "response_incomplete", (rc.RESPONSE_INCOMPLETE,), retryable=True) from None
         folded, released = _decode(carrier, body, is_stream, runtime, call.usage_injected)
         call.final_usage = folded.usage.fields if folded.usage else None
-        call.output_estimate = _output_estimate(folded, party)
+        if party.profile.profile.estimator.fill_missing:  # only then is an estimate ever used
+            call.output_estimate = _output_estimate(folded, party)
         if not 200 <= response.status < 300 and not folded.complete:
             # A provider error we cannot read (an HTML page from a proxy, say): say so, without it.
             raise GatewayError(502, "upstream_error", (rc.UPSTREAM_INVALID_RESPONSE,))
-        outcome = checks.before_release(  # 9
-            runtime,
-            party=party,
-            request_binding=send.binding,
-            folded=folded,
-            raw=released,
-            released_headers=passed,
-            route=request.path,
-            ledger=services.ledger,
-        )
-        _note_check(services, call, outcome, target.profile_id)
+        outcome = _check_release(request, services, runtime, party, send, folded, released, passed)  # 9
         if not outcome.proceed:
             call.final_outcome = (
                 "blocked"
@@ -447,6 +436,34 @@ async def _receive(
         return release.release_stream(response.status, passed, released)
     content_type = response.headers.get("content-type", "application/json")
     return release.release_body(response.status, passed, released, content_type)
+
+
+def _check_release(
+    request: web.Request,
+    services: Services,
+    runtime: Runtime,
+    party: Party,
+    send: CheckOutcome,
+    folded: FoldedResponse,
+    released: bytes,
+    headers: dict[str, str],
+    mode: Mode | None = None,
+) -> CheckOutcome:
+    """Step 9: before_release on what would be released, tied to this call's send binding."""
+    assert send.binding is not None
+    outcome = checks.before_release(
+        runtime,
+        party=party,
+        request_binding=send.binding,
+        folded=folded,
+        raw=released,
+        released_headers=headers,
+        route=request.path,
+        ledger=services.ledger,
+        mode=mode,
+    )
+    _note_check(services, request[CALL], outcome, party.profile.profile.id)
+    return outcome
 
 
 def _decode(
@@ -507,18 +524,7 @@ async def _pass_through(
         call.final_usage = folded.usage.fields if folded.usage else None
         if broken or size > limit:
             folded = dataclasses.replace(folded, complete=False, incomplete_reason=rc.RESPONSE_INCOMPLETE)
-        outcome = checks.before_release(
-            runtime,
-            party=party,
-            request_binding=send.binding,
-            folded=folded,
-            raw=released,
-            released_headers=passed,
-            route=request.path,
-            ledger=services.ledger,
-            mode=Mode.OBSERVE,
-        )
-        _note_check(services, call, outcome, party.profile.profile.id)
+        _check_release(request, services, runtime, party, send, folded, released, passed, Mode.OBSERVE)
     if broken:
         # Do not end the stream cleanly: the client must see that it was cut.
         if request.transport is not None:
