@@ -143,11 +143,27 @@ def test_luhn_and_iban_helpers() -> None:
     assert detectors.iban_ok(b"DE89370400440532013000") and not detectors.iban_ok(b"DE89370400440532013001")
 
 
-def test_match_cap_fails_closed() -> None:
-    engine = _engine(values=LITERALS, max_matches=50)
-    text = " ".join(f"ghp_{'a' * 30}{i:06d}" for i in range(200))  # many candidate ends
+@pytest.mark.parametrize("kind", ["hyperscan", "python"])
+def test_match_cap_fails_closed_and_both_engines_agree(kind: str) -> None:
+    """The cap counts confirmed matches, the same in both engines: past it the scan is
+    incomplete and the call is withheld; at or below it the matches decide."""
+    engine = _engine(kind, values=LITERALS, max_matches=100)
+    keys = true_positives("aws-access-key-id", n=120, seed=8)
+    over = engine.inspect(_chat_subject(" ".join(keys)))
+    assert not over.allowed and "match_limit" in over.reason_codes
+    under = engine.inspect(_chat_subject(" ".join(keys[:30])))
+    assert under.decision is Decision.BLOCK and "match_limit" not in under.reason_codes
+
+
+def test_candidate_guard_bounds_confirmation_work() -> None:
+    """Many candidates that never confirm (low-entropy look-alikes): the Hyperscan engine
+    stops after `max_candidates` raw candidates and withholds instead of confirming them all."""
+    engine = build_engine(secret_values=LITERALS, formats=_formats(), policy_version="t", max_matches=100,
+                          max_candidates=50)
+    text = " ".join(f"ghp_{'a' * 30}{i:06d}" for i in range(200))
     verdict = engine.inspect(_chat_subject(text))
     assert not verdict.allowed and "match_limit" in verdict.reason_codes
+    assert HS.inspect(_chat_subject(text)).allowed  # the default guard is far above this
 
 
 class _Raising:

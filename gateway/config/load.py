@@ -96,8 +96,19 @@ def read_reference(ref: str, base: Path, what: str) -> str:
     raise ConfigError(f"{what}: references must be env:NAME or file:PATH")
 
 
-def read_secret_values(sources: tuple[str, ...], base: Path, min_length: int) -> tuple[str, ...]:
-    values: list[str] = []
+def _json_secret(item: Any) -> str | literals.SecretValue | None:
+    """A JSON source entry: a string, or {"value": str, "ignore_case": bool}."""
+    if isinstance(item, str):
+        return item
+    if isinstance(item, dict) and set(item) <= {"value", "ignore_case"} and isinstance(item.get("value"), str):
+        ignore_case = item.get("ignore_case", False)
+        if isinstance(ignore_case, bool):
+            return literals.SecretValue(item["value"], ignore_case)
+    return None
+
+
+def read_secret_values(sources: tuple[str, ...], base: Path, min_length: int) -> tuple[literals.SecretValue, ...]:
+    values: list[str | literals.SecretValue] = []
     for ref in sources:
         text = read_reference(ref, base, "policy secret_values")
         if ref.startswith("file:") and ref.endswith(".json"):
@@ -105,9 +116,13 @@ def read_secret_values(sources: tuple[str, ...], base: Path, min_length: int) ->
                 loaded = json.loads(text)
             except ValueError:
                 raise ConfigError(f"policy secret_values: {ref[5:]} is not a JSON list") from None
-            if not isinstance(loaded, list) or not all(isinstance(v, str) for v in loaded):
-                raise ConfigError(f"policy secret_values: {ref[5:]} must be a JSON list of strings")
-            values.extend(loaded)
+            entries = [_json_secret(v) for v in loaded] if isinstance(loaded, list) else [None]
+            if any(e is None for e in entries):
+                raise ConfigError(
+                    f"policy secret_values: {ref[5:]} must be a JSON list of strings or "
+                    '{"value": ..., "ignore_case": true|false} objects'
+                )
+            values.extend(e for e in entries if e is not None)
         else:
             values.extend(line for line in text.splitlines() if line)
     try:

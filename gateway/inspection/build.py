@@ -13,7 +13,7 @@ from typing import Protocol
 
 from gateway.inspection import literals
 from gateway.inspection.engine import Engine, FormatInfo
-from gateway.inspection.rules import HyperscanMatcher, Matcher, PythonMatcher
+from gateway.inspection.rules import HyperscanMatcher, LiteralForm, Matcher, PythonMatcher
 
 
 class EngineUnavailable(RuntimeError):
@@ -48,18 +48,20 @@ class _NoFormats:
 
 def build_engine(
     *,
-    secret_values: Sequence[str],
+    secret_values: Sequence[str | literals.SecretValue],
     formats: FormatSource | None = None,
     policy_version: str,
     engine: str = "hyperscan",
     max_matches: int = 100_000,
+    max_candidates: int | None = None,
 ) -> Engine:
     source: FormatSource = formats or _NoFormats()
-    forms = [(i, form) for i, value in enumerate(secret_values) for form in literals.variants(value)]
+    values = [v if isinstance(v, literals.SecretValue) else literals.SecretValue(v) for v in secret_values]
+    forms = [(i, form, v.ignore_case) for i, v in enumerate(values) for form in literals.variants(v.value)]
     infos = list(source.infos())
     matcher: Matcher
     if engine == "hyperscan":
-        matcher = _hyperscan(forms, infos, source.patterns(), source.confirm, max_matches)
+        matcher = _hyperscan(forms, infos, source.patterns(), source.confirm, max_matches, max_candidates)
     elif engine == "python":
         matcher = PythonMatcher(forms, source.full_scan, max_matches=max_matches)
     else:
@@ -68,11 +70,12 @@ def build_engine(
 
 
 def _hyperscan(
-    forms: list[tuple[int, bytes]],
+    forms: list[LiteralForm],
     infos: list[FormatInfo],
     patterns: Sequence[str],
     confirm: Callable[[int, bytes, int], list[tuple[int, int]]],
     max_matches: int,
+    max_candidates: int | None,
 ) -> Matcher:
     try:
         import hyperscan  # noqa: F401
@@ -89,4 +92,4 @@ def _hyperscan(
             self.id, self.pattern, self.advisory = info.id, pattern, info.advisory
 
     rules = [_Rule(info, pattern) for info, pattern in zip(infos, patterns, strict=True)]
-    return HyperscanMatcher(forms, rules, confirm, max_matches=max_matches)
+    return HyperscanMatcher(forms, rules, confirm, max_matches=max_matches, max_candidates=max_candidates)

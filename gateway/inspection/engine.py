@@ -1,10 +1,17 @@
 """The inspection engine: one decision over raw bytes and decoded text units.
 
-Owns: running the compiled matcher over (a) the exact bytes that will leave, (b) every
-decoded text unit a carrier produced (strings, keys, numbers, embedded JSON, joined parts,
-folded stream fields) and (c) an NFKC / zero-width-stripped copy of every non-ASCII unit;
-turning hits into findings located by JSON pointer; and folding findings, duplicate keys,
-opaque content and incompleteness into one `Verdict`.
+Owns: running the compiled matcher over
+  (a) the exact bytes that will leave,
+  (b) every decoded text unit a carrier produced (strings, keys, numbers, embedded JSON,
+      joined parts, folded stream fields),
+  (c) the normalised copy of every unit that has one (tag characters mapped to ASCII,
+      default-ignorable, control and format characters removed, NFKC),
+  (d) decoded copies of encoded runs inside units (base64, base64url, hex, percent,
+      HTML character references, backslash escapes), one level nested, within a budget,
+  (e) configured literals over the string units joined in document order (a value split
+      across messages, or across a message's name and content);
+turning hits into findings located by path; and folding findings, duplicate keys, opaque
+content, JSON nested past the decoding budget and incompleteness into one `Verdict`.
 Must not: do I/O, catch its own failures (the caller turns any exception into `withhold`),
 or put matched text anywhere.
 """
@@ -13,19 +20,20 @@ from __future__ import annotations
 
 import bisect
 import re
-import unicodedata
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from gateway.carriers.base import TextUnit
+from gateway.carriers.base import STRUCTURAL_FIELDS, TextUnit
+from gateway.carriers.jsonraw import Path
+from gateway.inspection import decoders
 from gateway.inspection import verdict as rc
-from gateway.inspection.rules import LITERAL, Hit, Matcher
+from gateway.inspection.rules import LITERAL, Hit, Matcher, ScanResult
 from gateway.inspection.verdict import Finding, Verdict, decide
 
-# Characters that render as nothing and are dropped from the normalised copy, so a value
-# interleaved with them is still seen.
-_ZERO_WIDTH = re.compile("[\u200b\u200c\u200d\u2060\ufeff\u00ad\u180e\u2061\u2062\u2063\u2064]")
-_SEPARATOR = "\x00"  # never part of a configured value; a boundary for every format rule
+_SEPARATOR = b"\x00"  # never part of a configured value; a boundary for every format rule
+_NEEDS_NORMALISING = re.compile(r"[^\x20-\x7e]")  # anything but printable ASCII
+# Units whose text the document holds as text (what a reader reads in order).
+_JOINABLE = frozenset({"string", "folded"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +46,8 @@ class Subject:
     duplicate_keys: Sequence[str] = ()
     complete: bool = True
     incomplete_reasons: tuple[str, ...] = ()
-    extra_units: Sequence[TextUnit] = field(default=())  # e.g. forwarded header values
+    extra_units: Sequence[TextUnit] = field(default=())  # e.g. forwarded header names and values
+    too_deep: Sequence[str] = ()  # JSON held in strings nested past the decoding budget
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +57,21 @@ class FormatInfo:
     reason: str  # the reason code a finding carries: secret_format:<id> or pii:<kind>
 
 
+@dataclass(slots=True)
+class _Batch:
+    """Texts scanned together (NUL-joined), each remembering the unit it came from."""
+
+    parts: list[bytes] = field(default_factory=list)
+    origins: list[Path] = field(default_factory=list)
+
+    def add(self, data: bytes, origin: Path) -> None:
+        self.parts.append(data)
+        self.origins.append(origin)
+
+    def size(self) -> int:
+        return sum(len(p) for p in self.parts)
+
+
 class Engine:
     def __init__(
         self,
@@ -55,32 +79,51 @@ class Engine:
         formats: Sequence[FormatInfo],
         *,
         policy_version: str,
+        decode_budget: float = 4.0,
     ) -> None:
         self.matcher = matcher
         self.formats = tuple(formats)
         self.policy_version = policy_version
+        # Decoded copies may add at most this multiple of the units' bytes (plus 64 KiB):
+        # past it inspection is incomplete and the call is withheld (`decode_limit`).
+        self.decode_budget = decode_budget
 
     def inspect(self, subject: Subject, *, allow_opaque: bool = False) -> Verdict:
-        findings: dict[tuple[str, str | None], Finding] = {}
+        findings: dict[tuple[str, Path | None], Finding] = {}
         withhold: list[str] = []
         truncated = False
         if subject.raw is not None:
-            result = self.matcher.scan(subject.raw)
-            truncated |= result.truncated
-            for hit in result.hits:
-                self._add(findings, hit, None)
+            truncated |= self._record(self.matcher.scan(subject.raw), findings, None)
         units = [*subject.units, *subject.extra_units]
-        truncated |= self._scan_units(units, findings)
-        normalised = [
-            TextUnit(u.path, n, u.kind) for u in units if not u.text.isascii() and (n := _normalise(u.text)) != u.text
-        ]
-        if normalised:
-            truncated |= self._scan_units(normalised, findings)
-        complete = subject.complete
+        if units:
+            buf = _SEPARATOR.join(u.text.encode("utf-8", "surrogatepass") for u in units)
+            truncated |= self._record(self.matcher.scan(buf), findings, _Locator.of_units(units))
+            normalised, squeezed = _normalised(units)
+            if normalised.parts:
+                truncated |= self._scan_batch(normalised, findings)
+            if squeezed.parts:
+                truncated |= self._scan_batch(squeezed, findings, literals_only=True)
+            budget = int(self.decode_budget * len(buf)) + 65536
+            decoded, over = _decoded(units, buf, budget)
+            if decoded.parts:
+                truncated |= self._scan_batch(decoded, findings)
+                # a value split in parts that were each encoded on their own
+                truncated |= self._scan_batch(decoded, findings, literals_only=True, separator=b"")
+                nested, over_again = _decoded_again(decoded, budget - decoded.size())
+                over |= over_again
+                if nested.parts:
+                    truncated |= self._scan_batch(nested, findings)
+            if over:
+                withhold.append(rc.DECODE_LIMIT)
+            truncated |= self._scan_joined(subject.units, findings)
+        complete = subject.complete and not withhold
         if not subject.complete:
             withhold.extend(subject.incomplete_reasons or (rc.RESPONSE_INCOMPLETE,))
         if subject.duplicate_keys:
             withhold.append(rc.DUPLICATE_KEY)
+        if subject.too_deep:
+            complete = False
+            withhold.append(rc.TOO_DEEP)
         if subject.opaque and not allow_opaque:
             complete = False
             withhold.append(rc.OPAQUE_CONTENT)
@@ -94,41 +137,173 @@ class Engine:
             policy_version=self.policy_version,
         )
 
-    def _scan_units(self, units: Sequence[TextUnit], findings: dict[tuple[str, str | None], Finding]) -> bool:
-        if not units:
+    def _scan_batch(
+        self,
+        batch: _Batch,
+        findings: dict[tuple[str, Path | None], Finding],
+        *,
+        literals_only: bool = False,
+        separator: bytes = _SEPARATOR,
+    ) -> bool:
+        buf = separator.join(batch.parts)
+        result = self.matcher.scan_literals(buf) if literals_only else self.matcher.scan(buf)
+        return self._record(result, findings, _Locator(batch.parts, batch.origins, len(separator)))
+
+    def _scan_joined(self, units: Sequence[TextUnit], findings: dict[tuple[str, Path | None], Finding]) -> bool:
+        """Configured literals over the document's text read in order, with no boundary
+        between units and without the members that only label structure — once with names
+        (a value split across a message's name and content), once without (a value split
+        across two tool calls has a tool name between its halves). Format rules are not run
+        here: they could match across a boundary that a reader does see."""
+        texts = [u for u in units if u.kind in _JOINABLE and not (u.path and u.path[-1] in STRUCTURAL_FIELDS)]
+        if len(texts) < 2:
             return False
-        buf = _SEPARATOR.join(u.text for u in units).encode("utf-8", "surrogatepass")
-        result = self.matcher.scan(buf)
-        if result.hits:
-            starts = _byte_starts(units)
-            for hit in result.hits:
-                unit = units[bisect.bisect_right(starts, hit.start) - 1]
-                self._add(findings, hit, unit.pointer)
+        truncated = self._scan_in_order(texts, findings)
+        unnamed = [u for u in texts if u.path[-1:] != ("name",)]
+        if 2 <= len(unnamed) < len(texts):
+            truncated |= self._scan_in_order(unnamed, findings)
+        return truncated
+
+    def _scan_in_order(self, texts: Sequence[TextUnit], findings: dict[tuple[str, Path | None], Finding]) -> bool:
+        parts = [u.text.encode("utf-8", "surrogatepass") for u in texts]
+        origins = [u.path for u in texts]
+        truncated = self._record(self.matcher.scan_literals(b"".join(parts)), findings, _Locator(parts, origins, 0))
+        squeezed = [decoders.squeeze(u.text).encode("utf-8", "surrogatepass") for u in texts]
+        if squeezed != parts:
+            result = self.matcher.scan_literals(b"".join(squeezed))
+            truncated |= self._record(result, findings, _Locator(squeezed, origins, 0))
+        return truncated
+
+    def _record(
+        self, result: ScanResult, findings: dict[tuple[str, Path | None], Finding], locator: _Locator | None
+    ) -> bool:
+        for hit in result.hits:
+            self._add(findings, hit, locator.origin(hit.start) if locator is not None else None)
         return result.truncated
 
-    def _add(self, findings: dict[tuple[str, str | None], Finding], hit: Hit, pointer: str | None) -> None:
+    def _add(self, findings: dict[tuple[str, Path | None], Finding], hit: Hit, path: Path | None) -> None:
         if hit.kind == LITERAL:
-            finding = Finding(rc.SECRET_VALUE, pointer)
+            finding = Finding(rc.SECRET_VALUE, path)
         else:
             info = self.formats[hit.index]
-            finding = Finding(info.reason, pointer, info.advisory)
-        findings.setdefault((finding.reason, pointer), finding)
+            finding = Finding(info.reason, path, info.advisory)
+        findings.setdefault((finding.reason, path), finding)
 
 
-def _normalise(text: str) -> str:
-    """NFKC without zero-width characters (C-speed checks first: most text needs neither)."""
-    if _ZERO_WIDTH.search(text):
-        text = _ZERO_WIDTH.sub("", text)
-    if not unicodedata.is_normalized("NFKC", text):
-        text = unicodedata.normalize("NFKC", text)
-    return text
+class _Locator:
+    """Maps an offset in a joined buffer back to the unit it came from (built lazily: only
+    scans that hit need it)."""
+
+    __slots__ = ("_parts", "_origins", "_sep", "_starts")
+
+    def __init__(self, parts: Sequence[bytes], origins: Sequence[Path], separator: int = 1) -> None:
+        self._parts, self._origins, self._sep = parts, origins, separator
+        self._starts: list[int] | None = None
+
+    @classmethod
+    def of_units(cls, units: Sequence[TextUnit]) -> _Locator:
+        return _UnitLocator(units)
+
+    def _offsets(self) -> list[int]:
+        starts: list[int] = []
+        at = 0
+        for part in self._parts:
+            starts.append(at)
+            at += len(part) + self._sep
+        return starts
+
+    def origin(self, offset: int) -> Path:
+        if self._starts is None:
+            self._starts = self._offsets()
+        return self._origins[bisect.bisect_right(self._starts, offset) - 1]
 
 
-def _byte_starts(units: Sequence[TextUnit]) -> list[int]:
-    """Byte offset of each unit in the joined buffer (computed only when something hit)."""
-    starts: list[int] = []
-    at = 0
+class _UnitLocator(_Locator):
+    __slots__ = ("_units",)
+
+    def __init__(self, units: Sequence[TextUnit]) -> None:
+        super().__init__((), ())
+        self._units = units
+
+    def _offsets(self) -> list[int]:
+        starts: list[int] = []
+        at = 0
+        for unit in self._units:
+            starts.append(at)
+            at += len(unit.text.encode("utf-8", "surrogatepass")) + 1
+        return starts
+
+    def origin(self, offset: int) -> Path:
+        if self._starts is None:
+            self._starts = self._offsets()
+        return self._units[bisect.bisect_right(self._starts, offset) - 1].path
+
+
+def _normalised(units: Iterable[TextUnit]) -> tuple[_Batch, _Batch]:
+    """The normalised copy of every unit that reads differently once normalised (for every
+    rule), and the squeezed copy where it differs again (for configured literals)."""
+    batch, literal = _Batch(), _Batch()
+    search = _NEEDS_NORMALISING.search
     for unit in units:
-        starts.append(at)
-        at += len(unit.text.encode("utf-8", "surrogatepass")) + 1
-    return starts
+        text = unit.text
+        if search(text) is None:
+            continue
+        normal = decoders.normalise(text)
+        if normal != text:
+            batch.add(normal.encode("utf-8", "surrogatepass"), unit.path)
+        squeezed = decoders.squeeze(normal)
+        if squeezed != normal:
+            literal.add(squeezed.encode("utf-8", "surrogatepass"), unit.path)
+    return batch, literal
+
+
+def _decoded(units: Sequence[TextUnit], buf: bytes, budget: int) -> tuple[_Batch, bool]:
+    """Decoded copies of the encoded runs in every unit, within `budget` bytes. Returns the
+    copies and whether the budget ran out."""
+    batch = _Batch()
+    locator = _UnitLocator(units)
+    used = 0
+    for offset, decoded in decoders.run_decodings(buf):
+        used += len(decoded)
+        if used > budget:
+            return batch, True
+        batch.add(decoded, locator.origin(offset))
+    seen: set[int] = set()
+    for m in decoders.TEXT_TRIGGER.finditer(buf):
+        start = buf.rfind(_SEPARATOR, 0, m.start()) + 1
+        if start in seen:
+            continue
+        seen.add(start)
+        end = buf.find(_SEPARATOR, m.end())
+        text = buf[start : end if end >= 0 else len(buf)]
+        for decoded in decoders.text_decodings(text):
+            used += len(decoded)
+            if used > budget:
+                return batch, True
+            batch.add(decoded, locator.origin(start))
+    return batch, False
+
+
+def _decoded_again(first: _Batch, budget: int) -> tuple[_Batch, bool]:
+    """One level of nesting: the encoded runs inside decoded copies (and the normalised
+    form of decoded text), within what is left of the budget."""
+    batch = _Batch()
+    used = 0
+    for data, origin in zip(first.parts, first.origins, strict=True):
+        copies: list[bytes] = [d for _, d in decoders.run_decodings(data)]
+        if decoders.TEXT_TRIGGER.search(data):
+            copies.extend(decoders.text_decodings(data))
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            text = None
+        if text is not None and _NEEDS_NORMALISING.search(text):
+            normal = decoders.squeeze(text)
+            if normal != text:
+                copies.append(normal.encode("utf-8", "surrogatepass"))
+        for copy in copies:
+            used += len(copy)
+            if used > budget:
+                return batch, True
+            batch.add(copy, origin)
+    return batch, False

@@ -11,23 +11,39 @@ from __future__ import annotations
 
 import json
 import unicodedata
+from dataclasses import dataclass
 
 
 class LiteralError(ValueError):
     pass
 
 
-def validate(values: list[str], *, min_length: int) -> tuple[str, ...]:
-    """Distinct literals in first-seen order. Too short or containing NUL → LiteralError
-    naming the position only (never the value)."""
-    seen: dict[str, None] = {}
-    for i, value in enumerate(values):
+@dataclass(frozen=True, slots=True)
+class SecretValue:
+    """One configured literal. `ignore_case`: match ASCII letters in any case (for values
+    people retype, such as internal project code names)."""
+
+    value: str
+    ignore_case: bool = False
+
+    def __repr__(self) -> str:  # never the value
+        return f"SecretValue(<{len(self.value)} chars>, ignore_case={self.ignore_case})"
+
+
+def validate(values: list[str | SecretValue], *, min_length: int) -> tuple[SecretValue, ...]:
+    """Distinct literals in first-seen order (a value configured both ways is matched
+    case-insensitively). Too short or containing NUL → LiteralError naming the position
+    only (never the value)."""
+    seen: dict[str, bool] = {}
+    for i, item in enumerate(values):
+        value = item.value if isinstance(item, SecretValue) else item
+        ignore_case = item.ignore_case if isinstance(item, SecretValue) else False
         if len(value) < min_length:
             raise LiteralError(f"secret value #{i + 1} is shorter than secret_values.min_length={min_length}")
         if "\x00" in value:
             raise LiteralError(f"secret value #{i + 1} contains a NUL character")
-        seen.setdefault(value, None)
-    return tuple(seen)
+        seen[value] = seen.get(value, False) or ignore_case
+    return tuple(SecretValue(v, c) for v, c in seen.items())
 
 
 def _escaped(text: str) -> set[str]:

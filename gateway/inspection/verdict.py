@@ -55,6 +55,7 @@ PREPARED_CONTEXT_STALE = "prepared_context_stale"
 POLICY_UNAVAILABLE = "policy_unavailable"
 INSPECTION_ERROR = "inspection_error"
 MATCH_LIMIT = "match_limit"
+DECODE_LIMIT = "decode_limit"
 # Transport, identity and capacity outcomes (never about content).
 UNSUPPORTED_ENCODING = "unsupported_encoding"
 UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
@@ -97,6 +98,7 @@ FIXED_REASON_CODES: frozenset[str] = frozenset(
         POLICY_UNAVAILABLE,
         INSPECTION_ERROR,
         MATCH_LIMIT,
+        DECODE_LIMIT,
         UNSUPPORTED_ENCODING,
         UNSUPPORTED_MEDIA_TYPE,
         UNAUTHENTICATED,
@@ -141,13 +143,50 @@ class Coverage:
 COVERAGE_PROFILE = "text-and-tools.v1"
 
 
+# Object keys of the wire schemas wiregate knows (compile-time constants). A logged
+# location keeps a key segment only when it is one of these; any other key — client or
+# model text, which can be a secret itself — is written as `*`. Array indexes stay.
+SCHEMA_KEYS: frozenset[str] = frozenset(
+    {
+        "~events", "~headers", "model", "messages", "role", "content", "text", "type", "name",
+        "tool_calls", "function", "function_call", "arguments", "tools", "parameters", "description",
+        "properties", "items", "system", "input", "instructions", "metadata", "user", "output",
+        "delta", "choices", "message", "input_schema", "tool_result", "tool_use", "tool_use_id",
+        "tool_call_id", "id", "source", "data", "media_type", "partial_json", "thinking",
+        "reasoning", "reasoning_content", "refusal", "response", "item", "summary", "error",
+        "custom", "audio", "transcript", "content_block", "usage", "embedding", "object",
+        "call_id", "output_text", "prompt", "stop", "logit_bias", "response_format", "json_schema",
+        "schema", "required", "enum", "title", "default", "examples", "anyOf", "oneOf", "allOf",
+    }
+)
+
+
+def location(path: tuple[str | int, ...]) -> str:
+    """A JSON pointer safe to log: schema keys and array indexes only, other keys `*`."""
+    parts = [str(p) if type(p) is int or p in SCHEMA_KEYS else "*" for p in path]
+    return "/" + "/".join(parts) if parts else ""
+
+
 @dataclass(frozen=True, slots=True)
 class Finding:
-    """One reason a unit failed, located by JSON pointer (never the matched text)."""
+    """One reason a unit failed, located by its path in the document (never the matched
+    text). The path can hold object keys, which are content: `pointer` is for the
+    process that holds the content anyway; `location` is what may be logged."""
 
     reason: str
-    pointer: str | None = None
+    path: tuple[str | int, ...] | None = None
     advisory: bool = False
+
+    @property
+    def pointer(self) -> str | None:
+        if self.path is None:
+            return None
+        parts = [str(p).replace("~", "~0").replace("/", "~1") for p in self.path]
+        return "/" + "/".join(parts) if parts else ""
+
+    @property
+    def location(self) -> str | None:
+        return None if self.path is None else location(self.path)
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,7 +202,8 @@ class Verdict:
         return self.decision is Decision.ALLOW
 
     def locations(self) -> list[str]:
-        return sorted({f.pointer for f in self.findings if f.pointer is not None})
+        """Where findings are, safe to log (see `location`)."""
+        return sorted({loc for f in self.findings if (loc := f.location) is not None})
 
 
 def decide(

@@ -1,0 +1,171 @@
+"""Decoders: the copies of a text the matcher must also see, because a provider (or the
+person reading a response) would read through them.
+
+Owns:
+
+* `normalise` — the normalised copy: Unicode tag characters (U+E0020–U+E007E, "ASCII
+  smuggling") mapped to the ASCII they stand for, then every Default_Ignorable code point
+  and every control (Cc) or format (Cf) character removed, then NFKC. A value interleaved
+  with zero-width or bidi controls, variation selectors, fillers, NUL or any other C0/C1
+  control, or written in tag characters, reads as the value again.
+* `encoded_runs` — runs of base64, base64url, hex, percent-encoding, HTML character
+  references and backslash escapes (`\\xHH`, `\\uHHHH`, `\\u{H…}`, `\\UHHHHHHHH`) inside
+  a text, each decoded. Bounded: a minimum run length (short runs are ordinary words and
+  cannot hold a configured value of the minimum length), and the caller caps the total
+  decoded bytes and the nesting depth.
+
+Must not: do I/O, keep decoded text beyond the call, or decide anything (the engine scans
+the copies and reports findings at the original unit's location).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import html
+import re
+import unicodedata
+from collections.abc import Iterator
+
+# Default_Ignorable_Code_Point (Unicode DerivedCoreProperties) ∪ Cf ∪ Cc. The test suite
+# checks this class against `unicodedata` for every code point.
+_IGNORABLE_RANGES = (
+    (0x0000, 0x001F), (0x007F, 0x009F), (0x00AD, 0x00AD), (0x034F, 0x034F), (0x0600, 0x0605),
+    (0x061C, 0x061C), (0x06DD, 0x06DD), (0x070F, 0x070F), (0x0890, 0x0891), (0x08E2, 0x08E2),
+    (0x115F, 0x1160), (0x17B4, 0x17B5), (0x180B, 0x180F), (0x200B, 0x200F), (0x202A, 0x202E),
+    (0x2060, 0x206F), (0x3164, 0x3164), (0xFE00, 0xFE0F), (0xFEFF, 0xFEFF), (0xFFA0, 0xFFA0),
+    (0xFFF0, 0xFFFB), (0x110BD, 0x110BD), (0x110CD, 0x110CD), (0x13430, 0x1343F),
+    (0x1BCA0, 0x1BCA3), (0x1D173, 0x1D17A), (0xE0000, 0xE0FFF),
+)
+
+
+def _class(ranges: tuple[tuple[int, int], ...]) -> str:
+    parts = []
+    for lo, hi in ranges:
+        parts.append(re.escape(chr(lo)) if lo == hi else f"{re.escape(chr(lo))}-{re.escape(chr(hi))}")
+    return "[" + "".join(parts) + "]"
+
+
+IGNORABLE = re.compile(_class(_IGNORABLE_RANGES))
+# The same without the whitespace controls (TAB, LF, VT, FF, CR): removing those joins
+# lines, which lets a format rule match across them (a false positive); they are removed
+# only in the copy that configured literals alone are matched against (`squeeze`).
+_INVISIBLE = re.compile(_class(((0x00, 0x08), (0x0E, 0x1F)) + _IGNORABLE_RANGES[1:]))
+_WHITESPACE_CONTROLS = re.compile("[\t\n\x0b\x0c\r]")
+_TAG = re.compile("[\U000e0020-\U000e007e]")
+
+
+def is_ignorable(ch: str) -> bool:
+    return IGNORABLE.fullmatch(ch) is not None
+
+
+def _untag(m: re.Match[str]) -> str:
+    return chr(ord(m.group()) - 0xE0000)
+
+
+def normalise(text: str) -> str:
+    """The normalised copy (see the module docstring), keeping whitespace controls. Cheap
+    when nothing applies: printable ASCII is returned as is."""
+    if text.isascii():
+        return _INVISIBLE.sub("", text) if _INVISIBLE.search(text) else text
+    if _INVISIBLE.search(text):
+        if _TAG.search(text):
+            text = _TAG.sub(_untag, text)
+        text = _INVISIBLE.sub("", text)
+    if not unicodedata.is_normalized("NFKC", text):
+        text = unicodedata.normalize("NFKC", text)
+        if _INVISIBLE.search(text):  # NFKC never produces these today; stay safe if it does
+            text = _INVISIBLE.sub("", text)
+    return text
+
+
+def squeeze(text: str) -> str:
+    """`normalise`, and whitespace controls removed too: the copy configured literals are
+    matched against (a value interleaved with newlines or tabs reads as the value)."""
+    text = normalise(text)
+    return _WHITESPACE_CONTROLS.sub("", text) if _WHITESPACE_CONTROLS.search(text) else text
+
+
+# --- encoded runs ---------------------------------------------------------------------
+
+# The shortest run worth decoding: a configured value is at least 8 characters
+# (secret_values.min_length ≥ 4, default 8); 8 bytes are 12 base64 characters and 16 hex
+# digits. Shorter runs are words, ids and numbers.
+MIN_B64_RUN = 12
+MIN_HEX_RUN = 16
+
+_B64_RUN = re.compile(rb"[A-Za-z0-9+/_-]{%d,}={0,2}" % MIN_B64_RUN)
+_HEX_RUN = re.compile(rb"(?<![0-9A-Fa-f])(?:[0-9A-Fa-f]{2}){%d,}(?![0-9A-Fa-f])" % (MIN_HEX_RUN // 2))
+_PERCENT = re.compile(rb"%[0-9A-Fa-f]{2}")
+_ENTITY = re.compile(rb"&(?:#[0-9]{1,8}|#[xX][0-9A-Fa-f]{1,7}|[A-Za-z][A-Za-z0-9]{1,31});")
+_BACKSLASH = re.compile(rb"\\(?:x[0-9A-Fa-f]{2}|u[0-9A-Fa-f]{4}|u\{[0-9A-Fa-f]{1,6}\}|U[0-9A-Fa-f]{8}|[0-7]{3})")
+
+
+def _b64(run: bytes) -> bytes | None:
+    body = run.rstrip(b"=")
+    std = b"+" in body or b"/" in body
+    url = b"-" in body or b"_" in body
+    if std and url:
+        return None
+    if len(body) % 4 == 1:
+        body = body[:-1]  # one dangling character carries no whole byte
+    padded = body + b"=" * (-len(body) % 4)
+    try:
+        if url:
+            return base64.urlsafe_b64decode(padded)
+        return base64.b64decode(padded, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+
+
+def _percent(text: bytes) -> bytes:
+    return _PERCENT.sub(lambda m: bytes([int(m.group()[1:], 16)]), text)
+
+
+def _entities(text: bytes) -> bytes:
+    return html.unescape(text.decode("utf-8", "surrogatepass")).encode("utf-8", "surrogatepass")
+
+
+def _escape_value(m: re.Match[bytes]) -> bytes:
+    token = m.group()
+    kind = token[1:2]
+    if kind in b"01234567":
+        return bytes([int(token[1:], 8) & 0xFF])
+    if kind == b"x":
+        return bytes([int(token[2:], 16)])
+    digits = token[3:-1] if token[2:3] == b"{" else token[2:]
+    code = int(digits, 16)
+    if code > 0x10FFFF:
+        return token
+    return chr(code).encode("utf-8", "surrogatepass")
+
+
+def _backslashes(text: bytes) -> bytes:
+    return _BACKSLASH.sub(_escape_value, text)
+
+
+# Anything that starts a whole-text encoding (percent, entity or backslash escape).
+TEXT_TRIGGER = re.compile(
+    rb"%[0-9A-Fa-f]{2}|&(?:#[0-9]|#[xX][0-9A-Fa-f]|[A-Za-z][A-Za-z0-9]{1,31};)|\\(?:[xuU]|[0-7]{3})"
+)
+
+
+def run_decodings(data: bytes) -> Iterator[tuple[int, bytes]]:
+    """(offset in `data`, decoded bytes) for every base64/base64url and hex run."""
+    for m in _B64_RUN.finditer(data):
+        decoded = _b64(m.group())
+        if decoded:
+            yield m.start(), decoded
+    for m in _HEX_RUN.finditer(data):
+        yield m.start(), bytes.fromhex(m.group().decode("ascii"))
+
+
+def text_decodings(text: bytes) -> Iterator[bytes]:
+    """The whole text with its percent-encoding, HTML character references or backslash
+    escapes decoded (each kind on its own)."""
+    if b"%" in text and _PERCENT.search(text):
+        yield _percent(text)
+    if b"&" in text and _ENTITY.search(text):
+        yield _entities(text)
+    if b"\\" in text and _BACKSLASH.search(text):
+        yield _backslashes(text)
