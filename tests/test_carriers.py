@@ -79,13 +79,27 @@ def test_openai_embeddings_inputs(inputs: object, opaque: tuple[str, ...]) -> No
         assert _units(parsed)["/input"] == {"one string"}
 
 
-def test_openai_embeddings_response_skips_vectors() -> None:
-    raw = json.dumps({"object": "list", "data": [{"object": "embedding", "index": 0, "embedding": "AAAAPw=="}],
-                      "model": "m", "usage": {"prompt_tokens": 2, "total_tokens": 2}}).encode()
-    folded = CARRIERS["openai.embeddings"].parse_response(raw, LIMITS)
+def test_openai_embeddings_response_skips_float_vectors_and_reads_base64_ones() -> None:
+    floats = json.dumps({"object": "list", "data": [{"object": "embedding", "index": 0, "embedding": [0.5, -1.25e-3]}],
+                         "model": "m", "usage": {"prompt_tokens": 2, "total_tokens": 2}}).encode()
+    folded = CARRIERS["openai.embeddings"].parse_response(floats, LIMITS)
     assert folded.complete and not folded.raw_scan
-    assert all(u.text != "AAAAPw==" for u in folded.units)
+    assert all(u.text not in ("0.5", "-1.25e-3") for u in folded.units)
     assert folded.usage is not None and folded.usage.fields["prompt_tokens"] == 2
+    # a base64 vector is a unit: the engine decodes it and scans the bytes
+    b64 = json.dumps({"object": "list", "data": [{"object": "embedding", "index": 0, "embedding": "AAAAPw=="}],
+                      "model": "m"}).encode()
+    folded = CARRIERS["openai.embeddings"].parse_response(b64, LIMITS)
+    assert folded.complete and not folded.raw_scan
+    assert _units(folded)["/data/0/embedding"] == {"AAAAPw=="}
+
+
+@pytest.mark.parametrize("data", ['"text"', '{"a": "b"}', '[{"embedding": "not base64!"}]', '[{"embedding": {"x": 1}}]',
+                                  '[{"embedding": [1, "two"]}]', "[]", '[{"index": 0}]'])
+def test_openai_embeddings_response_of_unexpected_shape_is_read_in_full(data: str) -> None:
+    raw = ('{"object":"list","model":"m","data":%s}' % data).encode()
+    folded = CARRIERS["openai.embeddings"].parse_response(raw, LIMITS)
+    assert folded.complete and folded.raw_scan
 
 
 def test_anthropic_request_units() -> None:

@@ -3,8 +3,10 @@
 Owns: what the provider reads in a Messages request (system, messages, tools — every
 string; text blocks of one message, and of `system`, joined; images, base64/URL documents,
 container uploads and redacted thinking as opaque content) and how a stream folds back:
-`text_delta`, `input_json_delta` and `thinking_delta` per content block index; usage split
-between `message_start` and the cumulative `message_delta`; `message_stop` or `error` ends it.
+per content block index, every string field of every delta (`text_delta`, `input_json_delta`,
+`thinking_delta`, `signature_delta`, citations and fields no one has named yet), each seeded
+with the text its `content_block_start` already carried; usage split between
+`message_start` and the cumulative `message_delta`; `message_stop` or `error` ends it.
 Must not: do I/O or judge content.
 """
 
@@ -20,8 +22,9 @@ from gateway.carriers.jsonraw import JsonError, Path
 from gateway.carriers.sse import SSEEvent
 from gateway.inspection import verdict as rc
 
-_DELTA_FIELDS = {"text_delta": "text", "input_json_delta": "partial_json", "thinking_delta": "thinking"}
-_FOLDED_NAME = {"text_delta": "text", "input_json_delta": "input", "thinking_delta": "thinking"}
+# A delta field and the content-block field it extends (tool input arrives as JSON text).
+_FOLDED_NAME = {"partial_json": "input"}
+_NOT_TEXT = frozenset({"type"})
 
 
 def _is_opaque_block(block: dict[str, Any]) -> bool:
@@ -42,7 +45,8 @@ class AnthropicMessages:
     path = "/v1/messages"
 
     def parse_request(self, raw: bytes, limits: CarrierLimits) -> ParsedRequest:
-        doc, units, dups = base.parse_object(raw, limits)
+        doc, found = base.parse_object(raw, limits)
+        units = found.units
         model = base.require_model(doc)
         stream = base.stream_flag(doc)
         messages = doc.get("messages")
@@ -70,7 +74,8 @@ class AnthropicMessages:
             stream=stream,
             units=tuple(units),
             opaque=tuple(opaque),
-            duplicate_keys=tuple(dups),
+            duplicate_keys=tuple(found.dups),
+            too_deep=tuple(found.deep),
         )
 
     def parse_response(self, raw: bytes, limits: CarrierLimits) -> FoldedResponse:
@@ -78,7 +83,7 @@ class AnthropicMessages:
 
     def fold_stream(self, events: Sequence[SSEEvent], limits: CarrierLimits) -> FoldedResponse:
         decoder = common.EventDecoder(limits)
-        pieces: dict[tuple[int, str], list[str]] = {}
+        pieces: dict[Path, list[str]] = {}
         usage: dict[str, Any] = {}
         response_id: str | None = None
         stopped = is_error = False
@@ -94,33 +99,32 @@ class AnthropicMessages:
                 msg = obj.get("message")
                 response_id = common.get_str(msg, "id")
                 _merge_usage(usage, msg.get("usage") if isinstance(msg, dict) else None)
+            elif kind == "content_block_start":
+                block = obj.get("content_block")
+                if isinstance(block, dict):  # text it already holds starts the folded field
+                    index = common.get_int(obj, "index") or 0
+                    common.string_leaves(block, ("content", index), pieces, skip=_NOT_TEXT)
             elif kind == "content_block_delta":
                 delta = obj.get("delta")
-                dkind = common.get_str(delta, "type")
-                field = _DELTA_FIELDS.get(dkind or "")
-                piece = common.get_str(delta, field) if field else None
-                if piece is not None and dkind is not None:
+                if isinstance(delta, dict):
                     index = common.get_int(obj, "index") or 0
-                    pieces.setdefault((index, dkind), []).append(piece)
+                    for field, value in delta.items():
+                        if field not in _NOT_TEXT:
+                            common.string_leaves(value, ("content", index, _FOLDED_NAME.get(field, field)), pieces)
             elif kind == "message_delta":
                 _merge_usage(usage, obj.get("usage"))
             elif kind == "message_stop":
                 stopped = True
             elif kind == "error":
                 stopped = is_error = True
-        units: list[TextUnit] = list(decoder.units)
-        dups = list(decoder.dups)
-        for (index, dkind), parts in pieces.items():
-            path: Path = ("content", index, _FOLDED_NAME[dkind])
-            base.folded_units(path, "".join(parts), limits, units, dups)
-        return FoldedResponse(
-            units=tuple(units),
+        for path, parts in pieces.items():
+            base.folded_units(path, "".join(parts), limits, decoder.found)
+        return decoder.result(
             complete=stopped,
-            incomplete_reason=None if stopped else rc.RESPONSE_INCOMPLETE,
-            usage=UsageReport(usage) if usage else None,
+            incomplete_reason=None,
+            usage=usage,
             response_id=response_id,
             is_error=is_error,
-            duplicate_keys=tuple(dups),
             events=tuple(events),
         )
 

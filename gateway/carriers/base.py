@@ -32,6 +32,18 @@ UnitKind = Literal[
 ]
 
 
+# Members whose string values label the structure rather than carry text a reader reads
+# on (roles, types, ids, model names, statuses). When the text of a document is read in
+# order, across units, these are left out: a value split across two messages has a role
+# between its halves.
+STRUCTURAL_FIELDS: frozenset[str] = frozenset(
+    {
+        "role", "type", "model", "id", "object", "status", "tool_call_id", "tool_use_id", "call_id",
+        "item_id", "media_type", "stop_reason", "finish_reason", "encoding_format", "detail", "format",
+    }
+)
+
+
 @dataclass(frozen=True, slots=True)
 class CarrierLimits:
     max_depth: int = 64  # JSON nesting accepted from clients and providers
@@ -54,6 +66,7 @@ class ParsedRequest:
     units: tuple[TextUnit, ...]
     opaque: tuple[str, ...] = ()  # pointers of content nobody can read as text
     duplicate_keys: tuple[str, ...] = ()  # pointers of objects with duplicate keys
+    too_deep: tuple[str, ...] = ()  # pointers of JSON-in-strings nested past the decoding budget
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +83,7 @@ class FoldedResponse:
     opaque: tuple[str, ...] = ()
     events: tuple[SSEEvent, ...] = field(default=())  # the parsed events, for re-framing
     raw_scan: bool = True  # False only where the raw bytes are non-text model output
+    too_deep: tuple[str, ...] = ()
 
 
 class Carrier(Protocol):
@@ -94,65 +108,93 @@ class Carrier(Protocol):
 _JSON_START = re.compile(r"\s*[\[{]")
 
 
-def units_of(doc: Any, limits: CarrierLimits, base: Path = ()) -> tuple[list[TextUnit], list[str]]:
+@dataclass(slots=True)
+class Collected:
+    """What a document holds for inspection: its units, the pointers of objects with
+    duplicate keys, and of JSON-in-strings nested past the decoding budget."""
+
+    units: list[TextUnit]
+    dups: list[str]
+    deep: list[str] = field(default_factory=list)
+
+    def extend(self, other: Collected) -> None:
+        self.units.extend(other.units)
+        self.dups.extend(other.dups)
+        self.deep.extend(other.deep)
+
+
+def units_of(doc: Any, limits: CarrierLimits, base: Path = ()) -> Collected:
     """Every string, key and number in an already decoded `doc`, plus what JSON held inside
-    its strings holds (see `parse_object`). Returns the units and the pointers of objects
-    with duplicate keys. Raises JsonError(too_deep) past the depth limit."""
+    its strings holds (see `parse_document`). Raises JsonError(too_deep) past the depth
+    limit."""
     items, dup_paths, _ = jsonraw.collect(doc, base, limits.max_depth)
     return _with_embedded(items, dup_paths, limits)
 
 
-def parse_document(raw: bytes | str, limits: CarrierLimits, base: Path = ()) -> tuple[Any, list[TextUnit], list[str]]:
+def parse_document(raw: bytes | str, limits: CarrierLimits, base: Path = ()) -> tuple[Any, Collected]:
     """Decode wire bytes (or one event's text) and collect every unit: every string, key
     and number; the strings of JSON held inside a string (tool-call arguments, tool
-    results, unknown fields alike) decoded again up to `limits.embedded_json_depth` times,
-    as one `embedded` unit at the path of the string that held them. Returns the document,
-    the units and the pointers of objects with duplicate keys."""
+    results, embeddings inputs and unknown fields alike) decoded again up to
+    `limits.embedded_json_depth` times, as one `embedded` unit at the path of the string
+    that held them."""
     doc, items, dup_paths = jsonraw.decode_units(raw, base, limits.max_depth)
-    units, dups = _with_embedded(items, dup_paths, limits)
-    return doc, units, dups
+    return doc, _with_embedded(items, dup_paths, limits)
 
 
-def _with_embedded(
-    items: list[TextUnit], dup_paths: list[Path], limits: CarrierLimits
-) -> tuple[list[TextUnit], list[str]]:
-    dups = [jsonraw.pointer(p) for p in dup_paths]
-    out = list(items)
+def _with_embedded(items: list[TextUnit], dup_paths: list[Path], limits: CarrierLimits) -> Collected:
+    found = Collected(list(items), [jsonraw.pointer(p) for p in dup_paths])
     if limits.embedded_json_depth > 0:
         match = _JSON_START.match
         for unit in items:
             if unit.kind == "string" and match(unit.text):
-                _decode_embedded(unit.text, unit.path, limits, limits.embedded_json_depth, out, dups)
-    return out, dups
+                _decode_embedded(unit.text, unit.path, limits, limits.embedded_json_depth, found)
+    return found
 
 
-def _decode_embedded(
-    text: str, path: Path, limits: CarrierLimits, budget: int, out: list[TextUnit], dups: list[str]
-) -> None:
+def _holds_more_json(text: str, limits: CarrierLimits) -> bool:
+    """JSON text whose strings hide more escaped content (so stopping here would leave
+    something unread)."""
+    if "\\" not in text:
+        return False  # every string in it stands verbatim in `text`, which is inspected
+    try:
+        jsonraw.decode_shape(text, limits.max_depth)
+    except JsonError as exc:
+        return exc.reason == rc.TOO_DEEP
+    return True
+
+
+def _decode_embedded(text: str, path: Path, limits: CarrierLimits, budget: int, found: Collected) -> None:
     """JSON held in the string `text` at `path`: its strings, keys and numbers become one
-    `embedded` unit at `path` (joined with NUL, a boundary for every matcher), and JSON held
-    in its strings is decoded again while `budget` lasts."""
+    `embedded` unit at `path` (joined with LF: a boundary for every format rule that the
+    normalised copy keeps, unlike NUL, which it removes), and JSON held
+    in its strings is decoded again while `budget` lasts. When the budget runs out and a
+    string still holds JSON with escapes, the path is reported too deep (withheld), never
+    silently left unread."""
     try:
         if "\\" not in text:
             # No escape inside: every key, string and number of the inner document stands
             # verbatim in `text`, which is itself a unit. Only its shape is left to check.
             _, has_dups = jsonraw.decode_shape(text, limits.max_depth)
             if has_dups:
-                dups.append(jsonraw.pointer(path))
+                found.dups.append(jsonraw.pointer(path))
             return
         _, texts, has_dups = jsonraw.decode_texts(text, limits.max_depth)
     except JsonError as exc:
         if exc.reason == rc.TOO_DEEP:
-            dups.append(jsonraw.pointer(path))  # too deep to inspect: never silently accepted
+            found.deep.append(jsonraw.pointer(path))  # too deep to inspect: never silently accepted
         return  # otherwise an ordinary string that merely starts with a bracket
     if has_dups:
-        dups.append(jsonraw.pointer(path))
-    out.append(TextUnit(path, "\x00".join(texts), "embedded"))
-    if budget > 1:
-        match = _JSON_START.match
-        for inner_text in texts:
-            if match(inner_text):
-                _decode_embedded(inner_text, path, limits, budget - 1, out, dups)
+        found.dups.append(jsonraw.pointer(path))
+    found.units.append(TextUnit(path, "\n".join(texts), "embedded"))
+    match = _JSON_START.match
+    for inner_text in texts:
+        if not match(inner_text):
+            continue
+        if budget > 1:
+            _decode_embedded(inner_text, path, limits, budget - 1, found)
+        elif _holds_more_json(inner_text, limits):
+            found.deep.append(jsonraw.pointer(path))
+            return
 
 
 def joined(path: Path, parts: Sequence[str]) -> TextUnit | None:
@@ -162,11 +204,11 @@ def joined(path: Path, parts: Sequence[str]) -> TextUnit | None:
     return TextUnit(path, "".join(parts), "joined")
 
 
-def folded_units(path: Path, text: str, limits: CarrierLimits, out: list[TextUnit], dups: list[str]) -> None:
+def folded_units(path: Path, text: str, limits: CarrierLimits, found: Collected) -> None:
     """A reassembled streamed field, plus its strings if it is JSON (tool arguments)."""
-    out.append(TextUnit(path, text, "folded"))
+    found.units.append(TextUnit(path, text, "folded"))
     if limits.embedded_json_depth > 0 and _JSON_START.match(text):
-        _decode_embedded(text, path, limits, limits.embedded_json_depth, out, dups)
+        _decode_embedded(text, path, limits, limits.embedded_json_depth, found)
 
 
 def require_object(raw: bytes, limits: CarrierLimits) -> dict[str, Any]:
@@ -177,12 +219,12 @@ def require_object(raw: bytes, limits: CarrierLimits) -> dict[str, Any]:
     return doc
 
 
-def parse_object(raw: bytes, limits: CarrierLimits) -> tuple[dict[str, Any], list[TextUnit], list[str]]:
+def parse_object(raw: bytes, limits: CarrierLimits) -> tuple[dict[str, Any], Collected]:
     """A request that must be a JSON object, with its units (see `parse_document`)."""
-    doc, units, dups = parse_document(raw, limits)
+    doc, found = parse_document(raw, limits)
     if not isinstance(doc, dict):
         raise JsonError(rc.UNSUPPORTED_CARRIER)
-    return doc, units, dups
+    return doc, found
 
 
 def require_model(doc: dict[str, Any]) -> str:

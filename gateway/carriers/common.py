@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.carriers import jsonraw
-from gateway.carriers.base import CarrierLimits, FoldedResponse, TextUnit, UsageReport, parse_document, units_of
+from gateway.carriers.base import Collected, CarrierLimits, FoldedResponse, UsageReport, parse_document, units_of
 from gateway.carriers.jsonraw import JsonError, Path
 from gateway.inspection import verdict as rc
 
@@ -27,9 +27,9 @@ def json_response(
             doc = jsonraw.loads(raw, max_depth=limits.max_depth, check_depth=False)
             if not isinstance(doc, dict):
                 raise JsonError(rc.JSON_INVALID)
-            units, dups = units_of({k: v for k, v in doc.items() if k not in skip}, limits)
+            found = units_of({k: v for k, v in doc.items() if k not in skip}, limits)
         else:
-            doc, units, dups = parse_document(raw, limits)
+            doc, found = parse_document(raw, limits)
             if not isinstance(doc, dict):
                 raise JsonError(rc.JSON_INVALID)
     except JsonError as exc:
@@ -37,12 +37,13 @@ def json_response(
     usage = doc.get("usage")
     rid = doc.get("id")
     return FoldedResponse(
-        units=tuple(units),
+        units=tuple(found.units),
         complete=True,
         usage=UsageReport(dict(usage)) if isinstance(usage, dict) else None,
         response_id=rid if jsonraw.is_str(rid) else None,
         is_error=error_key is not None and error_key in doc,
-        duplicate_keys=tuple(dups),
+        duplicate_keys=tuple(found.dups),
+        too_deep=tuple(found.deep),
     )
 
 
@@ -57,20 +58,55 @@ class EventDecoder:
 
     def __init__(self, limits: CarrierLimits) -> None:
         self.limits = limits
-        self.units: list[TextUnit] = []
-        self.dups: list[str] = []
+        self.found = Collected([], [])
 
     def decode(self, data: str, index: int) -> Any:
         base: Path = ("~events", index)
         if data.isascii() and "\\" not in data:
             doc, has_dups = jsonraw.decode_shape(data, self.limits.max_depth)
             if has_dups:
-                self.dups.append(jsonraw.pointer(base))
+                self.found.dups.append(jsonraw.pointer(base))
             return doc
-        doc, units, dups = parse_document(data, self.limits, base)
-        self.units.extend(units)
-        self.dups.extend(dups)
+        doc, found = parse_document(data, self.limits, base)
+        self.found.extend(found)
         return doc
+
+    def result(
+        self,
+        *,
+        complete: bool,
+        incomplete_reason: str | None,
+        usage: dict[str, Any] | None,
+        response_id: str | None,
+        is_error: bool,
+        events: tuple[Any, ...],
+    ) -> FoldedResponse:
+        return FoldedResponse(
+            units=tuple(self.found.units),
+            complete=complete,
+            incomplete_reason=None if complete else (incomplete_reason or rc.RESPONSE_INCOMPLETE),
+            usage=UsageReport(dict(usage)) if usage else None,
+            response_id=response_id,
+            is_error=is_error,
+            duplicate_keys=tuple(self.found.dups),
+            events=events,
+            too_deep=tuple(self.found.deep),
+        )
+
+
+def string_leaves(node: Any, path: Path, out: dict[Path, list[str]], skip: frozenset[str] = frozenset()) -> None:
+    """Every string in `node` appended to `out[path of the string]` (object members named
+    in `skip` left out): how streamed deltas are folded generically, field by field."""
+    cls = type(node)
+    if cls is str:
+        out.setdefault(path, []).append(node)
+    elif isinstance(node, dict):
+        for key, value in node.items():
+            if key not in skip:
+                string_leaves(value, (*path, key), out)
+    elif cls is list:
+        for i, value in enumerate(node):
+            string_leaves(value, (*path, i), out)
 
 
 def get_int(obj: Any, key: str) -> int | None:

@@ -201,9 +201,13 @@ def walk(doc: Any, base: Path = ()) -> Iterator[tuple[Path, str, str]]:
 
 
 def collect(doc: Any, base: Path, max_depth: int) -> tuple[list[TextUnit], list[Path], int]:
-    """One pass over `doc`: a unit for everything `walk` yields (each distinct key text
-    once, where it first appears), the paths of objects with duplicate keys, the number of
-    keys held, and the depth limit (JsonError(too_deep))."""
+    """One pass over `doc`, in document order: a unit for everything `walk` yields (each
+    distinct key text once, where it first appears), the paths of objects with duplicate
+    keys, the number of keys held, and the depth limit (JsonError(too_deep)).
+
+    Document order matters: the engine reads the string units in order, joined, to find a
+    configured value split across them. A container whose children are all scalars emits
+    them directly; one that holds containers pushes its children (reversed) on the stack."""
     items: list[TextUnit] = []
     dups: list[Path] = []
     keys = 0
@@ -223,27 +227,47 @@ def collect(doc: Any, base: Path, max_depth: int) -> tuple[list[TextUnit], list[
             if depth > max_depth:
                 raise JsonError(rc.TOO_DEEP)
             keys += len(node)
+            nested = False
             for key, value in node.items():
                 if key not in seen_keys:  # a key text is inspected once, where it first appears
                     seen_keys.add(key)
                     append(new(unit, (path, key, k_kind)))
-                push(((*path, key), value, depth + 1))
-            if cls is DupDict:
-                dups.append(path)
-                for key, value in node.shadowed:
+                vcls = type(value)
+                if vcls is dict or vcls is list or vcls is DupDict:
+                    nested = True
+            if nested or cls is DupDict:
+                if cls is DupDict:
+                    dups.append(path)
+                    for key, value in reversed(node.shadowed):
+                        push(((*path, key), value, depth + 1))
+                for key, value in reversed(node.items()):
                     push(((*path, key), value, depth + 1))
+            else:
+                for key, value in node.items():
+                    vcls = type(value)
+                    if vcls is str:
+                        append(new(unit, ((*path, key), value, s_kind)))
+                    elif vcls is int or vcls is JsonFloat:
+                        append(new(unit, ((*path, key), str(value), n_kind)))
         elif cls is list:
             if depth > max_depth:
                 raise JsonError(rc.TOO_DEEP)
-            for i, value in enumerate(node):
+            nested = False
+            for value in node:
                 vcls = type(value)
-                sub = (*path, i)
-                if vcls is str:
-                    append(new(unit, (sub, value, s_kind)))
-                elif vcls is int:
-                    append(new(unit, (sub, str(value), n_kind)))
-                elif vcls is not bool and value is not None:
-                    push((sub, value, depth + 1))
+                if vcls is dict or vcls is list or vcls is DupDict:
+                    nested = True
+                    break
+            if nested:
+                for i in range(len(node) - 1, -1, -1):
+                    push(((*path, i), node[i], depth + 1))
+            else:
+                for i, value in enumerate(node):
+                    vcls = type(value)
+                    if vcls is str:
+                        append(new(unit, ((*path, i), value, s_kind)))
+                    elif vcls is int or vcls is JsonFloat:
+                        append(new(unit, ((*path, i), str(value), n_kind)))
         elif cls is JsonFloat or cls is int:
             append(new(unit, (path, str(node), n_kind)))
     return items, dups, keys

@@ -2,7 +2,9 @@
 
 Owns: what the provider reads in a chat request (every string; text parts of a message
 joined; images, audio and files as opaque content) and how a chat stream folds back into
-choices (text, refusal and tool-call argument deltas per `tool_calls[].index`).
+choices: every string field of every delta, per choice — content, refusal, reasoning
+fields, legacy `function_call.arguments`, `audio.transcript`, fields no one has named yet —
+and tool calls per `tool_calls[].index`.
 Must not: do I/O or judge content.
 """
 
@@ -19,6 +21,8 @@ from gateway.carriers.sse import SSEEvent
 from gateway.inspection import verdict as rc
 
 _OPAQUE_PARTS = frozenset({"image_url", "input_audio", "file"})
+_TOOL_CALLS = frozenset({"tool_calls"})
+_INDEX = frozenset({"index"})
 
 
 class OpenAIChat:
@@ -27,7 +31,8 @@ class OpenAIChat:
     path = "/chat/completions"
 
     def parse_request(self, raw: bytes, limits: CarrierLimits) -> ParsedRequest:
-        doc, units, dups = base.parse_object(raw, limits)
+        doc, found = base.parse_object(raw, limits)
+        units = found.units
         model = base.require_model(doc)
         stream = base.stream_flag(doc)
         messages = doc.get("messages")
@@ -58,7 +63,8 @@ class OpenAIChat:
             stream=stream,
             units=tuple(units),
             opaque=tuple(opaque),
-            duplicate_keys=tuple(dups),
+            duplicate_keys=tuple(found.dups),
+            too_deep=tuple(found.deep),
         )
 
     def parse_response(self, raw: bytes, limits: CarrierLimits) -> FoldedResponse:
@@ -66,8 +72,7 @@ class OpenAIChat:
 
     def fold_stream(self, events: Sequence[SSEEvent], limits: CarrierLimits) -> FoldedResponse:
         decoder = common.EventDecoder(limits)
-        texts: dict[tuple[int, str], list[str]] = {}
-        args: dict[tuple[int, int], list[str]] = {}
+        pieces: dict[Path, list[str]] = {}
         usage: dict[str, Any] | None = None
         response_id: str | None = None
         done = is_error = False
@@ -87,23 +92,16 @@ class OpenAIChat:
             if isinstance(chunk.get("usage"), dict):
                 usage = chunk["usage"]
             for choice in chunk.get("choices") or ():
-                _fold_choice(choice, texts, args)
-        units: list[TextUnit] = list(decoder.units)
-        dups = list(decoder.dups)
-        for (ci, field), pieces in texts.items():
-            base.folded_units(("choices", ci, "message", field), "".join(pieces), limits, units, dups)
-        for (ci, ti), pieces in args.items():
-            path: Path = ("choices", ci, "message", "tool_calls", ti, "function", "arguments")
-            base.folded_units(path, "".join(pieces), limits, units, dups)
+                _fold_choice(choice, pieces)
+        for path, parts in pieces.items():
+            base.folded_units(path, "".join(parts), limits, decoder.found)
         complete = done or is_error
-        return FoldedResponse(
-            units=tuple(units),
+        return decoder.result(
             complete=complete,
-            incomplete_reason=None if complete else rc.RESPONSE_INCOMPLETE,
-            usage=UsageReport(dict(usage)) if usage is not None else None,
+            incomplete_reason=None,
+            usage=usage,
             response_id=response_id,
             is_error=is_error,
-            duplicate_keys=tuple(dups),
             events=tuple(events),
         )
 
@@ -120,19 +118,16 @@ class OpenAIChat:
         return b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"
 
 
-def _fold_choice(choice: Any, texts: dict[tuple[int, str], list[str]], args: dict[tuple[int, int], list[str]]) -> None:
+def _fold_choice(choice: Any, pieces: dict[Path, list[str]]) -> None:
+    """Every string of a choice's delta, appended to its field of the folded message;
+    tool calls by their `index` (the position in one chunk's list says nothing)."""
     ci = common.get_int(choice, "index") or 0
     delta = choice.get("delta") if isinstance(choice, dict) else None
     if not isinstance(delta, dict):
         return
-    for field in ("content", "refusal", "reasoning_content"):
-        piece = common.get_str(delta, field)
-        if piece:
-            texts.setdefault((ci, field), []).append(piece)
-    for call in delta.get("tool_calls") or ():
-        ti = common.get_int(call, "index") or 0
-        if not isinstance(call, dict):
-            continue
-        piece = common.get_str(call.get("function"), "arguments") or common.get_str(call.get("custom"), "input")
-        if piece:
-            args.setdefault((ci, ti), []).append(piece)
+    message: Path = ("choices", ci, "message")
+    common.string_leaves(delta, message, pieces, skip=_TOOL_CALLS)
+    calls = delta.get("tool_calls")
+    for position, call in enumerate(calls if isinstance(calls, list) else ()):
+        ti = common.get_int(call, "index")
+        common.string_leaves(call, (*message, "tool_calls", position if ti is None else ti), pieces, skip=_INDEX)

@@ -1,19 +1,26 @@
 """OpenAI Embeddings (`POST /v1/embeddings`).
 
-Owns: the request's inputs (strings are text; token-id arrays cannot be read as text and
-are opaque content) and the response, whose vectors — float lists, or base64 float32 when
-`encoding_format: "base64"` (the openai SDK's default) — are model output numbers, not text:
-they are released byte-for-byte and left out of the text units.
+Owns: the request's inputs (strings are text, read like every other string — JSON held in
+them decoded again; token-id arrays cannot be read as text and are opaque content) and the
+response, whose vectors — float lists, or base64 float32 when `encoding_format: "base64"`
+(the openai SDK's default) — are model output numbers, not text. In the one shape the API
+defines (`data` a list of objects whose `embedding` is a list of numbers or a base64 string
+of whole float32 values) float lists are left out of the text units and the raw scan
+(digits only give false positives), while a base64 vector is a unit like any string, so
+the engine decodes it and scans the bytes (anything could be hidden in "floats"). Any other
+shape is inspected in full, raw bytes included.
 Must not: do I/O or judge content.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 from gateway.carriers import base, jsonraw
-from gateway.carriers.base import CarrierLimits, FoldedResponse, ParsedRequest, TextUnit, UsageReport
+from gateway.carriers.base import CarrierLimits, FoldedResponse, ParsedRequest, UsageReport
 from gateway.carriers.jsonraw import JsonError
 from gateway.carriers.sse import SSEEvent
 from gateway.inspection import verdict as rc
@@ -34,14 +41,14 @@ class OpenAIEmbeddings:
             raise JsonError(rc.UNSUPPORTED_CARRIER)
         inputs = doc.get("input")
         opaque: list[str] = []
-        rest = {k: v for k, v in doc.items() if k != "input"}
-        units, dups = base.units_of(rest, limits)
-        if isinstance(inputs, str):
-            units.append(TextUnit(("input",), inputs, "string"))
+        # Token-id arrays are left out of the units (opaque): they can be millions of ints.
+        found = base.units_of({k: v for k, v in doc.items() if k != "input"}, limits)
+        if type(inputs) is str:
+            found.extend(base.units_of(inputs, limits, ("input",)))
         elif isinstance(inputs, list) and inputs:
             for i, item in enumerate(inputs):
                 if type(item) is str:
-                    units.append(TextUnit(("input", i), item, "string"))
+                    found.extend(base.units_of(item, limits, ("input", i)))
                 elif type(item) is int or (isinstance(item, list) and all(type(t) is int for t in item)):
                     opaque.append("/input" if type(item) is int else f"/input/{i}")
                 else:
@@ -55,41 +62,42 @@ class OpenAIEmbeddings:
             doc=doc,
             model=model,
             stream=False,
-            units=tuple(units),
+            units=tuple(found.units),
             opaque=tuple(opaque),
-            duplicate_keys=tuple(dups),
+            duplicate_keys=tuple(found.dups),
+            too_deep=tuple(found.deep),
         )
 
     def parse_response(self, raw: bytes, limits: CarrierLimits) -> FoldedResponse:
         try:
             doc = jsonraw.loads(raw, max_depth=limits.max_depth, check_depth=False)
+            if not isinstance(doc, dict):
+                raise JsonError(rc.JSON_INVALID)
+            vectors = _well_formed_vectors(doc.get("data"))
+            if vectors:
+                # Everything but the vectors is text to inspect (object, model, index, ...).
+                found = base.units_of({k: v for k, v in doc.items() if k != "data"}, limits)
+                for i, item in enumerate(doc["data"]):
+                    vector = item["embedding"] if type(item["embedding"]) is str else None
+                    meta = {k: v for k, v in item.items() if k != "embedding" or vector is not None}
+                    found.extend(base.units_of(meta, limits, ("data", i)))
+            else:
+                found = base.units_of(doc, limits)  # not the shape we know: read all of it
         except JsonError as exc:
             return FoldedResponse(units=(), complete=False, incomplete_reason=exc.reason)
-        if not isinstance(doc, dict):
-            return FoldedResponse(units=(), complete=False, incomplete_reason=rc.JSON_INVALID)
-        # Everything but the vectors is text to inspect (object, model, index, error, ...).
-        rest = {k: v for k, v in doc.items() if k != "data"}
-        units, dups = base.units_of(rest, limits)
-        data = doc.get("data")
-        for i, item in enumerate(data if isinstance(data, list) else ()):
-            if not isinstance(item, dict):
-                return FoldedResponse(units=(), complete=False, incomplete_reason=rc.JSON_INVALID)
-            meta = {k: v for k, v in item.items() if k != "embedding"}
-            more, more_dups = base.units_of(meta, limits, ("data", i))
-            units.extend(more)
-            dups.extend(more_dups)
         usage = doc.get("usage")
         return FoldedResponse(
-            units=tuple(units),
+            units=tuple(found.units),
             complete=True,
             usage=UsageReport(dict(usage)) if isinstance(usage, dict) else None,
             response_id=None,
             is_error="error" in doc,
-            duplicate_keys=tuple(dups),
-            # The raw bytes are mostly vector digits / base64 floats: matching credential
-            # formats or digit literals there yields only false positives. Every non-vector
-            # value is covered by the decoded units above.
-            raw_scan=False,
+            duplicate_keys=tuple(found.dups),
+            too_deep=tuple(found.deep),
+            # The raw bytes of well-formed vectors are digits / base64 floats: matching
+            # credential formats or digit literals there yields only false positives. Every
+            # non-vector value is covered by the decoded units above.
+            raw_scan=not vectors,
         )
 
     def fold_stream(self, events: Sequence[SSEEvent], limits: CarrierLimits) -> FoldedResponse:
@@ -98,3 +106,22 @@ class OpenAIEmbeddings:
 
     def stream_error_event(self, code: str, reason_codes: Sequence[str], message: str) -> bytes:
         raise NotImplementedError("embeddings do not stream")
+
+
+def _is_vector(value: Any) -> bool:
+    if isinstance(value, list):
+        return all(type(x) is int or type(x) is jsonraw.JsonFloat for x in value)
+    if type(value) is str:
+        try:
+            decoded = base64.b64decode(value, validate=True)
+        except (binascii.Error, ValueError):
+            return False
+        return len(decoded) % 4 == 0
+    return False
+
+
+def _well_formed_vectors(data: Any) -> bool:
+    """`data` is a non-empty list of objects each holding an `embedding` vector."""
+    if not isinstance(data, list) or not data:
+        return False
+    return all(isinstance(item, dict) and _is_vector(item.get("embedding")) for item in data)

@@ -3,8 +3,9 @@
 Owns: what the provider reads in a Responses request (instructions, input items, tools —
 every string; text parts of one message joined; images, files, audio and encrypted
 reasoning state as opaque content) and how named `response.*` events fold back: every
-`*.delta` event is reassembled per output item and content part, function-call arguments
-per output item; `response.completed | incomplete | failed` and `error` are terminal.
+event that carries a `delta` — named or not yet known — is reassembled by its event family,
+output item and content part (function-call arguments per output item);
+`response.completed | incomplete | failed` and `error` are terminal.
 Must not: do I/O or judge content.
 """
 
@@ -30,7 +31,8 @@ class OpenAIResponses:
     path = "/responses"
 
     def parse_request(self, raw: bytes, limits: CarrierLimits) -> ParsedRequest:
-        doc, units, dups = base.parse_object(raw, limits)
+        doc, found = base.parse_object(raw, limits)
+        units = found.units
         model = base.require_model(doc)
         stream = base.stream_flag(doc)
         items = doc.get("input")
@@ -61,7 +63,8 @@ class OpenAIResponses:
             stream=stream,
             units=tuple(units),
             opaque=tuple(opaque),
-            duplicate_keys=tuple(dups),
+            duplicate_keys=tuple(found.dups),
+            too_deep=tuple(found.deep),
         )
 
     def parse_response(self, raw: bytes, limits: CarrierLimits) -> FoldedResponse:
@@ -92,21 +95,17 @@ class OpenAIResponses:
                 response_id = response_id or common.get_str(resp, "id")
                 if isinstance(resp.get("usage"), dict):
                     usage = resp["usage"]
-            delta = common.get_str(obj, "delta")
-            if delta is not None and kind.endswith(".delta"):
-                pieces.setdefault(_delta_path(kind, obj), []).append(delta)
-        units: list[TextUnit] = list(decoder.units)
-        dups = list(decoder.dups)
+            delta = obj.get("delta")
+            if delta is not None and kind not in _TERMINAL:
+                common.string_leaves(delta, _delta_path(kind, obj), pieces)
         for path, parts in pieces.items():
-            base.folded_units(path, "".join(parts), limits, units, dups)
-        return FoldedResponse(
-            units=tuple(units),
+            base.folded_units(path, "".join(parts), limits, decoder.found)
+        return decoder.result(
             complete=terminal,
-            incomplete_reason=None if terminal else rc.RESPONSE_INCOMPLETE,
-            usage=UsageReport(dict(usage)) if usage is not None else None,
+            incomplete_reason=None,
+            usage=usage,
             response_id=response_id,
             is_error=is_error,
-            duplicate_keys=tuple(dups),
             events=tuple(events),
         )
 
@@ -124,10 +123,12 @@ class OpenAIResponses:
 
 
 def _delta_path(kind: str, obj: dict[str, Any]) -> Path:
-    """Where a delta's reassembled text lives in the final response object."""
-    out_i = common.get_int(obj, "output_index") or 0
+    """Where a delta's reassembled text lives in the final response object (an event type
+    no one has named yet folds under its own family name, by its ids)."""
+    index = common.get_int(obj, "output_index")
+    out_i: int | str = index if index is not None else (common.get_str(obj, "item_id") or 0)
     part_i = common.get_int(obj, "content_index")
-    family = kind[: -len(".delta")].removeprefix("response.")
+    family = kind.removesuffix(".delta").removeprefix("response.") or "delta"
     if family == "function_call_arguments":
         return ("output", out_i, "arguments")
     if family == "output_text" and part_i is not None:
