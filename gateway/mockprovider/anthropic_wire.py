@@ -13,7 +13,7 @@ from types import MappingProxyType
 from typing import Any
 
 from .cache import NO_CACHE, CacheUsage
-from .content import Generation, derive_id
+from .content import Generation, derive_id, split_text
 from .reply import Reply, WireError, json_reply, sse_named, sse_reply
 from .usage import compute_usage
 
@@ -169,10 +169,16 @@ def stream_events(request: Mapping[str, Any], gen: Generation, cache: CacheUsage
         },
     )
     if _has_text_block(gen):
-        log.block(
-            {"type": "text", "text": ""},
-            [{"type": "text_delta", "text": piece} for piece in gen.text_pieces],
-        )
+        field = gen.text_field or "text"
+        head = gen.text[: gen.start_text_chars]
+        pieces = gen.text_pieces
+        if head:  # the rest in pieces of the same size as the step asked for
+            size = max(len(p) for p in gen.text_pieces)
+            pieces = split_text(gen.text[len(head) :], size)
+        start: dict[str, Any] = {"type": field, field: head}
+        if field == "thinking":
+            start["signature"] = ""
+        log.block(start, [{"type": f"{field}_delta", field: piece} for piece in pieces])
     for index, call in enumerate(gen.tool_calls):
         log.block(
             {"type": "tool_use", "id": _tool_use_id(gen, index), "name": call.name, "input": {}},

@@ -176,6 +176,8 @@ class Generation:
     text_pieces: tuple[str, ...]
     tool_calls: tuple[PlannedToolCall, ...]
     omit_usage: bool
+    text_field: str | None = None  # where a stream carries the text (Step.text_field)
+    start_text_chars: int = 0  # Anthropic: leading text sent in content_block_start
 
     @property
     def emitted_text(self) -> str:
@@ -211,4 +213,6 @@ def plan_generation(api: Api, request: Mapping[str, Any], step: Step) -> Generat
         text_pieces=step.chunks if step.chunks is not None else split_text(text, step.chunk_size),
         tool_calls=calls,
         omit_usage=step.omit_usage,
+        text_field=step.text_field,
+        start_text_chars=step.start_text_chars,
     )

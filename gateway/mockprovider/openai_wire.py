@@ -117,7 +117,7 @@ def _chat_deltas(gen: Generation) -> list[dict[str, Any]]:
     """The ``delta`` objects of a chat stream, in order (without the finish chunk)."""
     role_content = "" if _chat_content(gen) is not None else None
     deltas: list[dict[str, Any]] = [{"role": "assistant", "content": role_content, "refusal": None}]
-    deltas.extend({"content": piece} for piece in gen.text_pieces)
+    deltas.extend(_text_delta(gen.text_field or "content", piece) for piece in gen.text_pieces)
     for index, (call_id, call) in enumerate(zip(_chat_call_ids(gen), gen.tool_calls, strict=True)):
         head = {
             "index": index,
@@ -128,6 +128,12 @@ def _chat_deltas(gen: Generation) -> list[dict[str, Any]]:
         deltas.append({"tool_calls": [head]})
         deltas.extend({"tool_calls": [{"index": index, "function": {"arguments": piece}}]} for piece in call.pieces)
     return deltas
+
+
+def _text_delta(field: str, piece: str) -> dict[str, Any]:
+    """A delta carrying `piece` in `field` (`audio.transcript` nests one level)."""
+    outer, _, inner = field.partition(".")
+    return {outer: {inner: piece}} if inner else {outer: piece}
 
 
 def chat_chunks(request: Mapping[str, Any], gen: Generation, cache: CacheUsage = NO_CACHE) -> list[bytes]:
@@ -260,8 +266,12 @@ def _emit_message_item(log: _ResponsesEventLog, ids: _ResponseIds, gen: Generati
     position = {"item_id": ids.message, "output_index": 0, "content_index": 0}
     log.emit("response.output_item.added", output_index=0, item=_message_item(ids, None))
     log.emit("response.content_part.added", **position, part=_output_text_part(""))
+    family = gen.text_field or "output_text"
     for piece in gen.text_pieces:
-        log.emit("response.output_text.delta", **position, delta=piece, logprobs=[])
+        if family == "output_text":
+            log.emit("response.output_text.delta", **position, delta=piece, logprobs=[])
+        else:
+            log.emit(f"response.{family}.delta", **position, delta=piece)
     log.emit("response.output_text.done", **position, text=gen.text, logprobs=[])
     log.emit("response.content_part.done", **position, part=_output_text_part(gen.text))
     log.emit("response.output_item.done", output_index=0, item=_message_item(ids, gen.text))

@@ -86,6 +86,14 @@ class Step:
     * ``fault`` -- one of `FAULTS`.
     * ``raw_body`` / ``raw_events`` -- send these exact bytes (a body, or SSE events)
       instead of anything generated; ``content_type`` overrides the default type.
+    * ``text_field`` -- where a stream carries the text, for the shapes servers emit
+      besides the usual one: chat ``content`` (default), ``reasoning``,
+      ``reasoning_content``, ``refusal``, ``audio.transcript`` or legacy
+      ``function_call.arguments``; Anthropic ``text`` (default) or ``thinking``;
+      Responses ``output_text`` (default) or any other event family (``<family>.delta``
+      events, e.g. ``reasoning_summary_text``).
+    * ``start_text_chars`` -- Anthropic streams: this many leading characters of the text
+      travel in ``content_block_start`` rather than in deltas.
     """
 
     status: int = 200
@@ -103,6 +111,8 @@ class Step:
     raw_body: str | None = None
     content_type: str | None = None
     raw_events: tuple[str, ...] | None = None
+    text_field: str | None = None
+    start_text_chars: int = 0
 
     @property
     def is_error(self) -> bool:
@@ -214,7 +224,19 @@ def _parse_step(data: Mapping[str, Any]) -> Step:
         raw_body=_expect(data, "raw_body", str),
         content_type=_expect(data, "content_type", str),
         raw_events=_expect_str_list(data, "raw_events"),
+        text_field=_text_field(data),
+        start_text_chars=int(_expect_non_negative(data, "start_text_chars")),
     )
+
+
+_TEXT_FIELD_RE = re.compile(r"[a-z_]{1,40}(\.[a-z_]{1,40})?")
+
+
+def _text_field(data: Mapping[str, Any]) -> str | None:
+    value = _expect(data, "text_field", str)
+    if value is not None and not _TEXT_FIELD_RE.fullmatch(value):
+        raise StepError("step field 'text_field' must be a field name or a dotted pair of them")
+    return value  # type: ignore[no-any-return]
 
 
 def parse_steps(steps: object) -> list[Step]:
