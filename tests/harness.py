@@ -71,8 +71,9 @@ class Env:
     def write_policy(self, text: str) -> None:
         (self.dir / "policy.toml").write_text(text)
 
-    def write_secrets(self, values: list[str]) -> None:
-        (self.dir / "secrets" / "values.json").write_text(json.dumps(values))
+    def write_secrets(self, values: list[Any]) -> None:
+        """Configured literals: strings, or {"value": ..., "ignore_case": true} objects."""
+        devsetup.write_private(self.dir / "secrets" / "values.json", json.dumps(values).encode())
 
     def add_principal(self, pid: str, actions: list[str], profiles: list[str], scopes: list[str] | None = None) -> str:
         key, digest = devsetup.new_gateway_key()
@@ -97,7 +98,7 @@ def build_env(
     directory: Path,
     mock_url: str,
     *,
-    secrets_: list[str] | None = None,
+    secrets_: list[Any] | None = None,
     profiles: list[dict[str, Any]] | None = None,
     principal_profiles: list[str] | None = None,
     policy_extra: str = "",

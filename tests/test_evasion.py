@@ -4,6 +4,7 @@ none reaches the client. Zero leaks, counted over thousands of combinations."""
 
 from __future__ import annotations
 
+import base64
 import json
 import uuid
 from collections.abc import Callable, Iterator
@@ -12,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from gateway.carriers import sse
+from gateway.carriers import CARRIERS, sse
+from gateway.carriers.base import CarrierLimits
 from gateway.mockprovider import MockProviderServer
 from tests.harness import Env, GatewayThread, build_env, raw_client
 from tests.inspection.secret_samples import true_positives
@@ -24,6 +26,7 @@ LITERALS = [
     "plain-literal-0123456789",
 ]
 NUMBER_LITERAL = "31415926535897932384626"  # leaks as a number's lexical form
+CASELESS = "Project-Nightingale-Codename"  # configured with ignore_case
 FORMAT_RULES = [
     "aws-access-key-id", "github-pat", "openai-project-key", "anthropic-api-key",
     "stripe-live-secret-key", "private-key-rsa", "jwt", "postgres-connection-uri",
@@ -38,7 +41,7 @@ PH1, PH2 = "@@PART1@@", "@@PART2@@"
 @pytest.fixture(scope="module")
 def gw(mock: MockProviderServer, shared_tls: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Env, GatewayThread]]:
     env = build_env(tmp_path_factory.mktemp("evasion"), mock.url, tls_dir=shared_tls,
-                    secrets_=[*LITERALS, NUMBER_LITERAL])
+                    secrets_=[*LITERALS, NUMBER_LITERAL, {"value": CASELESS, "ignore_case": True}])
     with GatewayThread(env.config) as gateway:
         yield env, gateway
 
@@ -60,6 +63,37 @@ def _fullwidth(text: str) -> str:
     return "".join(chr(ord(c) + 0xFEE0) if "!" <= c <= "~" else c for c in text)
 
 
+def _interleave(marks: str) -> Callable[[str], str]:
+    """The value with one of `marks` (cycling) after every character, as JSON text."""
+    def encode(s: str) -> str:
+        out = "".join(ch + marks[i % len(marks)] for i, ch in enumerate(s))
+        return json.dumps(out, ensure_ascii=False)[1:-1]
+    return encode
+
+
+def _tags(s: str) -> str:
+    """ASCII smuggling: every ASCII character written as its Unicode tag character."""
+    return json.dumps("".join(chr(0xE0000 + ord(c)) if " " <= c <= "~" else c for c in s), ensure_ascii=False)[1:-1]
+
+
+def _text(s: str) -> str:
+    return json.dumps(s, ensure_ascii=False)[1:-1]
+
+
+def _backslash_x(s: str) -> str:
+    out = []
+    for ch in s:
+        code = ord(ch)
+        out.append(f"\\x{code:02x}" if code < 0x80 else (f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"))
+    return _text("".join(out))
+
+
+def _percent_one(s: str) -> str:
+    """Only the middle character percent-encoded: the classic way past a literal match."""
+    mid = len(s) // 2
+    return _text(s[:mid] + "".join("%%%02X" % b for b in s[mid].encode()) + s[mid + 1:])
+
+
 ENCODINGS: dict[str, Callable[[str], str]] = {
     "json": lambda s: json.dumps(s)[1:-1],
     "utf8": lambda s: json.dumps(s, ensure_ascii=False)[1:-1],
@@ -69,6 +103,28 @@ ENCODINGS: dict[str, Callable[[str], str]] = {
     "zero_width": lambda s: json.dumps("\u200b".join(s), ensure_ascii=False)[1:-1],
     "fullwidth": lambda s: json.dumps(_fullwidth(s), ensure_ascii=False)[1:-1],
     "soft_hyphen_u": lambda s: _u_escape("\u00ad".join(s), every=3),
+    # invisible characters (issue: every Default_Ignorable code point, Cc and Cf)
+    "lrm_rlm": _interleave("\u200e\u200f"),
+    "bidi_embeddings": _interleave("\u202a\u202b\u202c\u202d\u202e"),
+    "bidi_isolates": _interleave("\u2066\u2067\u2068\u2069"),
+    "grapheme_joiner": _interleave("\u034f"),
+    "variation_selectors": _interleave("\ufe00\ufe0f\U000e0100"),
+    "hangul_filler": _interleave("\u3164"),
+    "arabic_letter_mark": _interleave("\u061c"),
+    "mongolian_selectors": _interleave("\u180b\u180c\u180d\u180e\u180f"),
+    "nul": lambda s: json.dumps("\x00".join(s))[1:-1],
+    "c0_controls": lambda s: json.dumps("".join(c + chr(1 + i % 8) for i, c in enumerate(s)))[1:-1],
+    "tag_characters": _tags,
+    # encodings inside a string (decoded, one level nested, and scanned)
+    "base64": lambda s: base64.b64encode(s.encode()).decode(),
+    "base64url": lambda s: base64.urlsafe_b64encode(s.encode()).decode().rstrip("="),
+    "hex": lambda s: s.encode().hex(),
+    "percent_all": lambda s: "".join("%%%02X" % b for b in s.encode()),
+    "percent_one": _percent_one,
+    "html_decimal": lambda s: "".join(f"&#{ord(c)};" for c in s),
+    "html_hex_some": lambda s: _text("".join(f"&#x{ord(c):x};" if i % 2 else c for i, c in enumerate(s))),
+    "backslash_x": _backslash_x,
+    "base64_of_hex": lambda s: base64.b64encode(s.encode().hex().encode()).decode(),
 }
 
 
@@ -152,12 +208,22 @@ PLACEMENTS: dict[str, Placement] = {
 }
 
 
-def _render(placement: Placement, secret: str, encode: Callable[[str], str]) -> tuple[str, bytes]:
+# Encodings of a whole value into one run: a value split across parts is encoded first and
+# the run split (each half encoded on its own is no longer one run; configured literals
+# are still found that way, see test_split_then_encoded_literals).
+WHOLE_RUN = frozenset({"base64", "base64url", "hex", "base64_of_hex"})
+
+
+def _render(placement: Placement, secret: str, encode: Callable[[str], str], name: str = "") -> tuple[str, bytes]:
     route, text, depth = placement
     half = len(secret) // 2
+    first, second = encode(secret[:half]), encode(secret[half:])
+    if name in WHOLE_RUN:
+        whole = encode(secret)
+        first, second = whole[: len(whole) // 2], whole[len(whole) // 2:]
     raw = (text.replace(PH, _at_depth(encode(secret), depth))
-               .replace(PH1, _at_depth(encode(secret[:half]), depth))
-               .replace(PH2, _at_depth(encode(secret[half:]), depth)))
+               .replace(PH1, _at_depth(first, depth))
+               .replace(PH2, _at_depth(second, depth)))
     return route, raw.encode("utf-8", "surrogatepass")
 
 
@@ -183,7 +249,7 @@ def test_request_evasion(gw: tuple[Env, GatewayThread], mock: MockProviderServer
     bodies = []
     for pname, placement in PLACEMENTS.items():
         for i, secret in enumerate(SECRETS):
-            route, raw = _render(placement, secret, ENCODINGS[encoding])
+            route, raw = _render(placement, secret, ENCODINGS[encoding], encoding)
             bodies.append((f"{pname}/{encoding}/secret{i}", route, raw))
     leaks = _send_all(env, gateway, mock, bodies)
     assert leaks == [], f"{len(leaks)} of {len(bodies)} leaked: {leaks[:10]}"
@@ -373,3 +439,220 @@ def test_control_streams_pass(gw: tuple[Env, GatewayThread], mock: MockProviderS
     assert r.status_code == 200
     events, clean = sse.parse_all(r.content)
     assert clean and len(events) == len(make_events(pieces, tool))
+
+
+# --- configured literals split across parts, joined in document order ------------------
+
+LITERAL_SPLITS: dict[str, Placement] = {
+    "chat.two_messages": _p(CHAT, _chat(messages=[{"role": "user", "content": PH1},
+                                                  {"role": "assistant", "content": PH2}])),
+    "chat.name_then_content": _p(CHAT, _chat(messages=[{"role": "user", "name": PH1, "content": PH2}])),
+    "chat.system_then_user": _p(CHAT, _chat(messages=[{"role": "system", "content": f"rules {PH1}"},
+                                                      {"role": "user", "content": f"{PH2} please"}])),
+    "chat.tool_args_across_calls": _p(CHAT, _chat(messages=[{"role": "assistant", "tool_calls": [
+        {"id": "a", "type": "function", "function": {"name": "f", "arguments": PH1}},
+        {"id": "b", "type": "function", "function": {"name": "f", "arguments": PH2}}]}])),
+    "responses.two_items": _p(RESP, {"model": "gpt-5", "input": [
+        {"role": "user", "content": [{"type": "input_text", "text": PH1}]},
+        {"role": "user", "content": [{"type": "input_text", "text": PH2}]}]}),
+    "messages.system_then_message": _p(MSGS, {"model": "claude-test-model", "max_tokens": 9, "system": PH1,
+                                              "messages": [{"role": "user", "content": PH2}]}),
+    "messages.two_turns": _p(MSGS, {"model": "claude-test-model", "max_tokens": 9, "messages": [
+        {"role": "user", "content": PH1}, {"role": "assistant", "content": PH2}, {"role": "user", "content": "ok"}]}),
+    "embeddings.two_inputs": _p(EMB, {"model": "text-embedding-3-small", "input": [PH1, PH2]}),
+}
+LITERAL_ENCODINGS: dict[str, Callable[[str], str]] = {
+    "json": ENCODINGS["json"],
+    "newlines": lambda s: json.dumps("\n".join(s))[1:-1],
+    "tabs_and_cr": lambda s: json.dumps("".join(c + "\t\r"[i % 2] for i, c in enumerate(s)))[1:-1],
+    "base64_each_part": ENCODINGS["base64"],  # each part encoded on its own
+    "hex_each_part": ENCODINGS["hex"],
+}
+
+
+@pytest.mark.parametrize("encoding", sorted(LITERAL_ENCODINGS))
+def test_configured_literals_split_across_parts(gw: tuple[Env, GatewayThread], mock: MockProviderServer, encoding: str) -> None:
+    env, gateway = gw
+    bodies = []
+    for pname, placement in LITERAL_SPLITS.items():
+        for i, secret in enumerate([*LITERALS, CASELESS]):
+            route, raw = _render(placement, secret, LITERAL_ENCODINGS[encoding])
+            bodies.append((f"{pname}/{encoding}/literal{i}", route, raw))
+    assert _send_all(env, gateway, mock, bodies) == []
+
+
+def test_case_insensitive_literal_is_an_option(gw: tuple[Env, GatewayThread], mock: MockProviderServer) -> None:
+    env, gateway = gw
+    refused = [(f"caseless/{v}", CHAT, json.dumps(_chat(user=v)).encode())
+               for v in (CASELESS, CASELESS.lower(), CASELESS.upper(), "pROJECT-nIGHTINGALE-cODENAME")]
+    assert _send_all(env, gateway, mock, refused) == []
+    # the others stay case-sensitive (the default): a change of case is not the value
+    client = raw_client(gateway, env, uds=True)
+    headers = {"authorization": f"Bearer {env.gateway_key}"}
+    r = client.post(CHAT, json=_chat(user=LITERALS[3].upper()), headers=headers)
+    assert r.status_code == 200
+
+
+def test_controls_split_parts_pass(gw: tuple[Env, GatewayThread]) -> None:
+    env, gateway = gw
+    client = raw_client(gateway, env, uds=True)
+    headers = {"authorization": f"Bearer {env.gateway_key}", "content-type": "application/json"}
+    failures = []
+    for pname, placement in LITERAL_SPLITS.items():
+        for enc_name, encode in LITERAL_ENCODINGS.items():
+            route, raw = _render(placement, "harmless words here", encode)
+            r = client.post(route, content=raw, headers=headers)
+            if r.status_code != 200:
+                failures.append(f"{pname}/{enc_name}: {r.status_code}")
+    assert failures == []
+
+
+# --- JSON inside strings ------------------------------------------------------------------
+
+def _nested(value: Any, levels: int) -> str:
+    for _ in range(levels):
+        value = json.dumps({"k": value})
+    return value
+
+
+@pytest.mark.parametrize("levels", [1, 2, 3])
+def test_json_in_embeddings_input_is_read(gw: tuple[Env, GatewayThread], mock: MockProviderServer, levels: int) -> None:
+    env, gateway = gw
+    bodies = []
+    for i, secret in enumerate(SECRETS):
+        inner = _nested(secret, levels)  # json.dumps escapes: the secret is never verbatim past level 1
+        bodies.append((f"emb/{levels}/{i}", EMB, json.dumps({"model": "text-embedding-3-small", "input": [inner]}).encode()))
+        bodies.append((f"emb-str/{levels}/{i}", EMB, json.dumps({"model": "text-embedding-3-small", "input": inner}).encode()))
+    assert _send_all(env, gateway, mock, bodies) == []
+
+
+def _escaped_deep(secret: str, levels: int) -> str:
+    """JSON text nested `levels` deep whose innermost string holds the secret written only
+    as \\u escapes (so no decoded layer short of the last shows it)."""
+    inner = '{"k": "%s"}' % _u_escape(secret)
+    for _ in range(levels - 1):
+        inner = json.dumps({"k": inner})
+    return inner
+
+
+def test_json_nested_past_the_budget_is_withheld(gw: tuple[Env, GatewayThread], mock: MockProviderServer) -> None:
+    """embedded_json_depth is 3: JSON four levels down whose strings still hold escapes is
+    not read, so the call is withheld (too_deep) rather than sent unread — whether or not
+    a secret is in it; three levels are read (and a secret there is blocked)."""
+    env, gateway = gw
+    client = raw_client(gateway, env, uds=True)
+    headers = {"authorization": f"Bearer {env.gateway_key}"}
+    before = len(mock.state.records())
+    for value in (LITERALS[3], "nothing secret, just deep"):
+        secret = value == LITERALS[3]
+        for route, body in ((CHAT, _chat(metadata={"x": _escaped_deep(value, 4)})),
+                            (CHAT, _chat(user=_escaped_deep(value, 5))),
+                            (EMB, {"model": "text-embedding-3-small", "input": [_escaped_deep(value, 4)]})):
+            r = client.post(route, json=body, headers=headers)
+            reasons = r.json()["error"]["reason_codes"]
+            # the backslash-escape decoder may still see the secret: blocked, and too deep besides
+            assert "too_deep" in reasons, r.text
+            assert (r.status_code, reasons) in ((422, ["too_deep"]), (403, ["secret_value", "too_deep"])) if secret \
+                else (r.status_code, reasons) == (422, ["too_deep"])
+    r = client.post(CHAT, json=_chat(metadata={"x": _escaped_deep(LITERALS[3], 3)}), headers=headers)
+    assert r.status_code == 403 and r.json()["error"]["reason_codes"] == ["secret_value"]
+    assert len(mock.state.records()) == before
+    r = client.post(CHAT, json=_chat(metadata={"x": _escaped_deep("nothing secret", 3)}), headers=headers)
+    assert r.status_code == 200  # within the budget: read and sent
+
+
+# --- stream shapes beyond the usual fields (generated by the mock) -------------------------
+
+SHAPES: dict[str, tuple[str, Callable[[str], dict[str, Any]], dict[str, Any]]] = {
+    "chat.reasoning": (CHAT, STREAMS["chat"][2], {"text_field": "reasoning"}),
+    "chat.reasoning_content": (CHAT, STREAMS["chat"][2], {"text_field": "reasoning_content"}),
+    "chat.refusal": (CHAT, STREAMS["chat"][2], {"text_field": "refusal"}),
+    "chat.audio_transcript": (CHAT, STREAMS["chat"][2], {"text_field": "audio.transcript"}),
+    "chat.legacy_function_call": (CHAT, STREAMS["chat"][2], {"text_field": "function_call.arguments"}),
+    "messages.thinking": (MSGS, STREAMS["messages"][2], {"text_field": "thinking"}),
+    "messages.text_in_block_start": (MSGS, STREAMS["messages"][2], {"start_text_chars": 6}),
+    "responses.reasoning_summary": (RESP, STREAMS["responses"][2], {"text_field": "reasoning_summary_text"}),
+    "responses.unknown_event_family": (RESP, STREAMS["responses"][2], {"text_field": "future_widget_text"}),
+}
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_stream_shapes_fold_every_field(gw: tuple[Env, GatewayThread], mock: MockProviderServer, shape: str) -> None:
+    env, gateway = gw
+    route, make_body, options = SHAPES[shape]
+    client = raw_client(gateway, env, uds=True)
+    headers = {"authorization": f"Bearer {env.gateway_key}"}
+    leaks = []
+    for i, secret in enumerate(SECRETS):
+        sid = "s" + uuid.uuid4().hex[:12]
+        mock.state.add_scenario(sid, [{"text": f"here: {secret} end", "chunk_size": 3, **options}])
+        r = client.post(route, json=make_body(sid), headers=headers)
+        if r.status_code != 403 or _client_saw(r.content, secret):
+            leaks.append(f"{shape}/{i}: {r.status_code}")
+    assert leaks == []
+    # control: the same shape with nothing secret is released whole
+    sid = "s" + uuid.uuid4().hex[:12]
+    mock.state.add_scenario(sid, [{"text": "here: all good, nothing to see end", "chunk_size": 3, **options}])
+    r = client.post(route, json=make_body(sid), headers=headers)
+    assert r.status_code == 200
+    events, clean = sse.parse_all(r.content)
+    carrier = {CHAT: "openai.chat", MSGS: "anthropic.messages", RESP: "openai.responses"}[route]
+    folded = CARRIERS[carrier].fold_stream(events, CarrierLimits())
+    assert clean and folded.complete
+    assert any(u.kind == "folded" and u.text == "here: all good, nothing to see end" for u in folded.units)
+
+
+# --- non-stream responses of the Responses and embeddings carriers ---------------------------
+
+def _responses_bodies(secret_json: str) -> list[str]:
+    base = '{"id":"r","object":"response","status":"completed","error":null,"model":"gpt-5","output":[%s],"usage":{"input_tokens":1,"output_tokens":1,"total_tokens":2}}'
+    return [
+        base % ('{"type":"message","id":"m","role":"assistant","status":"completed","content":[{"type":"output_text","text":"%s","annotations":[]}]}' % secret_json),
+        base % ('{"type":"function_call","id":"f","call_id":"c","name":"f","arguments":"%s","status":"completed"}'
+                % json.dumps(json.dumps({"k": "@@"}))[1:-1].replace("@@", secret_json.replace("\\", "\\\\").replace('"', '\\"'))),
+        base % ('{"type":"reasoning","id":"x","summary":[{"type":"summary_text","text":"%s"}]}' % secret_json),
+    ]
+
+
+def _embeddings_bodies(secret_json: str) -> list[str]:
+    usage = '"usage":{"prompt_tokens":1,"total_tokens":1}'
+    return [
+        '{"object":"list","model":"e","data":"%s",%s}' % (secret_json, usage),  # data as a string
+        '{"object":"list","model":"e","data":{"note":"%s"},%s}' % (secret_json, usage),  # data as an object
+        '{"object":"list","model":"e","data":[{"object":"embedding","index":0,"embedding":"%s"}],%s}' % (secret_json, usage),
+        '{"object":"list","model":"e","data":[{"object":"embedding","index":0,"embedding":{"v":"%s"}}],%s}' % (secret_json, usage),
+        '{"object":"list","model":"e","data":[{"object":"embedding","index":0,"embedding":[0.1,"%s"]}],%s}' % (secret_json, usage),
+    ]
+
+
+@pytest.mark.parametrize("carrier", ["responses", "embeddings"])
+def test_non_stream_response_evasion_more_carriers(gw: tuple[Env, GatewayThread], mock: MockProviderServer, carrier: str) -> None:
+    env, gateway = gw
+    client = raw_client(gateway, env, uds=True)
+    headers = {"authorization": f"Bearer {env.gateway_key}"}
+    leaks = []
+    for enc_name in ("json", "utf8", "u_all", "zero_width", "tag_characters", "base64"):
+        for i, secret in enumerate(SECRETS):
+            make = _responses_bodies if carrier == "responses" else _embeddings_bodies
+            for n, raw in enumerate(make(ENCODINGS[enc_name](secret))):
+                sid = "n" + uuid.uuid4().hex[:12]
+                mock.state.add_scenario(sid, [{"raw_body": raw, "content_type": "application/json"}])
+                if carrier == "responses":
+                    route, body = RESP, {"model": "gpt-5", "input": f"mock-scenario:{sid}"}
+                else:
+                    route, body = EMB, {"model": "text-embedding-3-small", "input": f"mock-scenario:{sid}"}
+                r = client.post(route, json=body, headers=headers)
+                if r.status_code not in (403, 503) or _client_saw(r.content, secret):
+                    leaks.append(f"{carrier}/{enc_name}/{i}/{n}: {r.status_code}")
+    assert leaks == []
+
+
+def test_well_formed_embeddings_are_released(gw: tuple[Env, GatewayThread], mock: MockProviderServer) -> None:
+    """Control: vectors in the shape the API defines (floats, or base64 float32) pass."""
+    env, gateway = gw
+    client = raw_client(gateway, env, uds=True)
+    headers = {"authorization": f"Bearer {env.gateway_key}"}
+    for fmt in ("float", "base64"):
+        r = client.post(EMB, json={"model": "text-embedding-3-small", "input": ["a", "b"], "encoding_format": fmt},
+                        headers=headers)
+        assert r.status_code == 200 and len(r.json()["data"]) == 2
