@@ -21,9 +21,9 @@ import aiohttp
 from aiohttp import web
 
 from gateway import __version__, auth, checkapi
-from gateway.carriers import CARRIERS, SHORT_NAMES
+from gateway.carriers import CARRIERS, ROUTES, SHORT_NAMES
 from gateway.checks import ReleaseLedger
-from gateway.config.runtime import RuntimeHolder
+from gateway.config.runtime import Runtime, RuntimeHolder
 from gateway.errors import Dialect, GatewayError
 from gateway.inspection import verdict as rc
 from gateway.obs import logging as log
@@ -34,14 +34,11 @@ from gateway.state import CALL, SERVICES, Call, Capacity, Services
 from gateway.usage import KINDS, UsageLedger
 
 REQUEST_ID_HEADER = "X-PowerContext-Request-ID"
-_TRACEPARENT = re.compile(r"^[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}$")
+_TRACEPARENT = re.compile(r"^00-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}$")
 
-PROVIDER_ROUTES: dict[str, str] = {
-    "/v1/chat/completions": "openai.chat",
-    "/v1/responses": "openai.responses",
-    "/v1/embeddings": "openai.embeddings",
-    "/v1/messages": "anthropic.messages",
-}
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
+PROVIDER_ROUTES: dict[str, str] = ROUTES
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -123,12 +120,11 @@ def _account(services: Services, call: Call, status: int, request: web.Request) 
     m = services.metrics
     m.requests.labels(call.route, call.carrier or "none", call.profile or "none", call.outcome).inc()
     m.request_seconds.labels(call.route).observe(seconds)
-    trace = _TRACEPARENT.match(request.headers.get("traceparent", ""))
     log.info(
         "request",
         request_id=call.request_id,
-        trace_id=trace.group(1) if trace else None,
-        method=request.method,
+        trace_id=_trace_id(services.holder.current, request.headers.get("traceparent", "")),
+        method=request.method if request.method in _METHODS else "other",  # a method is client text too
         route=call.route,
         status=status,
         duration_ms=round(seconds * 1000, 3),
@@ -146,6 +142,17 @@ def _account(services: Services, call: Call, status: int, request: web.Request) 
         bytes_in=call.bytes_in,
         bytes_out=call.bytes_out,
     )
+
+
+def _trace_id(runtime: Runtime, traceparent: str) -> str | None:
+    """The W3C trace id, for the log: only a well-formed one (version 00, not all zeros),
+    and as a keyed digest unless the operator chose raw ids (it is client text)."""
+    trace = _TRACEPARENT.match(traceparent)
+    if trace is None or trace.group(1) == "0" * 32:
+        return None
+    if runtime.config.logging.trace_ids == "raw":
+        return trace.group(1)
+    return runtime.log_digest(trace.group(1))
 
 
 async def _stamp_request_id(request: web.Request, response: web.StreamResponse) -> None:

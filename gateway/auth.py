@@ -24,6 +24,12 @@ class Identity:
     scope: str
     on_behalf_of: str | None = None
 
+    def scope_for_log(self, runtime: Runtime) -> str:
+        """The scope as a log line may carry it: as written when it is one the principal's
+        configuration names, else (a wildcard principal's choice, i.e. client text) a
+        keyed digest."""
+        return self.scope if self.scope in self.principal.scopes else runtime.log_digest(self.scope)
+
 
 def presented_key(headers: Mapping[str, str]) -> str | None:
     auth = headers.get("authorization")

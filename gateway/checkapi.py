@@ -27,9 +27,9 @@ from gateway.carriers.jsonraw import JsonError
 from gateway.checks import CheckOutcome, Party
 from gateway.context import reuse
 from gateway.errors import GatewayError
+from gateway.http.body import read_body
 from gateway.inspection import verdict as rc
 from gateway.inspection.verdict import Mode, Phase, Verdict, withhold
-from gateway.proxy import flow
 from gateway.state import CALL, SERVICES
 
 RESULT_SCHEMA = "powercontext.context-check.v1"
@@ -133,14 +133,15 @@ async def handle(request: web.Request) -> web.Response:
     call = request[CALL]
     call.carrier = "context.check"
     auth.authenticate(runtime, request.headers)  # 401 before reading a byte
-    raw = await flow.read_body(request, runtime.config.limits)
+    raw = await read_body(request, runtime.config.limits)
     call.bytes_in = len(raw)
     try:
         dto = CheckRequest.validate_json(raw)
     except ValidationError:
         raise _invalid() from None
     identity = auth.identify(runtime, request.headers, "context.check", body_scope=dto.scope_id)
-    call.principal, call.scope, call.delegate_for = identity.principal.id, identity.scope, identity.on_behalf_of
+    call.principal, call.scope = identity.principal.id, identity.scope_for_log(runtime)
+    call.delegate_for = identity.on_behalf_of
     loaded = runtime.profiles.get(dto.target_profile)
     if loaded is None or dto.target_profile not in identity.principal.profiles:
         raise GatewayError(403, "permission_denied", (rc.FORBIDDEN_PROFILE,))
@@ -211,6 +212,7 @@ def _before_send(runtime: Any, party: Party, dto: BeforeSendCheck, now: float) -
         extra_withhold=replay_reasons,
         mode=Mode.ENFORCE,
         now=now,
+        inspect_headers=dto.payload.headers,  # every header the caller supplied, names as written
     )
     cfg = runtime.config.bindings
     return _result(
@@ -247,6 +249,7 @@ def _fold(names: list[str], payload: JsonPayload | SsePayload, limits: Any) -> t
         if complete
         else next((r.incomplete_reason for r in results if r.incomplete_reason), rc.RESPONSE_INCOMPLETE),
         duplicate_keys=tuple(dict.fromkeys(d for r in results for d in r.duplicate_keys)),
+        too_deep=tuple(dict.fromkeys(d for r in results for d in r.too_deep)),
         opaque=tuple(dict.fromkeys(o for r in results for o in r.opaque)),
         raw_scan=all(r.raw_scan for r in results),
     ), raw
@@ -264,14 +267,13 @@ def _before_release(services: Any, runtime: Any, party: Party, dto: BeforeReleas
         )
     names = str(claims.get("car", "")).split(",")
     folded, raw = _fold(names, dto.payload, runtime.carrier_limits)
-    headers = {k.lower(): v for k, v in dto.payload.headers.items()}
     outcome: CheckOutcome = checks.before_release(
         runtime,
         party=party,
         request_binding=dto.request_binding,
         folded=folded,
         raw=raw,
-        released_headers=headers,
+        released_headers=dto.payload.headers,  # inspected: names as written, and values
         route=None,
         ledger=services.ledger,
         mode=Mode.ENFORCE,

@@ -105,7 +105,12 @@ def relevant_headers(headers: Mapping[str, str], profile: LoadedProfile) -> dict
 
 
 def header_units(headers: Mapping[str, str]) -> list[TextUnit]:
-    return [TextUnit(("~headers", k), v, "string") for k, v in headers.items()]
+    """Header names and values, inspected like any other text (a name is content too)."""
+    units: list[TextUnit] = []
+    for name, value in headers.items():
+        units.append(TextUnit(("~headers",), name, "key"))
+        units.append(TextUnit(("~headers", name), value, "string"))
+    return units
 
 
 def destination_ok(target: Target, loaded: LoadedProfile, runtime: Runtime) -> bool:
@@ -137,15 +142,20 @@ def _not_checked(policy_version: str) -> Verdict:
     return Verdict(Decision.ALLOW, (), Coverage(COVERAGE_PROFILE, False), policy_version)
 
 
-def _merge(parsed: Sequence[ParsedRequest]) -> tuple[list[TextUnit], list[str], list[str]]:
+def _subject(parsed: Sequence[ParsedRequest], body: bytes, headers: Mapping[str, str]) -> Subject:
+    """What before_send inspects: the exact body, and the request as each carrier reads it."""
     units: list[TextUnit] = []
     opaque: list[str] = []
     dups: list[str] = []
+    deep: list[str] = []
     for p in parsed:
         units.extend(p.units)
         opaque.extend(o for o in p.opaque if o not in opaque)
         dups.extend(d for d in p.duplicate_keys if d not in dups)
-    return units, opaque, dups
+        deep.extend(d for d in p.too_deep if d not in deep)
+    return Subject(
+        raw=body, units=units, opaque=opaque, duplicate_keys=dups, too_deep=deep, extra_units=header_units(headers)
+    )
 
 
 def before_send(
@@ -161,11 +171,14 @@ def before_send(
     extra_withhold: Sequence[str] = (),
     mode: Mode | None = None,
     now: float | None = None,
+    inspect_headers: Mapping[str, str] | None = None,
 ) -> CheckOutcome:
     """`parsed`: the request as each applicable carrier reads it (the proxy has exactly
-    one; the API may not know the route and inspects the union). `target` is the exact
-    URL the proxy will use (None for the API, whose target is the profile itself). `mode`
-    forces a mode (the API always enforces)."""
+    one; the API may not know the route and inspects the union). `headers` are the ones
+    bound into the binding; `inspect_headers` (default: the same) are the ones inspected —
+    the API inspects every header a caller supplies. `target` is the exact URL the proxy
+    will use (None for the API, whose target is the profile itself). `mode` forces a mode
+    (the API always enforces)."""
     started = time.perf_counter()
     now = time.time() if now is None else now
     policy = runtime.policy
@@ -185,8 +198,7 @@ def before_send(
     if mode is Mode.OFF:
         verdict = _not_checked(policy.version)
     else:
-        units, opaque, dups = _merge(parsed)
-        subject = Subject(raw=body, units=units, opaque=opaque, duplicate_keys=dups, extra_units=header_units(headers))
+        subject = _subject(parsed, body, headers if inspect_headers is None else inspect_headers)
         verdict = with_withholds(_inspect(runtime, subject, profile_id), list(extra_withhold))
     outcome = CheckOutcome(Phase.BEFORE_SEND, verdict, mode, time.perf_counter() - started)
     if not outcome.proceed:
@@ -204,6 +216,7 @@ def before_send(
         body=hashlib.sha256(body).hexdigest(),
         hdr=digest_headers(headers),
         cu=int(correlate_until),
+        md=mode.value,
     )
     return CheckOutcome(
         Phase.BEFORE_SEND,
@@ -242,7 +255,13 @@ def _seal(
 
 
 def open_send_binding(runtime: Runtime, token: str, party: Party, now: float) -> dict[str, object]:
-    """The claims of a send binding a release refers to. Raises BindingError(reason)."""
+    """The claims of a send binding a release refers to. Raises BindingError(reason).
+
+    Besides audience, kind, party and `correlate_until`: the binding must be coherent
+    (issued before it expires, expiring no later than its correlation deadline), decided
+    under the policy version in force now (a policy change between send and release means
+    the send's decision no longer holds), and an allow — unless the send phase was only
+    observed, which a release check then may not turn into a claim of enforcement."""
     claims = bindings.open_binding(runtime.keyring, token)
     bindings.check_claims(
         claims,
@@ -258,6 +277,13 @@ def open_send_binding(runtime: Runtime, token: str, party: Party, now: float) ->
         },
         deadline_claim="cu",
     )
+    iat, exp, cu = claims.get("iat"), claims.get("exp"), claims.get("cu")
+    if not all(type(v) is int for v in (iat, exp, cu)) or not iat <= exp <= cu:  # type: ignore[operator]
+        raise BindingError(rc.BINDING_INVALID)
+    if claims.get("pv") != runtime.policy.version:
+        raise BindingError(rc.BINDING_MISMATCH)
+    if claims.get("dec") != Decision.ALLOW.value and claims.get("md") != Mode.OBSERVE.value:
+        raise BindingError(rc.BINDING_MISMATCH)
     return claims
 
 
@@ -303,6 +329,7 @@ def before_release(
             units=folded.units,
             opaque=folded.opaque,
             duplicate_keys=folded.duplicate_keys,
+            too_deep=folded.too_deep,
             complete=folded.complete,
             incomplete_reasons=tuple(reasons),
             extra_units=header_units(released_headers),

@@ -36,6 +36,7 @@ def _cmd_init(args: argparse.Namespace) -> int:
     print(f"  config:        {facts['config']}")
     print(f"  dev CA:        {facts['ca']}  (trust this in clients)")
     print(f"  unix socket:   {facts['socket']}")
+    print(f"  signing key:   {facts['signing_key']}  (signs profiles; kept outside the served directory)")
     print(f"  gateway key:   {facts['gateway_key']}")
     print("  (shown once; also saved 0600 in dev-gateway-key for the README examples)")
     return 0

@@ -35,7 +35,7 @@ async def _demo(work: Path) -> None:
             path = work / "profiles" / f"{name}.json"
             doc = json.loads(path.read_text())
             doc["base_url"] = doc["base_url"].replace(f":{devsetup.MOCK_PORT}", f":{mock.port}")
-            key = signing.load_private_key((work / "keys" / "profile-signing.key").read_bytes())
+            key = signing.load_private_key(Path(facts["signing_key"]).read_bytes())
             devsetup.write_profile(path, doc, key)
         (work / "secrets" / "secret-values.txt").write_text(SECRET + "\n")
         running = await start(work / "wiregate.toml", https_port=0)

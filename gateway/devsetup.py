@@ -37,15 +37,24 @@ def new_gateway_key() -> tuple[str, str]:
     return key, hashlib.sha256(key.encode()).hexdigest()
 
 
-def new_signing_key(path: Path) -> tuple[str, str]:
-    """Write an Ed25519 private key (PEM, 0600) and `<path>.pub.json`; return (key_id, public)."""
+def new_signing_key(path: Path, pub_path: Path | None = None) -> tuple[str, str]:
+    """Write an Ed25519 private key (PEM, 0600) and its public half (`pub_path`, default
+    `<path>.pub.json`); return (key_id, public)."""
     key = signing.new_private_key()
     write_private(path, signing.private_key_pem(key))
     key_id = signing.key_id_for(key.public_key())
     public = signing.public_key_b64(key.public_key())
-    pub_path = path.with_name(path.name.removesuffix(".key") + ".pub.json")
+    if pub_path is None:
+        pub_path = path.with_name(path.name.removesuffix(".key") + ".pub.json")
+    pub_path.parent.mkdir(parents=True, exist_ok=True)
     pub_path.write_text(json.dumps({"key_id": key_id, "public_key": public}, indent=2) + "\n")
     return key_id, public
+
+
+def signing_dir_for(directory: Path) -> Path:
+    """Where `init` keeps the profile-signing private key: beside the served configuration
+    directory, never inside it (the gateway refuses to start if it finds it there)."""
+    return directory.parent / f"{directory.name}-signing"
 
 
 def new_keyring(path: Path) -> str:
@@ -217,8 +226,9 @@ def init(directory: Path, *, force: bool = False) -> dict[str, Any]:
         raise FileExistsError(f"{config} already exists (use --force to regenerate)")
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "run").mkdir(exist_ok=True, mode=0o750)
-    key_id, _ = new_signing_key(directory / "keys" / "profile-signing.key")
-    signing_key = signing.load_private_key((directory / "keys" / "profile-signing.key").read_bytes())
+    signing_path = signing_dir_for(directory) / "profile-signing.key"
+    key_id, _ = new_signing_key(signing_path, directory / "keys" / "profile-signing.pub.json")
+    signing_key = signing.load_private_key(signing_path.read_bytes())
     for doc in example_profiles():
         write_profile(directory / "profiles" / f"{doc['id']}.json", doc, signing_key)
     new_keyring(directory / "keys" / "bindings-keyring.json")
@@ -227,14 +237,15 @@ def init(directory: Path, *, force: bool = False) -> dict[str, Any]:
     write_private(directory / "secrets" / "mock-upstream.key", secrets.token_hex(24).encode() + b"\n")
     gateway_key, digest = new_gateway_key()
     write_private(directory / "dev-gateway-key", gateway_key.encode() + b"\n")
-    (directory / "principals.toml").write_text(
-        "# Principals: gateway keys are stored as sha256 digests only.\n"
+    write_private(
+        directory / "principals.toml",
+        ("# Principals: gateway keys are stored as sha256 digests only.\n"
         + principal_block(
             "dev",
             [digest],
             ["proxy", "context.check", "context.prepare", "context.write", "observe", "admin"],
             ["mock-openai", "mock-anthropic", "openai", "anthropic"],
-        )
+        )).encode(),
     )
     (directory / "policy.toml").write_text(POLICY_TEMPLATE)
     config.write_text(CONFIG_TEMPLATE.format(deployment_id="dev-" + secrets.token_hex(4)))
@@ -244,6 +255,7 @@ def init(directory: Path, *, force: bool = False) -> dict[str, Any]:
         "ca": str(ca),
         "gateway_key": gateway_key,
         "signing_key_id": key_id,
+        "signing_key": str(signing_path),
         "socket": str(directory / "run" / "wiregate.sock"),
     }
 

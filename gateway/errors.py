@@ -64,6 +64,8 @@ _DEFAULT_MESSAGES: dict[str, str] = {
     "upstream_unavailable": "The upstream provider could not be reached.",
     "upstream_timeout": "The upstream provider did not answer in time.",
     "gateway_busy": "wiregate is at its limit of concurrently buffered responses.",
+    "rate_limited": "This wiregate key has too many calls in flight; retry shortly.",
+    "request_timeout": "The request body did not arrive in time.",
     "internal_error": "wiregate failed to process the request; nothing was sent or released.",
 }
 
@@ -74,6 +76,7 @@ _OPENAI_TYPES = {
     403: "permission_error",
     404: "not_found_error",
     405: "invalid_request_error",
+    408: "invalid_request_error",
     413: "invalid_request_error",
     415: "invalid_request_error",
     422: "invalid_request_error",
@@ -85,15 +88,29 @@ _ANTHROPIC_TYPES = {
     403: "permission_error",
     404: "not_found_error",
     405: "invalid_request_error",
+    408: "timeout_error",
     413: "request_too_large",
     415: "invalid_request_error",
     422: "invalid_request_error",
     429: "rate_limit_error",
     500: "api_error",
-    503: "overloaded_error",
+    503: "api_error",
     504: "timeout_error",
     529: "overloaded_error",
 }
+# Where the code says more than the status: an incomplete or withheld response is not an
+# overload (SDKs treat `overloaded_error` as "back off and retry the same call").
+_ANTHROPIC_BY_CODE = {"gateway_busy": "overloaded_error", "upstream_timeout": "timeout_error"}
+
+
+def error_type(err: GatewayError, dialect: Dialect) -> str:
+    """The provider's own error `type` for this refusal, in bodies and in-stream events."""
+    if dialect is Dialect.ANTHROPIC:
+        by_code = _ANTHROPIC_BY_CODE.get(err.code)
+        if by_code is not None:
+            return by_code
+        return _ANTHROPIC_TYPES.get(err.status, "api_error" if err.status >= 500 else "invalid_request_error")
+    return _OPENAI_TYPES.get(err.status, "server_error" if err.status >= 500 else "invalid_request_error")
 
 
 def render_body(err: GatewayError, dialect: Dialect, request_id: str) -> bytes:
@@ -102,7 +119,7 @@ def render_body(err: GatewayError, dialect: Dialect, request_id: str) -> bytes:
         body = {
             "error": {
                 "message": err.public_message,
-                "type": _OPENAI_TYPES.get(err.status, "server_error" if err.status >= 500 else "invalid_request_error"),
+                "type": error_type(err, dialect),
                 "param": None,
                 "code": err.code,
                 "reason_codes": list(err.reason_codes),
@@ -112,7 +129,7 @@ def render_body(err: GatewayError, dialect: Dialect, request_id: str) -> bytes:
         body = {
             "type": "error",
             "error": {
-                "type": _ANTHROPIC_TYPES.get(err.status, "api_error" if err.status >= 500 else "invalid_request_error"),
+                "type": error_type(err, dialect),
                 "message": err.public_message,
                 "code": err.code,
                 "reason_codes": list(err.reason_codes),

@@ -81,7 +81,12 @@ def _write_private(path: Path, data: bytes) -> None:
 
 
 def generate_dev_tls(directory: Path, *, days: int = 825) -> tuple[Path, Path, Path]:
-    """A dev CA and a server certificate signed by it. Returns (ca.pem, server.pem, server.key)."""
+    """A dev CA and a server certificate signed by it. Returns (ca.pem, server.pem, server.key).
+
+    Whoever trusts the dev CA trusts what it signs, so the CA is name-constrained to the
+    loopback names (localhost, 127.0.0.0/8, ::1) and its private key is discarded once the
+    server certificate is issued: it never touches disk. A new certificate is a new CA
+    (`wiregate init --force`)."""
     directory.mkdir(parents=True, exist_ok=True)
     now = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)
     ca_key = ec.generate_private_key(ec.SECP256R1())
@@ -95,6 +100,17 @@ def generate_dev_tls(directory: Path, *, days: int = 825) -> tuple[Path, Path, P
         .not_valid_after(now + dt.timedelta(days=days))
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True)
+        .add_extension(
+            x509.NameConstraints(
+                permitted_subtrees=[
+                    x509.DNSName("localhost"),
+                    x509.IPAddress(ipaddress.ip_network("127.0.0.0/8")),
+                    x509.IPAddress(ipaddress.ip_network("::1/128")),
+                ],
+                excluded_subtrees=None,
+            ),
+            critical=True,
+        )
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
@@ -124,9 +140,7 @@ def generate_dev_tls(directory: Path, *, days: int = 825) -> tuple[Path, Path, P
     pem = serialization.Encoding.PEM
     ca_path, cert_path, key_path = directory / "ca.pem", directory / "server.pem", directory / "server.key"
     ca_path.write_bytes(ca_cert.public_bytes(pem))
-    _write_private(
-        directory / "ca.key", ca_key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    )
+    del ca_key  # never written: nothing else can ever be signed by this CA
     cert_path.write_bytes(cert.public_bytes(pem))
     _write_private(key_path, key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
     return ca_path, cert_path, key_path

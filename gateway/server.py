@@ -17,6 +17,7 @@ from pathlib import Path
 from aiohttp import web
 
 from gateway.app import create_app
+from gateway.http.connections import GuardedRunner, TLSSite
 from gateway.config.load import ConfigError, load_runtime, resolve
 from gateway.config.runtime import RuntimeHolder
 from gateway.listeners import prepare_socket_path, server_tls_context, socket_umask
@@ -49,6 +50,7 @@ class RunningGateway:
             log.error("config_reload_failed", reason=str(exc), generation=self.holder.current.generation)
             return False
         self.holder.swap(runtime)
+        _log_warnings(runtime.warnings)
         if self._tls is not None and self.tls_paths is not None:
             try:  # new connections get the new certificate
                 self._tls.load_cert_chain(str(self.tls_paths[0]), str(self.tls_paths[1]))  # type: ignore[attr-defined]
@@ -76,8 +78,9 @@ async def start(config_path: Path, *, https_port: int | None = None, uds_path: P
     holder = RuntimeHolder(runtime)
     app = create_app(holder, config_path=config_path)
     cfg = runtime.config
-    runner = web.AppRunner(
+    runner = GuardedRunner(
         app,
+        limits=cfg.limits,
         handler_cancellation=True,
         auto_decompress=False,
         access_log=None,
@@ -91,7 +94,9 @@ async def start(config_path: Path, *, https_port: int | None = None, uds_path: P
             cert, key = resolve(base, cfg.server.https.cert), resolve(base, cfg.server.https.key)
             tls = server_tls_context(cert, key)
             port = cfg.server.https.port if https_port is None else https_port
-            site: web.BaseSite = web.TCPSite(runner, cfg.server.https.host, port, ssl_context=tls)
+            site: web.BaseSite = TLSSite(
+                runner, cfg.server.https.host, port, ssl_context=tls, handshake_s=cfg.limits.request_head_s
+            )
             await site.start()
             running.sites.append(site)
             running._tls, running.tls_paths = tls, (cert, key)
@@ -116,6 +121,7 @@ async def start(config_path: Path, *, https_port: int | None = None, uds_path: P
     except BaseException:
         await running.stop()
         raise
+    _log_warnings(runtime.warnings)
     log.info(
         "started",
         generation=runtime.generation,
@@ -124,6 +130,11 @@ async def start(config_path: Path, *, https_port: int | None = None, uds_path: P
         engine=runtime.policy.engine.matcher.engine,
     )
     return running
+
+
+def _log_warnings(warnings: tuple[str, ...]) -> None:
+    for warning in warnings:
+        log.warning("insecure_configuration", reason=warning)
 
 
 async def serve(config_path: Path) -> None:

@@ -41,6 +41,27 @@ class Capacity:
         self._metrics.buffered_responses.set(self.in_use)
 
 
+class PrincipalCalls:
+    """Provider calls in flight per principal: one principal cannot take every slot."""
+
+    def __init__(self) -> None:
+        self._in_flight: dict[str, int] = {}
+
+    def try_acquire(self, principal: str, limit: int) -> bool:
+        current = self._in_flight.get(principal, 0)
+        if current >= limit:
+            return False
+        self._in_flight[principal] = current + 1
+        return True
+
+    def release(self, principal: str) -> None:
+        left = self._in_flight.get(principal, 1) - 1
+        if left <= 0:
+            self._in_flight.pop(principal, None)
+        else:
+            self._in_flight[principal] = left
+
+
 @dataclass
 class Services:
     holder: RuntimeHolder
@@ -50,6 +71,7 @@ class Services:
     ledger: ReleaseLedger
     usage: UsageLedger
     upstream: Upstream | None = None  # set by the client-session cleanup context
+    principal_calls: PrincipalCalls = field(default_factory=PrincipalCalls)
 
 
 SERVICES = web.AppKey("wiregate_services", Services)

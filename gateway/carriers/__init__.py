@@ -24,4 +24,7 @@ SHORT_NAMES: dict[str, str] = {
     "messages": "anthropic.messages",
 }
 
-__all__ = ["CARRIERS", "SHORT_NAMES", "Carrier"]
+# The gateway's provider routes, each served by its carrier.
+ROUTES: dict[str, str] = {carrier.route: name for name, carrier in CARRIERS.items()}
+
+__all__ = ["CARRIERS", "ROUTES", "SHORT_NAMES", "Carrier"]

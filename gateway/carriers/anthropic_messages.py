@@ -43,6 +43,7 @@ class AnthropicMessages:
     name = "anthropic.messages"
     provider: Literal["openai", "anthropic"] = "anthropic"
     path = "/v1/messages"
+    route = "/v1/messages"  # the gateway route clients call
 
     def parse_request(self, raw: bytes, limits: CarrierLimits) -> ParsedRequest:
         doc, found = base.parse_object(raw, limits)
@@ -128,10 +129,10 @@ class AnthropicMessages:
             events=tuple(events),
         )
 
-    def stream_error_event(self, code: str, reason_codes: Sequence[str], message: str) -> bytes:
+    def stream_error_event(self, code: str, reason_codes: Sequence[str], message: str, error_type: str) -> bytes:
         body = {
             "type": "error",
-            "error": {"type": "permission_error", "message": message, "code": code, "reason_codes": list(reason_codes)},
+            "error": {"type": error_type, "message": message, "code": code, "reason_codes": list(reason_codes)},
         }
         return b"event: error\ndata: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"
 

@@ -92,6 +92,7 @@ class Carrier(Protocol):
     name: str  # registry key, e.g. "openai.chat"
     provider: Literal["openai", "anthropic"]
     path: str  # the upstream path appended to a profile's base_url
+    route: str  # the gateway route clients call
 
     def parse_request(self, raw: bytes, limits: CarrierLimits) -> ParsedRequest: ...
 
@@ -99,7 +100,9 @@ class Carrier(Protocol):
 
     def fold_stream(self, events: Sequence[SSEEvent], limits: CarrierLimits) -> FoldedResponse: ...
 
-    def stream_error_event(self, code: str, reason_codes: Sequence[str], message: str) -> bytes: ...
+    def stream_error_event(self, code: str, reason_codes: Sequence[str], message: str, error_type: str) -> bytes:
+        """The protocol's own error event, for a refusal once a stream's headers are out."""
+        ...
 
 
 # ---------------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ class OpenAIChat:
     name = "openai.chat"
     provider: Literal["openai", "anthropic"] = "openai"
     path = "/chat/completions"
+    route = "/v1/chat/completions"  # the gateway route clients call
 
     def parse_request(self, raw: bytes, limits: CarrierLimits) -> ParsedRequest:
         doc, found = base.parse_object(raw, limits)
@@ -105,11 +106,11 @@ class OpenAIChat:
             events=tuple(events),
         )
 
-    def stream_error_event(self, code: str, reason_codes: Sequence[str], message: str) -> bytes:
+    def stream_error_event(self, code: str, reason_codes: Sequence[str], message: str, error_type: str) -> bytes:
         body = {
             "error": {
                 "message": message,
-                "type": "permission_error",
+                "type": error_type,
                 "param": None,
                 "code": code,
                 "reason_codes": list(reason_codes),

@@ -30,6 +30,7 @@ class OpenAIEmbeddings:
     name = "openai.embeddings"
     provider: Literal["openai", "anthropic"] = "openai"
     path = "/embeddings"
+    route = "/v1/embeddings"  # the gateway route clients call
 
     def parse_request(self, raw: bytes, limits: CarrierLimits) -> ParsedRequest:
         doc = base.require_object(raw, limits)
@@ -104,7 +105,7 @@ class OpenAIEmbeddings:
         # Embeddings never stream; a stream here is not something we can vouch for.
         return FoldedResponse(units=(), complete=False, incomplete_reason=rc.UNSUPPORTED_CARRIER)
 
-    def stream_error_event(self, code: str, reason_codes: Sequence[str], message: str) -> bytes:
+    def stream_error_event(self, code: str, reason_codes: Sequence[str], message: str, error_type: str) -> bytes:
         raise NotImplementedError("embeddings do not stream")
 
 

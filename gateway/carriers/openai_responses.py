@@ -29,6 +29,7 @@ class OpenAIResponses:
     name = "openai.responses"
     provider: Literal["openai", "anthropic"] = "openai"
     path = "/responses"
+    route = "/v1/responses"  # the gateway route clients call
 
     def parse_request(self, raw: bytes, limits: CarrierLimits) -> ParsedRequest:
         doc, found = base.parse_object(raw, limits)
@@ -109,7 +110,7 @@ class OpenAIResponses:
             events=tuple(events),
         )
 
-    def stream_error_event(self, code: str, reason_codes: Sequence[str], message: str) -> bytes:
+    def stream_error_event(self, code: str, reason_codes: Sequence[str], message: str, error_type: str) -> bytes:
         # `error` mapping included so the SDK raises APIError on this event.
         body = {
             "type": "error",
@@ -117,7 +118,7 @@ class OpenAIResponses:
             "message": message,
             "param": None,
             "reason_codes": list(reason_codes),
-            "error": {"message": message, "type": "permission_error", "code": code, "reason_codes": list(reason_codes)},
+            "error": {"message": message, "type": error_type, "code": code, "reason_codes": list(reason_codes)},
         }
         return b"event: error\ndata: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"
 

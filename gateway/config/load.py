@@ -9,6 +9,7 @@ the file and the reason — never a secret value, credential or file content.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import os
 import tomllib
@@ -19,6 +20,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from gateway.bindings import KeyRingError, load_keyring
+from gateway.carriers import ROUTES
 from gateway.carriers.base import CarrierLimits
 from gateway.config.model import GatewayConfig, ModeOverride, PolicyFile, PrincipalsFile
 from gateway.config.runtime import LoadedProfile, Policy, Principal, Runtime
@@ -65,6 +67,41 @@ def _read_toml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: cannot be read ({exc.strerror})") from None
 
 
+class Private:
+    """Files whose content is a secret (key ring, provider credentials, configured secret
+    values) and the principals file, collected while loading and checked together: a
+    secret file that others may read refuses the load; one the group may read, and a
+    principals file anyone else may read, are warnings the server logs loudly."""
+
+    def __init__(self) -> None:
+        self.secret_files: dict[Path, str] = {}
+        self.warnings: list[str] = []
+
+    def secret(self, path: Path, what: str) -> None:
+        self.secret_files.setdefault(path, what)
+
+    def check(self, principals: Path) -> tuple[str, ...]:
+        for path, what in self.secret_files.items():
+            mode = _mode(path)
+            if mode is None:
+                continue
+            if mode & 0o004:
+                raise ConfigError(f"{what}: {path} is readable by others (mode {mode:04o}); chmod 600 it")
+            if mode & 0o040:
+                self.warnings.append(f"{what}: {path} is readable by its group (mode {mode:04o})")
+        mode = _mode(principals)
+        if mode is not None and mode & 0o044:
+            self.warnings.append(f"principals: {principals} is readable by group or others (mode {mode:04o})")
+        return tuple(self.warnings)
+
+
+def _mode(path: Path) -> int | None:
+    try:
+        return path.stat().st_mode & 0o777
+    except OSError:
+        return None
+
+
 def resolve(base: Path, path: str) -> Path:
     p = Path(path)
     return p if p.is_absolute() else base / p
@@ -77,8 +114,9 @@ def read_config(path: Path) -> GatewayConfig:
 # --- secrets -------------------------------------------------------------------------
 
 
-def read_reference(ref: str, base: Path, what: str) -> str:
-    """Resolve `env:NAME` or `file:PATH` to its value. Errors name the reference only."""
+def read_reference(ref: str, base: Path, what: str, private: Private | None = None) -> str:
+    """Resolve `env:NAME` or `file:PATH` to its value. Errors name the reference only.
+    `private`: the file holds a secret and is registered for the mode check."""
     if ref.startswith("env:"):
         name = ref[4:]
         value = os.environ.get(name)
@@ -87,6 +125,8 @@ def read_reference(ref: str, base: Path, what: str) -> str:
         return value
     if ref.startswith("file:"):
         path = resolve(base, ref[5:])
+        if private is not None:
+            private.secret(path, what)
         try:
             return path.read_text(encoding="utf-8")
         except OSError as exc:
@@ -107,10 +147,12 @@ def _json_secret(item: Any) -> str | literals.SecretValue | None:
     return None
 
 
-def read_secret_values(sources: tuple[str, ...], base: Path, min_length: int) -> tuple[literals.SecretValue, ...]:
+def read_secret_values(
+    sources: tuple[str, ...], base: Path, min_length: int, private: Private | None = None
+) -> tuple[literals.SecretValue, ...]:
     values: list[str | literals.SecretValue] = []
     for ref in sources:
-        text = read_reference(ref, base, "policy secret_values")
+        text = read_reference(ref, base, "policy secret_values", private)
         if ref.startswith("file:") and ref.endswith(".json"):
             try:
                 loaded = json.loads(text)
@@ -167,7 +209,9 @@ def load_trusted_keys(paths: tuple[str, ...], base: Path) -> dict[str, signing.T
     return keys
 
 
-def load_profile(path: Path, trusted: dict[str, signing.TrustedKey], now: datetime, base: Path) -> LoadedProfile:
+def load_profile(
+    path: Path, trusted: dict[str, signing.TrustedKey], now: datetime, base: Path, private: Private | None = None
+) -> LoadedProfile:
     where = f"profile {path.name}"
     try:
         data = path.read_bytes()
@@ -191,7 +235,7 @@ def load_profile(path: Path, trusted: dict[str, signing.TrustedKey], now: dateti
     error: str | None = None
     if profile.credential != "none":
         try:
-            credential = read_reference(profile.credential, base, where).strip()
+            credential = read_reference(profile.credential, base, where, private).strip()
             if not credential:
                 error = "credential is empty"
         except ConfigError as exc:
@@ -200,7 +244,7 @@ def load_profile(path: Path, trusted: dict[str, signing.TrustedKey], now: dateti
 
 
 def load_profiles(
-    directory: Path, trusted: dict[str, signing.TrustedKey], now: datetime, base: Path
+    directory: Path, trusted: dict[str, signing.TrustedKey], now: datetime, base: Path, private: Private | None = None
 ) -> dict[str, LoadedProfile]:
     if not directory.is_dir():
         raise ConfigError(f"{directory}: profiles directory not found")
@@ -208,7 +252,7 @@ def load_profiles(
         raise ConfigError("trust.profile_keys is empty: no profile can be trusted")
     loaded: dict[str, LoadedProfile] = {}
     for path in sorted(directory.glob("*.json")):
-        item = load_profile(path, trusted, now, base)
+        item = load_profile(path, trusted, now, base, private)
         if item.profile.id in loaded:
             raise ConfigError(f"profile {path.name}: refused: duplicate id {item.profile.id}")
         loaded[item.profile.id] = item
@@ -279,16 +323,27 @@ def load_policy(
     base: Path,
     profiles: dict[str, LoadedProfile],
     max_matches: int,
+    private: Private | None = None,
 ) -> Policy:
     file = _model(PolicyFile, _read_toml(path), str(path))
     for pid in [*file.profile_modes, *file.allow_opaque_profiles]:
         if pid not in profiles:
             raise ConfigError(f"{path}: names unknown profile {pid}")
-    values = read_secret_values(file.secret_values.sources, base, file.secret_values.min_length)
+    for route in file.route_modes:
+        if route not in ROUTES:  # a typo would otherwise leave the route on the default mode
+            raise ConfigError(f"{path}: route_modes names {route!r}, which is not a provider route {sorted(ROUTES)}")
+    values = read_secret_values(file.secret_values.sources, base, file.secret_values.min_length, private)
+    # Every resolved provider credential is a literal too, in both phases: a client must not
+    # send it, and an upstream that echoes it (in a body or an error) must not release it.
+    credentials = [
+        literals.SecretValue(lp.credential)
+        for lp in profiles.values()
+        if lp.credential and "\x00" not in lp.credential and lp.credential not in {v.value for v in values}
+    ]
     formats = _format_set(file, path, base)
     try:
         engine = build_engine(
-            secret_values=values,
+            secret_values=[*values, *dict.fromkeys(credentials)],
             formats=formats,
             policy_version=file.version,
             engine=file.engine,
@@ -314,14 +369,21 @@ def load_runtime(config_path: Path, *, now: datetime | None = None, generation: 
     base = config_path.parent
     config = read_config(config_path)
     trusted = load_trusted_keys(config.trust.profile_keys, base)
-    profiles = load_profiles(resolve(base, config.profiles_dir), trusted, now, base)
-    principals = load_principals(resolve(base, config.principals_file), profiles)
-    policy = load_policy(resolve(base, config.policy_file), base, profiles, config.limits.max_matches)
+    refuse_signing_keys_inside(base, trusted)
+    private = Private()
+    profiles = load_profiles(resolve(base, config.profiles_dir), trusted, now, base, private)
+    principals_path = resolve(base, config.principals_file)
+    principals = load_principals(principals_path, profiles)
+    policy = load_policy(resolve(base, config.policy_file), base, profiles, config.limits.max_matches, private)
+    keyring_path = resolve(base, config.keyring_file)
+    private.secret(keyring_path, "binding key ring")
     try:
-        keyring = load_keyring(resolve(base, config.keyring_file))
+        keyring = load_keyring(keyring_path)
     except KeyRingError as exc:
         raise ConfigError(f"binding key ring: {exc}") from None
+    warnings = private.check(principals_path)
     limits = CarrierLimits(max_depth=config.limits.json_depth, embedded_json_depth=config.limits.embedded_json_depth)
+    log_key = hmac.new(keyring.active.secret, b"wiregate.log-digest.v1", hashlib.sha256).digest()
     return Runtime(
         config=config,
         base_dir=base,
@@ -331,4 +393,36 @@ def load_runtime(config_path: Path, *, now: datetime | None = None, generation: 
         carrier_limits=limits,
         keyring=keyring,
         generation=generation,
+        log_key=log_key,
+        warnings=warnings,
     )
+
+
+# A file that could hold a private key: small, and named like one or holding a PEM block.
+_KEY_SCAN_MAX_FILES = 5000
+_KEY_SCAN_MAX_BYTES = 64 * 1024
+
+
+def refuse_signing_keys_inside(base: Path, trusted: dict[str, signing.TrustedKey]) -> None:
+    """The private half of a trusted profile-signing key must not live in the directory the
+    gateway serves from: whoever can read that tree could sign profiles the gateway then
+    trusts. Every small file holding a PEM private key is checked (bounded walk)."""
+    seen = 0
+    for path in sorted(base.rglob("*")):
+        seen += 1
+        if seen > _KEY_SCAN_MAX_FILES:
+            break
+        try:
+            if not path.is_file() or path.is_symlink() or path.stat().st_size > _KEY_SCAN_MAX_BYTES:
+                continue
+            data = path.read_bytes()
+        except OSError:
+            continue
+        if b"PRIVATE KEY-----" not in data:
+            continue
+        key_id = signing.private_key_id(data)
+        if key_id is not None and key_id in trusted:
+            raise ConfigError(
+                f"{path}: the private key of trusted profile-signing key {key_id} is inside the served "
+                f"configuration directory; move it out (wiregate init keeps it in a sibling directory)"
+            )

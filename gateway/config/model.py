@@ -54,8 +54,22 @@ class Limits(_Strict):
     json_depth: int = Field(64, ge=4, le=512)
     # Times JSON held inside a string (tool arguments) is decoded again for inspection.
     embedded_json_depth: int = Field(3, ge=0, le=8)
-    # Candidate matches per scan before inspection gives up and withholds (fail closed).
+    # Confirmed matches per scan before inspection gives up and withholds (fail closed).
     max_matches: int = Field(100_000, ge=100)
+    # From the first byte of a request head to its last (also the TLS handshake): a
+    # client that trickles a head is cut off (slowloris), 408 when it can still be told.
+    request_head_s: float = Field(10.0, gt=0, le=300)
+    # Longest silence while a body arrives, and the longest time for the whole body → 408.
+    body_idle_s: float = Field(30.0, gt=0, le=600)
+    body_total_s: float = Field(120.0, gt=0, le=3600)
+    # An idle keep-alive connection is closed after this long.
+    idle_connection_s: float = Field(75.0, gt=0, le=3600)
+    # Open connections, in all and from one client (a TCP peer address, or a Unix-socket
+    # peer uid); past either a connection is answered 503 and closed.
+    max_connections: int = Field(2048, ge=1, le=1_000_000)
+    max_connections_per_client: int = Field(256, ge=1, le=1_000_000)
+    # Provider calls one principal may have in flight; past it 429 `capacity_exceeded`.
+    per_principal_concurrent: int = Field(128, ge=1, le=100_000)
 
 
 class TrustSettings(_Strict):
@@ -81,6 +95,9 @@ class BindingSettings(_Strict):
 
 class LoggingSettings(_Strict):
     level: Literal["debug", "info", "warning", "error"] = "info"
+    # The W3C trace id a client sends is client text: logged as a keyed digest unless the
+    # operator trusts its clients and wants raw ids to join logs with a tracing backend.
+    trace_ids: Literal["digest", "raw"] = "digest"
 
 
 class GatewayConfig(_Strict):

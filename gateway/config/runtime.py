@@ -92,6 +92,13 @@ class Runtime:
     carrier_limits: CarrierLimits
     keyring: KeyRing
     generation: int = 0
+    log_key: bytes = field(default=b"", repr=False)  # keys `obs.logging.digest`
+    warnings: tuple[str, ...] = ()  # loud, content-free findings of the load (file modes)
+
+    def log_digest(self, value: str) -> str:
+        from gateway.obs.logging import digest
+
+        return digest(value, self.log_key)
 
     def authenticate(self, key: str) -> Principal | None:
         """Constant-time over every stored digest: no early exit, no digest-keyed lookup."""

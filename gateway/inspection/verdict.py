@@ -74,6 +74,8 @@ CAPACITY_EXCEEDED = "capacity_exceeded"
 NOT_FOUND = "not_found"
 METHOD_NOT_ALLOWED = "method_not_allowed"
 INVALID_REQUEST = "invalid_request"
+REQUEST_TIMEOUT = "request_timeout"
+TOO_MANY_CONNECTIONS = "too_many_connections"
 
 FIXED_REASON_CODES: frozenset[str] = frozenset(
     {
@@ -116,6 +118,8 @@ FIXED_REASON_CODES: frozenset[str] = frozenset(
         NOT_FOUND,
         METHOD_NOT_ALLOWED,
         INVALID_REQUEST,
+        REQUEST_TIMEOUT,
+        TOO_MANY_CONNECTIONS,
     }
 )
 _PARAM = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")

@@ -8,6 +8,8 @@ field here, so they cannot be logged through this module.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import logging
 import sys
@@ -95,6 +97,14 @@ class JsonFormatter(logging.Formatter):
             # The class name only: exception text can carry content.
             line["error_class"] = record.exc_info[0].__name__
         return json.dumps(line, separators=(",", ":"), ensure_ascii=True)
+
+
+def digest(value: str, key: bytes) -> str:
+    """A keyed digest of a client-supplied value that must not reach a log line as text
+    (a requested scope name, a trace id): lines stay correlatable, and without the key
+    (derived from the binding key ring) nobody can test guesses against them."""
+    mac = hmac.new(key, value.encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()
+    return "h:" + mac[:16]
 
 
 def get_logger() -> logging.Logger:

@@ -58,6 +58,16 @@ def load_private_key(pem: bytes) -> Ed25519PrivateKey:
     return key
 
 
+def private_key_id(pem: bytes) -> str | None:
+    """The key id of an unencrypted Ed25519 private key in PEM form (None for anything
+    else: other key types, encrypted keys, non-keys)."""
+    try:
+        key = serialization.load_pem_private_key(pem, password=None)
+    except (ValueError, TypeError):
+        return None
+    return key_id_for(key.public_key()) if isinstance(key, Ed25519PrivateKey) else None
+
+
 def trusted_key(key_id: str, public_key: str) -> TrustedKey:
     try:
         raw = base64.b64decode(public_key, validate=True)

@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-import zlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -43,11 +42,12 @@ from aiohttp import web
 from gateway import admission, auth, caching, checks, errors, usage
 from gateway.carriers import SHORT_NAMES, jsonspan, sse
 from gateway.carriers.base import Carrier, CarrierLimits, FoldedResponse, ParsedRequest
+from gateway.bindings import BindingError
 from gateway.carriers.jsonraw import JsonError
 from gateway.checks import CheckOutcome, Party
-from gateway.config.model import Limits
 from gateway.config.runtime import LoadedProfile, Runtime
 from gateway.errors import GatewayError
+from gateway.http.body import read_body
 from gateway.inspection import verdict as rc
 from gateway.inspection.verdict import Decision, Mode, Phase
 from gateway.obs import logging as log
@@ -66,8 +66,20 @@ async def handle(request: web.Request, carrier: Carrier) -> web.StreamResponse:
     call.carrier = carrier.name
 
     identity = auth.identify(runtime, request.headers, "proxy")  # 1 (before reading a byte)
-    call.principal, call.scope = identity.principal.id, identity.scope
+    call.principal, call.scope = identity.principal.id, identity.scope_for_log(runtime)
     call.delegate_for = identity.on_behalf_of
+    if not services.principal_calls.try_acquire(identity.principal.id, limits.per_principal_concurrent):
+        raise GatewayError(429, "rate_limited", (rc.CAPACITY_EXCEEDED,), headers={"retry-after": "1"}, retryable=True)
+    try:
+        return await _handle(request, services, runtime, carrier, call, identity)
+    finally:
+        services.principal_calls.release(identity.principal.id)
+
+
+async def _handle(
+    request: web.Request, services: Services, runtime: Runtime, carrier: Carrier, call: Call, identity: auth.Identity
+) -> web.StreamResponse:
+    limits = runtime.config.limits
     raw = await read_body(request, limits)  # 1
     call.bytes_in = len(raw)
 
@@ -95,40 +107,6 @@ async def handle(request: web.Request, carrier: Carrier) -> web.StreamResponse:
 
 
 # --- 1 and 3 ---------------------------------------------------------------------------
-
-
-async def read_body(request: web.Request, limits: Limits) -> bytes:
-    encoding = request.headers.get("content-encoding", "identity").strip().lower()
-    if encoding not in ("identity", "gzip", ""):
-        raise GatewayError(415, "unsupported_encoding", (rc.UNSUPPORTED_ENCODING,))
-    if request.content_type != "application/json":
-        raise GatewayError(415, "unsupported_media_type", (rc.UNSUPPORTED_MEDIA_TYPE,))
-    if request.content_length is not None and request.content_length > limits.request_bytes:
-        raise GatewayError(413, "payload_too_large", (rc.PAYLOAD_TOO_LARGE,))
-    chunks: list[bytes] = []
-    total = 0
-    async for chunk in request.content.iter_any():
-        total += len(chunk)
-        if total > limits.request_bytes:
-            raise GatewayError(413, "payload_too_large", (rc.PAYLOAD_TOO_LARGE,))
-        chunks.append(chunk)
-    raw = b"".join(chunks)
-    if encoding == "gzip":
-        raw = _gunzip(raw, limits.decompressed_request_bytes)
-    return raw
-
-
-def _gunzip(data: bytes, limit: int) -> bytes:
-    inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
-    try:
-        out = inflater.decompress(data, limit + 1)
-    except zlib.error:
-        raise GatewayError(400, "invalid_request", (rc.INVALID_REQUEST,)) from None
-    if len(out) > limit or inflater.unconsumed_tail:
-        raise GatewayError(413, "payload_too_large", (rc.PAYLOAD_TOO_LARGE,))
-    if not inflater.eof or inflater.unused_data:
-        raise GatewayError(400, "invalid_request", (rc.INVALID_REQUEST,))
-    return out
 
 
 def parse_request(carrier: Carrier, raw: bytes, runtime: Runtime) -> ParsedRequest:
@@ -418,13 +396,22 @@ async def _receive(
                 else ("incomplete" if not folded.complete else "withheld")
             )
             raise _refusal(outcome)
-    except GatewayError as err:
-        if heartbeats is not None and heartbeats.out is not None:
-            # Headers are out: the refusal becomes the protocol's own error event.
-            call.outcome = "refused_in_stream"
-            call.reason_codes = err.reason_codes
-            return await heartbeats.finish(carrier.stream_error_event(err.code, err.reason_codes, err.public_message))
-        raise
+    except Exception as exc:
+        if heartbeats is None or heartbeats.out is None:
+            raise
+        # Headers are out: any refusal, and any failure of ours, becomes the protocol's own
+        # error event (never a second status line inside the open stream).
+        if isinstance(exc, GatewayError):
+            err = exc
+        else:
+            log.error("internal_error", request_id=call.request_id, error_class=type(exc).__name__, route=call.route)
+            err = GatewayError(500, "internal_error", ())
+        call.outcome = "refused_in_stream"
+        call.reason_codes = err.reason_codes
+        event = carrier.stream_error_event(
+            err.code, err.reason_codes, err.public_message, errors.error_type(err, call.dialect)
+        )
+        return await heartbeats.finish(event)
     finally:
         response.close()  # never back to the pool half-read; a no-op once fully read
     call.outcome = "released" if 200 <= response.status < 300 else "upstream_error_released"
@@ -434,7 +421,7 @@ async def _receive(
         return await heartbeats.finish(released)
     if is_stream:
         return release.release_stream(response.status, passed, released)
-    content_type = response.headers.get("content-type", "application/json")
+    content_type = release.released_content_type(response.headers.get("content-type"))
     return release.release_body(response.status, passed, released, content_type)
 
 
@@ -497,8 +484,14 @@ async def _pass_through(
     send: CheckOutcome,
     mode: Mode,
 ) -> web.StreamResponse:
-    """Observe/off: stream the response through unchanged; check a bounded copy after."""
+    """Observe/off: stream the response through unchanged; check a bounded copy after.
+    The send binding is verified first whatever the mode: binding checks are never modes."""
     call: Call = request[CALL]
+    assert send.binding is not None
+    try:
+        checks.open_send_binding(runtime, send.binding, party, time.time())
+    except BindingError as exc:
+        raise errors.withheld_response((exc.reason,)) from None
     limit = runtime.config.limits.response_bytes
     passed = release.released_headers(response.headers)
     out = web.StreamResponse(status=response.status, headers=passed)

@@ -8,6 +8,7 @@ Must not: decide anything, or add content of its own to a released body.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 
 from aiohttp import web
@@ -29,17 +30,30 @@ _PASS_HEADERS = frozenset(
         "anthropic-organization-id",
     }
 )
-_PASS_PREFIXES = ("x-ratelimit-", "anthropic-ratelimit-")
+# A rate-limit header name: the prefix, then a short lowercase name (the rest of a name is
+# text the provider chose, so it is held to a form that cannot carry much).
+_PASS_NAME = re.compile(r"(?:x-ratelimit|anthropic-ratelimit)-[a-z][a-z0-9-]{0,47}")
+# What these headers hold: counts, durations ("6m0s", "1.5s"), timestamps, ids.
+_PASS_VALUE = re.compile(r"[A-Za-z0-9 .:+_-]{0,128}")
 
 
 def released_headers(upstream: CIMultiDictProxy[str] | Mapping[str, str]) -> dict[str, str]:
-    """Provider response headers a client may see (rate limits, provider request ids)."""
+    """Provider response headers a client may see (rate limits, provider request ids),
+    only in the forms such headers have; before_release inspects names and values too."""
     out: dict[str, str] = {}
     for name, value in upstream.items():
         low = name.lower()
-        if low in _PASS_HEADERS or low.startswith(_PASS_PREFIXES):
+        if (low in _PASS_HEADERS or _PASS_NAME.fullmatch(low)) and _PASS_VALUE.fullmatch(value):
             out[low] = value
     return out
+
+
+def released_content_type(upstream: str | None) -> str:
+    """A released non-stream body is JSON (anything else was refused): the client gets our
+    own content type, never a value the provider chose."""
+    if upstream is not None and upstream.replace(" ", "").lower() == "application/json;charset=utf-8":
+        return "application/json; charset=utf-8"
+    return "application/json"
 
 
 def release_body(status: int, headers: Mapping[str, str], body: bytes, content_type: str) -> web.Response:
@@ -62,8 +76,12 @@ def release_stream(status: int, headers: Mapping[str, str], framed: bytes) -> we
 
 
 def refusal(err: GatewayError, dialect: Dialect, request_id: str) -> web.Response:
-    return web.Response(
+    response = web.Response(
         status=err.status,
         body=render_body(err, dialect, request_id),
         headers=response_headers(err),
     )
+    if err.status in (408, 413):
+        # The rest of the body is not worth reading (or waiting for): close, don't linger.
+        response.force_close()
+    return response

@@ -1,0 +1,1 @@
+"""Server-side HTTP: reading request bodies within limits, and guarding connections."""

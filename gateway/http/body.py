@@ -1,0 +1,69 @@
+"""Reading a request body whole, within every limit that protects the gateway.
+
+Owns: the size limit (413), the accepted encodings (identity, gzip with a bounded inflater;
+anything else 415), the media type (415), and the two clocks a trickling client meets —
+the longest silence between body bytes and the longest time for the whole body (both 408,
+`request_timeout`). Used by every route that reads a body.
+Must not: parse or judge what the body says.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import zlib
+
+from aiohttp import web
+
+from gateway.config.model import Limits
+from gateway.errors import GatewayError
+from gateway.inspection import verdict as rc
+
+
+def _timeout() -> GatewayError:
+    return GatewayError(408, "request_timeout", (rc.REQUEST_TIMEOUT,), retryable=True)
+
+
+async def read_body(request: web.Request, limits: Limits, *, media_type: str = "application/json") -> bytes:
+    encoding = request.headers.get("content-encoding", "identity").strip().lower()
+    if encoding not in ("identity", "gzip", ""):
+        raise GatewayError(415, "unsupported_encoding", (rc.UNSUPPORTED_ENCODING,))
+    if request.content_type != media_type:
+        raise GatewayError(415, "unsupported_media_type", (rc.UNSUPPORTED_MEDIA_TYPE,))
+    if request.content_length is not None and request.content_length > limits.request_bytes:
+        raise GatewayError(413, "payload_too_large", (rc.PAYLOAD_TOO_LARGE,))
+    chunks: list[bytes] = []
+    total = 0
+    deadline = time.monotonic() + limits.body_total_s
+    while True:
+        wait = min(limits.body_idle_s, deadline - time.monotonic())
+        if wait <= 0:
+            raise _timeout()
+        try:
+            async with asyncio.timeout(wait):
+                chunk = await request.content.readany()
+        except TimeoutError:
+            raise _timeout() from None
+        if not chunk:
+            break
+        total += len(chunk)
+        if total > limits.request_bytes:
+            raise GatewayError(413, "payload_too_large", (rc.PAYLOAD_TOO_LARGE,))
+        chunks.append(chunk)
+    raw = b"".join(chunks)
+    if encoding == "gzip":
+        raw = _gunzip(raw, limits.decompressed_request_bytes)
+    return raw
+
+
+def _gunzip(data: bytes, limit: int) -> bytes:
+    inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+    try:
+        out = inflater.decompress(data, limit + 1)
+    except zlib.error:
+        raise GatewayError(400, "invalid_request", (rc.INVALID_REQUEST,)) from None
+    if len(out) > limit or inflater.unconsumed_tail:
+        raise GatewayError(413, "payload_too_large", (rc.PAYLOAD_TOO_LARGE,))
+    if not inflater.eof or inflater.unused_data:
+        raise GatewayError(400, "invalid_request", (rc.INVALID_REQUEST,))
+    return out

@@ -1,0 +1,226 @@
+"""Connections: what a client may hold open, and for how long, before a request exists.
+
+Owns: the connection caps (in all, and per client: a TCP peer address or a Unix-socket
+peer uid), the request-head deadline (from the first byte of a head to its end, and the
+TLS handshake), the idle keep-alive limit, the content-free answer to a request aiohttp
+cannot parse (its own error page echoes the request line), and the runner and sites that
+put them in place. Counts go to metrics; nothing about a connection is logged but its
+listener.
+Must not: read bodies or know routes (the app does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import socket
+import struct
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_server import Server
+
+from gateway.config.model import Limits
+
+
+def _raw_response(status: int, reason: str, code: str, message: str, reason_code: str) -> bytes:
+    body = json.dumps(
+        {"error": {"code": code, "message": message, "details": {"reason_codes": [reason_code]}}},
+        separators=(",", ":"),
+    ).encode()
+    head = (
+        f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\nconnection: close\r\n"
+        f"x-powercontext-request-id: {secrets.token_hex(8)}\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+@dataclass
+class ConnectionGuard:
+    """Shared by every connection of one runner (both listeners)."""
+
+    limits: Limits
+    open: int = 0
+    per_client: Counter[str] = field(default_factory=Counter)
+    refused: int = 0
+    head_timeouts: int = 0
+
+    def admit(self, client: str) -> bool:
+        if self.open >= self.limits.max_connections or self.per_client[client] >= self.limits.max_connections_per_client:
+            self.refused += 1
+            return False
+        self.open += 1
+        self.per_client[client] += 1
+        return True
+
+    def release(self, client: str) -> None:
+        self.open -= 1
+        self.per_client[client] -= 1
+        if self.per_client[client] <= 0:
+            del self.per_client[client]
+
+
+def client_of(transport: asyncio.BaseTransport) -> str:
+    """Who a connection belongs to: the TCP peer address, or the Unix-socket peer's uid."""
+    peer = transport.get_extra_info("peername")
+    if isinstance(peer, tuple) and peer:
+        return f"tcp:{peer[0]}"
+    sock = transport.get_extra_info("socket")
+    if sock is not None and sock.family == socket.AF_UNIX and hasattr(socket, "SO_PEERCRED"):
+        try:
+            creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+            return f"uid:{struct.unpack('3i', creds)[1]}"
+        except OSError:
+            pass
+    return "unix"
+
+
+class GuardedHandler(RequestHandler):
+    """aiohttp's request handler with the caps and the head deadline in front of it."""
+
+    def __init__(self, manager: Server, *, guard: ConnectionGuard, **kwargs: Any) -> None:
+        super().__init__(manager, **kwargs)
+        self._guard = guard
+        self._client: str | None = None
+        self._refused = False
+        self._awaiting_head = True
+        self._head_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        client = client_of(transport)
+        if not self._guard.admit(client):
+            self._refused = True
+            transport.write(  # type: ignore[attr-defined]
+                _raw_response(503, "Service Unavailable", "too_many_connections",
+                              "Too many open connections.", "too_many_connections")
+            )
+            transport.close()
+            return
+        self._client = client
+        super().connection_made(transport)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._cancel_head_timer()
+        if self._refused:
+            return
+        if self._client is not None:
+            self._guard.release(self._client)
+            self._client = None
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._awaiting_head and self._head_timer is None and data:
+            self._head_timer = self._loop.call_later(self._guard.limits.request_head_s, self._head_expired)
+        heads = self._request_count
+        super().data_received(data)
+        if self._request_count != heads:  # a whole head arrived
+            self._cancel_head_timer()
+            self._awaiting_head = False
+
+    async def finish_response(self, request: Any, resp: Any, start_time: float | None) -> tuple[Any, bool]:
+        result = await super().finish_response(request, resp, start_time)
+        self._awaiting_head = True  # the next bytes start the next head
+        if resp.status in (408, 413):
+            # A body that stalled or was too large is not waited for or drained (aiohttp
+            # would linger reading it): the answer is out, close the connection now.
+            self.force_close()
+        return result
+
+    def _cancel_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_expired(self) -> None:
+        self._head_timer = None
+        self._guard.head_timeouts += 1
+        if self.transport is not None:
+            self.transport.write(
+                _raw_response(408, "Request Timeout", "request_timeout",
+                              "The request head did not arrive in time.", "request_timeout")
+            )
+        self.force_close()
+        if self.transport is not None:
+            self.transport.close()
+
+    def handle_error(
+        self,
+        request: Any,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        """A request aiohttp could not parse: a fixed, content-free answer (aiohttp's own
+        page quotes the request line back)."""
+        response = super().handle_error(request, status, exc, None)
+        code = "invalid_request" if 400 <= status < 500 else "internal_error"
+        body = {"error": {"code": code, "message": "The request could not be processed as HTTP.",
+                          "details": {"reason_codes": ["invalid_request"]}}}
+        fixed = web.Response(status=status, text=json.dumps(body), content_type="application/json")
+        fixed.headers["x-powercontext-request-id"] = secrets.token_hex(8)
+        fixed.force_close()
+        del response
+        return fixed
+
+
+class GuardedServer(Server):
+    def __init__(self, *args: Any, guard: ConnectionGuard, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.guard = guard
+
+    def __call__(self) -> RequestHandler:
+        return GuardedHandler(self, loop=self._loop, guard=self.guard, **self._kwargs)
+
+
+class GuardedRunner(web.AppRunner):
+    """An AppRunner whose connections go through one `ConnectionGuard`."""
+
+    def __init__(self, app: web.Application, *, limits: Limits, **kwargs: Any) -> None:
+        kwargs.setdefault("keepalive_timeout", limits.idle_connection_s)
+        super().__init__(app, **kwargs)
+        self.guard = ConnectionGuard(limits)
+
+    async def _make_server(self) -> Server:
+        default = await super()._make_server()
+        server = GuardedServer(
+            default.request_handler,
+            request_factory=default.request_factory,
+            handler_cancellation=default.handler_cancellation,
+            loop=default._loop,
+            guard=self.guard,
+            **default._kwargs,
+        )
+        return server
+
+
+class TLSSite(web.TCPSite):
+    """A TCP site whose TLS handshake has the request-head deadline."""
+
+    def __init__(self, runner: web.BaseRunner, host: str, port: int, *, handshake_s: float, **kwargs: Any) -> None:
+        super().__init__(runner, host, port, **kwargs)
+        self._handshake_s = handshake_s
+
+    async def start(self) -> None:
+        await web.BaseSite.start(self)
+        loop = asyncio.get_running_loop()
+        server = self._runner.server
+        assert server is not None
+        self._server = await loop.create_server(
+            server,
+            self._host,
+            self._port,
+            ssl=self._ssl_context,
+            backlog=self._backlog,
+            reuse_address=self._reuse_address,
+            reuse_port=self._reuse_port,
+            ssl_handshake_timeout=self._handshake_s if self._ssl_context is not None else None,
+        )
+        if self._server.sockets:
+            self._bound_port = self._server.sockets[0].getsockname()[1]
+        else:
+            self._bound_port = self._port
