@@ -14,7 +14,8 @@ import pytest
 from gateway.listeners import generate_dev_tls
 from gateway.mockprovider import MockProviderServer
 from gateway.obs import logging as wlog
-from tests.harness import UPSTREAM_KEY, Env, GatewayThread, build_env
+from gateway.obs.logging import ALLOWED_FIELDS
+from tests.harness import SENSITIVE, SERVED, UPSTREAM_KEY, Env, GatewayThread, build_env
 
 
 class LogCapture(io.TextIOBase):
@@ -36,12 +37,52 @@ class LogCapture(io.TextIOBase):
     def records(self) -> list[dict[str, Any]]:
         return [json.loads(line) for line in self.text().splitlines() if line.strip()]
 
+    def mark(self) -> int:
+        with self._lock:
+            return len(self._buf)
+
+    def since(self, mark: int) -> str:
+        with self._lock:
+            return "".join(self._buf[mark:])
+
+
+def _forms(value: str) -> set[str]:
+    return {value, json.dumps(value)[1:-1], json.dumps(value, ensure_ascii=False)[1:-1]}
+
+
+# Text that only a body, a prompt or a credential header would bring into a log line.
+CONTENT_MARKERS = ("mock-scenario:", "Mock reply", "Bearer ", "x-api-key", '"messages"')
+
+
+def assert_nothing_sensitive(text: str) -> None:
+    """No registered sensitive value (in its JSON-escaped forms, and no long line of a
+    multi-line one) and no content marker appears in `text`."""
+    for value in SENSITIVE:
+        for form in _forms(value):
+            assert form not in text, "a sensitive value reached a log line"
+        for line in value.splitlines():  # parts of multi-line secrets (private keys) too
+            if len(line) >= 16:
+                assert line not in text, "part of a sensitive value reached a log line"
+    for marker in CONTENT_MARKERS:
+        assert marker not in text, f"content marker {marker!r} reached a log line"
+
 
 @pytest.fixture(scope="session", autouse=True)
-def captured_logs() -> LogCapture:
+def captured_logs() -> Iterator[LogCapture]:
+    """Every log line of the whole session, checked once at its end (whatever ran, in
+    whatever order): every field is allow-listed, no sensitive value or content marker is
+    in any line, and there is one access line for every request the in-process gateways
+    answered (so the check is never vacuous while gateways ran)."""
     sink = LogCapture()
     wlog.configure("debug", stream=sink)
-    return sink
+    yield sink
+    records = sink.records()
+    for record in records:
+        extra = set(record) - ALLOWED_FIELDS - {"ts", "level", "event"}
+        assert not extra, f"log fields not on the allow-list: {sorted(extra)}"
+    assert_nothing_sensitive(sink.text())
+    access_lines = sum(1 for r in records if r.get("event") == "request")
+    assert access_lines >= SERVED[0], (access_lines, SERVED[0])
 
 
 @pytest.fixture(scope="session")

@@ -26,8 +26,18 @@ from gateway.server import RunningGateway, start
 T = TypeVar("T")
 
 UPSTREAM_KEY = "upstream-credential-for-tests-0001"
-# Every credential a test creates, so the last test can prove none reached a log line.
-ISSUED_KEYS: list[str] = [UPSTREAM_KEY]
+# Every sensitive value the suite uses — configured secrets, credentials a test creates,
+# secrets it sends — so the session's log check can prove none reached a log line.
+SENSITIVE: set[str] = {UPSTREAM_KEY}
+# Requests the in-process gateways served (from their own metrics), so the log check can
+# tell that it saw one access line per request rather than nothing at all.
+SERVED: list[int] = [0]
+
+
+def sensitive(*values: Any) -> None:
+    """Register values (strings, or {"value": ...} secret entries) for the log check."""
+    for value in values:
+        SENSITIVE.add(value["value"] if isinstance(value, dict) else value)
 FAST_RETRY = {"attempts": 2, "backoff_initial_ms": 10, "backoff_max_ms": 50, "max_retry_after_s": 5}
 FAST_TIMEOUTS = {"connect_s": 2, "read_s": 5, "total_s": 10}
 
@@ -77,7 +87,7 @@ class Env:
 
     def add_principal(self, pid: str, actions: list[str], profiles: list[str], scopes: list[str] | None = None) -> str:
         key, digest = devsetup.new_gateway_key()
-        ISSUED_KEYS.append(key)
+        sensitive(key)
         with (self.dir / "principals.toml").open("a") as fh:
             fh.write(devsetup.principal_block(pid, [digest], actions, profiles, scopes))
         return key
@@ -106,8 +116,8 @@ def build_env(
     tls_dir: Path | None = None,
 ) -> Env:
     directory.mkdir(parents=True, exist_ok=True)
-    key_path = directory / "keys" / "profile-signing.key"
-    devsetup.new_signing_key(key_path)
+    key_path = devsetup.signing_dir_for(directory) / "profile-signing.key"  # never inside the served tree
+    devsetup.new_signing_key(key_path, directory / "keys" / "profile-signing.pub.json")
     skey = signing.load_private_key(key_path.read_bytes())
     devsetup.new_keyring(directory / "keys" / "bindings-keyring.json")
     if tls_dir is not None and (tls_dir / "server.pem").exists():
@@ -115,6 +125,7 @@ def build_env(
     else:
         generate_dev_tls(directory / "tls")
     upstream_key = UPSTREAM_KEY
+    sensitive(*(secrets_ or []))
     devsetup.write_private(directory / "secrets" / "upstream.key", upstream_key.encode())
     env = Env(directory, mock_url, upstream_key, "", skey)
     env.write_secrets(secrets_ or [])
@@ -125,7 +136,7 @@ def build_env(
     for doc in docs:
         env.write_profile(doc)
     env.profiles = docs
-    (directory / "principals.toml").write_text("")
+    devsetup.write_private(directory / "principals.toml", b"")
     env.gateway_key = env.add_principal(
         "tester", ALL_ACTIONS, principal_profiles or [d["id"] for d in docs]
     )
@@ -194,8 +205,18 @@ class GatewayThread:
 
         return self.call(_tasks())
 
+    def served(self) -> int:
+        """Requests this gateway answered, by its own metrics (one access line each)."""
+        assert self.running is not None
+        from gateway.state import SERVICES
+
+        registry = self.running.app[SERVICES].metrics.registry
+        return int(sum(s.value for m in registry.collect() if m.name == "wiregate_requests"
+                       for s in m.samples if s.name == "wiregate_requests_total"))
+
     def stop(self) -> None:
         if self.running is not None:
+            SERVED[0] += self.served()
             self.call(self.running.stop())
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(10)

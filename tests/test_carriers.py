@@ -165,7 +165,7 @@ def test_responses_stream_folds_deltas() -> None:
 
 @pytest.mark.parametrize("name", ["openai.chat", "openai.responses", "anthropic.messages"])
 def test_stream_error_event_is_valid_sse(name: str) -> None:
-    raw = CARRIERS[name].stream_error_event("response_blocked", ["secret_value"], "blocked")
+    raw = CARRIERS[name].stream_error_event("response_blocked", ["secret_value"], "blocked", "permission_error")
     events, clean = sse.parse_all(raw)
     assert clean and len(events) == 1
     payload = json.loads(events[0].data)

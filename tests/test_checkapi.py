@@ -179,11 +179,42 @@ def _seal(gateway: GatewayThread, **overrides: Any) -> str:
     ({"tp": "other-openai"}, "binding_mismatch"),
     ({"tpd": "sha256:" + "1" * 64}, "binding_mismatch"),
     ({"dlg": "delegated-user"}, "binding_mismatch"),
+    # decided under another policy version: the send's decision no longer holds
+    ({"pv": "test-0"}, "binding_mismatch"),
+    # not an allow, and not an observed-only send
+    ({"dec": "block"}, "binding_mismatch"),
+    ({"dec": "withhold", "md": "enforce"}, "binding_mismatch"),
+    # incoherent: expires after its correlation deadline, or before it was issued
+    ({"exp": int(time.time()) + 10_000}, "binding_invalid"),
+    ({"iat": int(time.time()) + 120}, "binding_invalid"),
 ])
 def test_binding_claims(gw: tuple[Env, GatewayThread], overrides: dict[str, Any], reason: str) -> None:
     env, gateway = gw
     result = _check(env, gateway, _release(_seal(gateway, **overrides))).json()
     assert result["decision"] == "withhold" and result["reason_codes"] == [reason]
+
+
+def test_an_observed_send_binding_may_be_released(gw: tuple[Env, GatewayThread]) -> None:
+    env, gateway = gw
+    result = _check(env, gateway, _release(_seal(gateway, dec="block", md="observe"))).json()
+    assert result["decision"] == "allow"
+
+
+@pytest.mark.parametrize("headers", [
+    {"content-type": "application/json", "Authorization": f"Bearer {SECRET}"},
+    {"content-type": "application/json", "x-anything-at-all": f"token {SECRET} here"},
+    {"content-type": "application/json", SECRET: "1"},
+])
+def test_every_supplied_header_is_inspected(gw: tuple[Env, GatewayThread], headers: dict[str, str]) -> None:
+    env, gateway = gw
+    body = _send()
+    body["payload"]["headers"] = headers
+    result = _check(env, gateway, body).json()
+    assert result["decision"] == "block" and result["reason_codes"] == ["secret_value"]
+    release = _release(_allowed_send(env, gateway))
+    release["payload"]["headers"] = headers
+    result = _check(env, gateway, release).json()
+    assert result["decision"] == "block" and result["reason_codes"] == ["secret_value"]
 
 
 def test_release_binding_is_not_a_send_binding(gw: tuple[Env, GatewayThread]) -> None:

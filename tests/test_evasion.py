@@ -16,7 +16,7 @@ import pytest
 from gateway.carriers import CARRIERS, sse
 from gateway.carriers.base import CarrierLimits
 from gateway.mockprovider import MockProviderServer
-from tests.harness import Env, GatewayThread, build_env, raw_client
+from tests.harness import Env, GatewayThread, build_env, raw_client, sensitive
 from tests.inspection.secret_samples import true_positives
 
 LITERALS = [
@@ -34,6 +34,7 @@ FORMAT_RULES = [
 ]
 FORMAT_SECRETS = [true_positives(rule, n=1, seed=1234)[0] for rule in FORMAT_RULES]
 SECRETS = LITERALS + FORMAT_SECRETS
+sensitive(*FORMAT_SECRETS)  # sent, never configured: the session's log check looks for them too
 PH = "@@SECRET@@"
 PH1, PH2 = "@@PART1@@", "@@PART2@@"
 

@@ -1,0 +1,82 @@
+"""Keys and secret files: `wiregate init` keeps the profile-signing key out of the served
+tree, and the gateway refuses to start if a trusted key's private half is inside it; the
+dev CA is name-constrained to loopback and its key is never written; secret files others
+can read refuse the load, group-readable ones are logged loudly."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography import x509
+
+from gateway import devsetup
+from gateway.config.load import ConfigError, load_runtime
+
+
+@pytest.fixture
+def initialised(tmp_path: Path) -> tuple[Path, dict[str, Any]]:
+    work = tmp_path / "served"
+    facts = devsetup.init(work)
+    return work, facts
+
+
+def test_init_keeps_the_signing_key_outside_the_served_tree(initialised: tuple[Path, dict[str, Any]]) -> None:
+    work, facts = initialised
+    signing_key = Path(facts["signing_key"])
+    assert signing_key.is_file() and work not in signing_key.parents
+    assert (signing_key.stat().st_mode & 0o777) == 0o600
+    assert (work / "keys" / "profile-signing.pub.json").is_file()
+    assert not any(b"PRIVATE KEY" in p.read_bytes() for p in work.rglob("*.key") if "tls" not in p.parts)
+    assert load_runtime(work / "wiregate.toml").profiles  # and the gateway loads
+
+
+def test_a_trusted_private_key_inside_the_served_tree_refuses_the_load(initialised: tuple[Path, dict[str, Any]]) -> None:
+    work, facts = initialised
+    shutil.copy(facts["signing_key"], work / "secrets" / "oops.pem")
+    with pytest.raises(ConfigError, match="private key of trusted profile-signing key"):
+        load_runtime(work / "wiregate.toml")
+    (work / "secrets" / "oops.pem").unlink()
+    other = work / "keys" / "unrelated.key"  # some other Ed25519 key is not a problem
+    devsetup.new_signing_key(other, work / "keys" / "unrelated.pub.json")
+    load_runtime(work / "wiregate.toml")
+
+
+def test_the_dev_ca_is_name_constrained_and_its_key_discarded(initialised: tuple[Path, dict[str, Any]]) -> None:
+    work, _ = initialised
+    tls = work / "tls"
+    assert not (tls / "ca.key").exists()
+    assert sorted(p.name for p in tls.iterdir()) == ["ca.pem", "server.key", "server.pem"]
+    ca = x509.load_pem_x509_certificate((tls / "ca.pem").read_bytes())
+    constraints = ca.extensions.get_extension_for_class(x509.NameConstraints)
+    assert constraints.critical
+    permitted = {str(getattr(n, "value", n)) for n in constraints.value.permitted_subtrees or ()}
+    assert permitted == {"localhost", "127.0.0.0/8", "::1/128"}
+    server = x509.load_pem_x509_certificate((tls / "server.pem").read_bytes())
+    server.verify_directly_issued_by(ca)
+
+
+@pytest.mark.parametrize("which", ["keyring", "credential", "secret_values"])
+def test_secret_files_others_can_read_refuse_the_load(initialised: tuple[Path, dict[str, Any]], which: str) -> None:
+    work, _ = initialised
+    path = {"keyring": work / "keys" / "bindings-keyring.json",
+            "credential": work / "secrets" / "mock-upstream.key",
+            "secret_values": work / "secrets" / "secret-values.txt"}[which]
+    os.chmod(path, 0o644)
+    with pytest.raises(ConfigError, match="readable by others"):
+        load_runtime(work / "wiregate.toml")
+    os.chmod(path, 0o640)  # group-readable: loads, and says so
+    runtime = load_runtime(work / "wiregate.toml")
+    assert any(str(path) in w and "group" in w for w in runtime.warnings)
+    os.chmod(path, 0o600)
+    assert load_runtime(work / "wiregate.toml").warnings == ()
+
+
+def test_a_principals_file_others_can_read_is_a_warning(initialised: tuple[Path, dict[str, Any]]) -> None:
+    work, _ = initialised
+    os.chmod(work / "principals.toml", 0o644)
+    runtime = load_runtime(work / "wiregate.toml")
+    assert any("principals" in w for w in runtime.warnings)
