@@ -279,6 +279,14 @@ def _noise(alphabet: str, n: int, salt: str) -> str:
     return "".join(r.choice(alphabet) for _ in range(n))
 
 
+def _snowflake_b64(r: random.Random) -> str:
+    """The first segment of a Discord bot token: base64 of the bot's 17-20 digit user id
+    (a snowflake: milliseconds since 2015 shifted left by 22 bits, plus worker bits)."""
+    ms = r.randint(0, 10 * 365 * 86_400_000)  # created 2015-2025
+    snowflake = (ms << 22) | r.getrandbits(22)
+    return _b64url(str(max(snowflake, 10**16 + r.getrandbits(20))).encode())
+
+
 def _user(lo: int = 4, hi: int = 10) -> R:
     return R(string.ascii_lowercase, lo, hi)
 
@@ -761,8 +769,7 @@ SPECS: dict[str, Spec] = {
             A(
                 ("DISCORD_BOT_TOKEN", "discord_token", "DISCORD_TOKEN"),
                 (
-                    ("M", "N", "O"),
-                    R(B64URL, 25, pat=(23, 27)),
+                    F(_snowflake_b64),
                     ".",
                     R(B64URL, 6),
                     ".",
@@ -771,8 +778,7 @@ SPECS: dict[str, Spec] = {
             ),
             [
                 "Authorization: Bot ",
-                ("M", "N", "O"),
-                R(B64URL, 25, pat=(23, 27)),
+                F(_snowflake_b64),
                 ".",
                 R(B64URL, 6),
                 ".",
