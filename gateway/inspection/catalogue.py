@@ -42,9 +42,9 @@ Boundaries
           neighbour itself (any byte that is not ``[A-Za-z0-9_+/.-]`` or a backslash, or a
           whole JSON escape ``\\n``, ``\\"``, ``\\uXXXX``...), so a run yields one candidate.
           The reported match starts at the secret group, never on the neighbour. A value at
-          the very start of a buffer has no neighbour and is not seen; the engine never scans
-          such a buffer (raw JSON starts with ``{``, and every text unit but the first, a
-          top-level key, follows a separator).
+          the very start of a buffer has no neighbour and is not seen. In the engine that is
+          at most the first text unit (a top-level key), and the raw JSON, scanned too, has a
+          quote before it: every other unit, header values included, follows a separator.
 
 JSON text rule: the engine also scans raw JSON bytes, so on the left a byte that is the
 letter of a JSON escape (``\\n \\r \\t \\b \\f \\" \\/ \\\\`` or the last hex digit of

@@ -74,7 +74,11 @@ def test_names_in_other_languages_are_found_by_both_engines(hs_db: hyperscan.Dat
         data = ("note " + prefix + value + " end").encode()
         expected = reference_scan(Catalogue("t", (RULES[rid],)), data)
         ends: set[tuple[int, int]] = set()
-        hs_db.scan(data, match_event_handler=lambda i, _f, to, _fl, _c: ends.add((i, to)))
+
+        def on_match(i: int, _f: int, to: int, _fl: int, _c: object, ends: set[tuple[int, int]] = ends) -> None:
+            ends.add((i, to))
+
+        hs_db.scan(data, match_event_handler=on_match)
         got: set[FormatMatch] = set()
         for index, end in ends:
             if rules[index].id == rid:
