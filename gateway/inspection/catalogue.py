@@ -7,7 +7,8 @@ This module owns:
 * the *confirmation regex* of a rule (:func:`confirm_regex`): the rule's Hyperscan-compatible
   ``pattern`` wrapped in boundary look-arounds that Hyperscan cannot express;
 * the acceptance test of a candidate (:func:`accept`): allow-list of published example keys,
-  placeholder markers and a Shannon-entropy floor, all applied to the rule's secret part;
+  placeholder markers, a Shannon-entropy floor and the rule's named :data:`VALIDATORS`, all
+  applied to the rule's secret part;
 * the reference (slow fallback) matcher :func:`reference_scan`, and
   :func:`confirm_in_window`, the exact same confirmation logic restricted to the window around
   one Hyperscan-reported match end. Both produce identical results (the test suite proves
@@ -34,12 +35,31 @@ Boundaries
           padding never precedes data). Right: the next byte is not ``[A-Za-z0-9_+/=-]``, and
           not a ``.`` followed by such a byte (so a sentence-ending full stop is fine).
 ``none``  self-delimiting patterns (PEM headers, URLs).
+``lead``  (left only) for *bare* forms that have no literal anchor, such as a 40-character
+          AWS secret key standing alone: a pattern made only of a character run would make
+          Hyperscan report a candidate at every offset of a long base64 or hex blob (and hit
+          the match cap). Such a pattern starts with :data:`LEAD`, which consumes the left
+          neighbour itself (any byte that is not ``[A-Za-z0-9_+/.-]`` or a backslash, or a
+          whole JSON escape ``\\n``, ``\\"``, ``\\uXXXX``...), so a run yields one candidate.
+          The reported match starts at the secret group, never on the neighbour. A value at
+          the very start of a buffer has no neighbour and is not seen. In the engine that is
+          at most the first text unit (a top-level key), and the raw JSON, scanned too, has a
+          quote before it: every other unit, header values included, follows a separator.
 
 JSON text rule: the engine also scans raw JSON bytes, so on the left a byte that is the
 letter of a JSON escape (``\\n \\r \\t \\b \\f \\" \\/ \\\\`` or the last hex digit of
 ``\\uXXXX``) does not count as a neighbour, and conversely a match never starts *on* the
 letter of an escape (``\\npm_...`` is a newline followed by ``pm_...``, not an npm token); on
 the right, ``\\`` (start of an escape) is never part of a word or token, so it always ends one.
+
+Validators: a rule may name acceptance checks that a regular expression cannot express, from
+the closed set :data:`VALIDATORS` (mixed character classes, a decoded Discord snowflake...).
+They run in :func:`accept`, so both engines apply them identically.
+
+Context-only: a rule whose value, standing alone, cannot be told from ordinary data (a bare
+32-hex Datadog key is a trace id) says so in ``context_only``, a one-line reason. It is
+documentation (the bare-credential test checks it against what the engine measures); it does
+not change matching.
 
 Placeholders: besides the per-rule ``allow`` list (exact secret-part matches), a secret part is
 rejected when it contains one of :data:`PLACEHOLDER_MARKERS` (case-insensitive), is a bare
@@ -50,6 +70,8 @@ classes, that a real key is rejected this way with negligible probability.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import functools
 import importlib
 import importlib.resources
@@ -63,8 +85,10 @@ from typing import Any
 
 __all__ = [
     "BOUNDARY_KINDS",
+    "LEAD",
     "MAX_PATTERN_WIDTH",
     "PLACEHOLDER_MARKERS",
+    "VALIDATORS",
     "Catalogue",
     "CatalogueError",
     "FormatMatch",
@@ -79,6 +103,10 @@ __all__ = [
 
 MAX_PATTERN_WIDTH = 4096
 BOUNDARY_KINDS = frozenset({"word", "token", "none"})
+LEFT_ONLY_KINDS = frozenset({"lead"})
+#: The left neighbour of a bare value, consumed by the pattern (see ``lead`` above): a byte
+#: that is neither tokenish (``[A-Za-z0-9_+/.-]``) nor a backslash, or a whole JSON escape.
+LEAD = r'(?:[^A-Za-z0-9_+/.\\-]|\\[nrtbf"/\\]|\\u[0-9A-Fa-f]{4})'
 
 #: Case-insensitive substrings that mark a secret part as a documentation placeholder.
 PLACEHOLDER_MARKERS: tuple[str, ...] = (
@@ -124,6 +152,8 @@ _RULE_KEYS = frozenset(
         "left",
         "right",
         "advisory",
+        "validators",
+        "context_only",
     }
 )
 _REQUIRED_KEYS = frozenset({"id", "description", "keywords", "pattern"})
@@ -144,7 +174,9 @@ def _left(neighbour: str) -> str:
     )
 
 
-_LEFT: Mapping[str, str] = MappingProxyType({"word": _left(_WORD), "token": _left(_TOKENISH_LEFT_BYTES), "none": ""})
+_LEFT: Mapping[str, str] = MappingProxyType(
+    {"word": _left(_WORD), "token": _left(_TOKENISH_LEFT_BYTES), "none": "", "lead": ""}
+)
 _RIGHT: Mapping[str, str] = MappingProxyType(
     {
         "word": r"(?!" + _WORD + r")",
@@ -193,6 +225,8 @@ class Rule:
     right: str
     advisory: bool
     max_width: int
+    validators: tuple[str, ...] = ()
+    context_only: str | None = None
 
 
 @dataclass(frozen=True)
@@ -268,8 +302,10 @@ def _parse_rule(index: int, raw: object) -> Rule:
     if not isinstance(keywords, list) or not keywords:
         raise fail("keywords must be a non-empty list")
     for kw in keywords:
-        if not isinstance(kw, str) or not kw or not kw.isascii() or kw != kw.lower():
-            raise fail(f"keyword {kw!r} must be a non-empty lowercase ASCII string")
+        # Matched against the data with ASCII letters lowered and other bytes as they are:
+        # a non-ASCII keyword (a name such as 密钥) must appear verbatim in every match.
+        if not isinstance(kw, str) or not kw or kw != kw.lower() or not kw.isprintable():
+            raise fail(f"keyword {kw!r} must be a non-empty lowercase printable string")
 
     pattern = raw["pattern"]
     if not isinstance(pattern, str) or not pattern or not pattern.isascii():
@@ -292,12 +328,32 @@ def _parse_rule(index: int, raw: object) -> Rule:
 
     left = raw.get("left", "word")
     right = raw.get("right", "word")
-    if left not in BOUNDARY_KINDS or right not in BOUNDARY_KINDS:
-        raise fail(f"left/right must be one of {sorted(BOUNDARY_KINDS)}")
+    if left not in BOUNDARY_KINDS | LEFT_ONLY_KINDS or right not in BOUNDARY_KINDS:
+        raise fail(f"left/right must be one of {sorted(BOUNDARY_KINDS)} (left may also be 'lead')")
+    if left == "lead":
+        if secret_group < 1:
+            raise fail("a 'lead' rule reports its secret group: secret_group must be >= 1")
+        if not _split_flags(pattern)[0].startswith(LEAD):
+            raise fail("a 'lead' rule's pattern must start with catalogue.LEAD")
 
     advisory = raw.get("advisory", False)
     if not isinstance(advisory, bool):
         raise fail("advisory must be a boolean")
+
+    validators = raw.get("validators", [])
+    if not isinstance(validators, list) or not all(isinstance(v, str) for v in validators):
+        raise fail("validators must be a list of names")
+    unknown_validators = sorted(set(validators) - set(VALIDATORS))
+    if unknown_validators:
+        raise fail(f"unknown validators {unknown_validators}; known: {sorted(VALIDATORS)}")
+    if len(set(validators)) != len(validators):
+        raise fail("validators must not repeat")
+
+    context_only = raw.get("context_only")
+    if context_only is not None and (
+        not isinstance(context_only, str) or not context_only.strip() or "\n" in context_only
+    ):
+        raise fail("context_only must be null or a non-empty single-line reason")
 
     return Rule(
         id=rid,
@@ -311,6 +367,8 @@ def _parse_rule(index: int, raw: object) -> Rule:
         right=right,
         advisory=advisory,
         max_width=max_width,
+        validators=tuple(validators),
+        context_only=context_only,
     )
 
 
@@ -390,8 +448,78 @@ def _is_placeholder(secret: bytes) -> bool:
     return _ENV_REF_RE.fullmatch(secret) is not None or _IDENTIFIER_RE.fullmatch(secret) is not None
 
 
+# ---------------------------------------------------------------------------- validators
+
+
+def _mixed_classes(secret: bytes) -> bool:
+    """An ASCII upper-case letter, a lower-case letter and a digit (random keys mix them)."""
+    return all(re.search(cls, secret) is not None for cls in (rb"[A-Z]", rb"[a-z]", rb"[0-9]"))
+
+
+def _letter_and_digit(secret: bytes) -> bool:
+    """At least one ASCII letter and one digit (rules out plain numbers and words)."""
+    return all(re.search(cls, secret) is not None for cls in (rb"[A-Za-z]", rb"[0-9]"))
+
+
+def _has_symbol(secret: bytes) -> bool:
+    """A byte that is not an ASCII letter or digit (``+ /`` in base64, ``- _`` in base64url):
+    tells a random base64 key from an equally random but purely alphanumeric identifier."""
+    return re.fullmatch(rb"[A-Za-z0-9]*", secret) is None
+
+
+def _class(byte: int) -> int:
+    if 65 <= byte <= 90:
+        return 0  # upper
+    if 97 <= byte <= 122:
+        return 1  # lower
+    if 48 <= byte <= 57:
+        return 2  # digit
+    return 3
+
+
+def _class_changes(secret: bytes) -> bool:
+    """At least 40% of adjacent bytes change class (upper / lower / digit / other): random
+    base64 changes class at ~65% of positions (fewer than 40% in about 1 key in 1000), while
+    words, identifiers and paths stay in one class for a whole word."""
+    changes = sum(_class(a) != _class(b) for a, b in zip(secret, secret[1:], strict=False))
+    return changes * 5 >= (len(secret) - 1) * 2
+
+
+def _not_path(secret: bytes) -> bool:
+    """At most three '/': a 40-character base64 key has four or more about once in 230; a
+    value with that many reads as a path (``app/Http/Controllers/Api/V1/UserProfile2``)."""
+    return secret.count(b"/") <= 3
+
+
+def _discord_snowflake(secret: bytes) -> bool:
+    """The first dot-separated segment is unpadded base64(url) of a Discord user id: a
+    snowflake of 17-20 decimal digits that does not start with 0."""
+    first = secret.split(b".", 1)[0]
+    try:
+        decoded = base64.urlsafe_b64decode(first + b"=" * (-len(first) % 4))
+    except (binascii.Error, ValueError):
+        return False
+    if base64.urlsafe_b64encode(decoded).rstrip(b"=") != first:
+        return False  # not the canonical encoding of what it decodes to
+    return re.fullmatch(rb"[1-9][0-9]{16,19}", decoded) is not None
+
+
+#: The closed set of named acceptance checks a rule may select with ``validators``. Each
+#: takes the secret part and returns whether it is acceptable.
+VALIDATORS: Mapping[str, Callable[[bytes], bool]] = MappingProxyType(
+    {
+        "mixed_classes": _mixed_classes,
+        "letter_and_digit": _letter_and_digit,
+        "has_symbol": _has_symbol,
+        "class_changes": _class_changes,
+        "not_path": _not_path,
+        "discord_snowflake": _discord_snowflake,
+    }
+)
+
+
 def accept(rule: Rule, m: re.Match[bytes]) -> bool:
-    """Allow-list, placeholder markers and entropy floor, applied to the secret part."""
+    """Allow-list, placeholder markers, entropy floor and validators, on the secret part."""
     secret = m.group(rule.secret_group)
     if not secret:
         return False
@@ -399,7 +527,14 @@ def accept(rule: Rule, m: re.Match[bytes]) -> bool:
         return False
     if _is_placeholder(secret):
         return False
-    return rule.min_entropy is None or shannon_entropy(secret) >= rule.min_entropy
+    if rule.min_entropy is not None and shannon_entropy(secret) < rule.min_entropy:
+        return False
+    return all(VALIDATORS[name](secret) for name in rule.validators)
+
+
+def _start(rule: Rule, m: re.Match[bytes]) -> int:
+    """Where a match is reported to start: a ``lead`` rule's neighbour is not part of it."""
+    return m.start(rule.secret_group) if rule.left == "lead" else m.start()
 
 
 def _candidates(
@@ -419,7 +554,7 @@ def _scan_rule(rule: Rule, data: bytes) -> list[FormatMatch]:
     best: dict[int, int] = {}  # end -> smallest start of an accepted candidate
     for m in _candidates(rx, data, 0, len(data), len(data)):
         if m.end() not in best and accept(rule, m):
-            best[m.end()] = m.start()
+            best[m.end()] = _start(rule, m)
     return [FormatMatch(rule.id, start, end) for end, start in best.items()]
 
 
@@ -434,7 +569,7 @@ def reference_scan(catalogue: Catalogue, data: bytes, *, include_advisory: bool 
     for rule in catalogue.rules:
         if rule.advisory and not include_advisory:
             continue
-        if not any(kw.encode("ascii") in lowered for kw in rule.keywords):
+        if not any(kw.encode("utf-8") in lowered for kw in rule.keywords):
             continue
         found.extend(_scan_rule(rule, data))
     found.sort(key=lambda f: (f.start, f.rule_id, f.end))
@@ -464,5 +599,5 @@ def confirm_in_window(rule: Rule, data: bytes, end: int) -> list[FormatMatch]:
     rx = confirm_regex(rule)
     for m in _candidates(rx, data, lo, endpos, end):
         if m.end() == end and accept(rule, m):
-            return [FormatMatch(rule.id, m.start(), end)]
+            return [FormatMatch(rule.id, _start(rule, m), end)]
     return []

@@ -11,6 +11,10 @@ Every catalogue rule has a *shape* built from small parts:
                      JSON, Python, shell, Go);
 * :class:`F`         a custom generator function.
 
+A spec may also name a ``keep`` filter: ``true_positives`` then draws until it has ``n`` samples
+the filter accepts. Bare rules use it to keep the samples their acceptance checks pass (the
+share they reject is measured separately, as recall, in ``test_bare_credentials``).
+
 ``true_positives`` draws from the shape with a seeded ``random.Random``. ``false_positives``
 returns hand-picked near-misses per rule: mutations of the canonical shape chosen per rule
 (one char short / long, a character outside the alphabet, a flat low-entropy body, the
@@ -21,6 +25,7 @@ templates, look-alikes).
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import json
 import random
@@ -28,6 +33,8 @@ import string
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Union
+
+from gateway.inspection import catalogue as _catalogue
 
 ALNUM = string.ascii_letters + string.digits
 UPPER_ALNUM = string.ascii_uppercase + string.digits
@@ -85,6 +92,7 @@ class Spec:
     auto: tuple[str, ...] = ("short", "long", "badchar", "flat", "embedded")
     fps: tuple[str, ...] = ()
     extra: dict[str, str] = field(default_factory=dict)
+    keep: Callable[[str], bool] | None = None
 
 
 # ---------------------------------------------------------------------------- rendering
@@ -277,6 +285,31 @@ def _noise(alphabet: str, n: int, salt: str) -> str:
     digest = hashlib.sha256(f"{alphabet}|{n}|{salt}".encode()).digest()
     r = random.Random(digest)  # noqa: S311 - deterministic test data
     return "".join(r.choice(alphabet) for _ in range(n))
+
+
+def _snowflake_b64(r: random.Random) -> str:
+    """The first segment of a Discord bot token: base64 of the bot's 17-20 digit user id
+    (a snowflake: milliseconds since 2015 shifted left by 22 bits, plus worker bits)."""
+    ms = r.randint(0, 10 * 365 * 86_400_000)  # created 2015-2025
+    snowflake = (ms << 22) | r.getrandbits(22)
+    return _b64url(str(max(snowflake, 10**16 + r.getrandbits(20))).encode())
+
+
+@functools.cache
+def _rule(rule_id: str) -> _catalogue.Rule:
+    return {r.id: r for r in _catalogue.load_catalogue().rules}[rule_id]
+
+
+def _passes(rule_id: str) -> Callable[[str], bool]:
+    """``keep`` filter: the whole sample passes the rule's entropy floor and validators."""
+
+    def keep(sample: str) -> bool:
+        rule, data = _rule(rule_id), sample.encode()
+        if rule.min_entropy is not None and _catalogue.shannon_entropy(data) < rule.min_entropy:
+            return False
+        return all(_catalogue.VALIDATORS[v](data) for v in rule.validators)
+
+    return keep
 
 
 def _user(lo: int = 4, hi: int = 10) -> R:
@@ -761,8 +794,7 @@ SPECS: dict[str, Spec] = {
             A(
                 ("DISCORD_BOT_TOKEN", "discord_token", "DISCORD_TOKEN"),
                 (
-                    ("M", "N", "O"),
-                    R(B64URL, 25, pat=(23, 27)),
+                    F(_snowflake_b64),
                     ".",
                     R(B64URL, 6),
                     ".",
@@ -771,8 +803,7 @@ SPECS: dict[str, Spec] = {
             ),
             [
                 "Authorization: Bot ",
-                ("M", "N", "O"),
-                R(B64URL, 25, pat=(23, 27)),
+                F(_snowflake_b64),
                 ".",
                 R(B64URL, 6),
                 ".",
@@ -1256,6 +1287,58 @@ SPECS: dict[str, Spec] = {
             "Authorization: Bearer " + _noise(B64, 40, "ba"),
         ),
     ),
+    # bare forms: the value of a name-context rule standing alone (see test_bare_credentials)
+    "aws-secret-access-key-bare": S(
+        R(B64, 40),
+        keep=_passes("aws-secret-access-key-bare"),
+        fps=(
+            "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+            _noise(ALNUM, 40, "aws-bare"),  # no '/' or '+': a random alphanumeric id
+            "app/Http/Controllers/Api/V1/UserProfile2",  # a path of words
+            "Cache1558/config/v1/Update2090/Models/v1",
+            base64.b64encode(hashlib.sha256(b"aws-bare").digest()).decode(),  # 44 chars
+            hashlib.sha1(b"aws-bare").hexdigest(),  # a git SHA
+            "a" + _noise(B64, 39, "aws-bare2").lower(),  # one class only
+        ),
+    ),
+    "cloudflare-global-api-key-bare": S(
+        R(HEX, 37),
+        keep=_passes("cloudflare-global-api-key-bare"),
+        fps=(
+            hashlib.sha1(b"cf").hexdigest(),  # 40 hex: a git SHA
+            hashlib.md5(b"cf").hexdigest(),  # noqa: S324 - 32 hex: an MD5
+            "0x" + _noise(HEX, 37, "cf-bare"),  # a hex literal
+            "1" * 37,  # a number
+        ),
+    ),
+    "discord-bot-token-bare": S(
+        [F(_snowflake_b64), ".", R(B64URL, 6), ".", R(B64URL, 38, pat=(27, 38))],
+        keep=_passes("discord-bot-token-bare"),
+        fps=(
+            # the shape, but the first segment is not the base64 of a decimal id
+            "M" + _noise(B64URL, 25, "d6") + "." + _noise(B64URL, 6, "d7") + "." + _noise(B64URL, 38, "d8"),
+            _b64url(b"12345678901234567x") + "." + _noise(B64URL, 6, "d9") + "." + _noise(B64URL, 38, "d10"),
+            _b64url(b"0123456789012345678") + "." + _noise(B64URL, 6, "d11") + "." + _noise(B64URL, 27, "d12"),
+        ),
+    ),
+    "okta-api-token-bare": S(
+        ["00", R(B64URL, 40)],
+        keep=_passes("okta-api-token-bare"),
+        fps=(
+            "00" + "0" * 40,
+            "00" + _noise(LOWER_ALNUM, 40, "okta"),  # one case only: a zero-padded id
+            "0" + _noise(B64URL, 41, "okta2"),
+        ),
+    ),
+    "beamer-api-token-bare": S(
+        ["b_", R(B64URL + "=", 44)],
+        keep=_passes("beamer-api-token-bare"),
+        fps=(
+            "b_" + _noise(string.ascii_lowercase + "_", 44, "beamer"),  # an identifier
+            "b_" + "user_profile_settings_dashboard_view_v2_x",
+            "ab_" + _noise(B64URL, 44, "beamer2"),
+        ),
+    ),
     # generic (advisory)
     "generic-api-key": S(
         A(
@@ -1302,6 +1385,8 @@ def true_positives(rule_id: str, n: int = 50, seed: int = 0) -> list[str]:
     seen: set[str] = set()
     for _ in range(n * 50):
         s = _Render(rng)(spec.shape)
+        if spec.keep is not None and not spec.keep(s):
+            continue
         if s not in seen:
             seen.add(s)
             out.append(s)
