@@ -245,3 +245,16 @@ def test_a_rule_that_raises_releases_nothing_end_to_end(make_env: Any, gateway_f
                         json={"model": "gpt-4.1", "stream": stream, "messages": [{"role": "user", "content": f"mock-scenario:{sid}"}]})
         assert r.status_code == 503 and r.json()["error"]["code"] == "response_withheld"
         assert "BOOM" not in r.text and "the model says" not in r.text
+
+
+def test_a_bare_form_is_found_in_the_first_unit_of_a_buffer() -> None:
+    """Bare forms consume the byte before their value; every joined buffer starts with a
+    separator so the first unit (here the document's first key, written with escaped
+    slashes so the raw bytes do not show it) has one."""
+    key = next(k for k in true_positives("aws-secret-access-key-bare", n=20, seed=5) if "/" in k)
+    raw = ('{"%s": 1, "model": "gpt-4.1", "messages": []}' % key.replace("/", "\\/")).encode()
+    parsed = CARRIERS["openai.chat"].parse_request(raw, LIMITS)
+    assert parsed.units[0].text == key
+    for engine in (HS, PY):
+        verdict = engine.inspect(Subject(raw=raw, units=parsed.units))
+        assert "secret_format:aws-secret-access-key-bare" in verdict.reason_codes

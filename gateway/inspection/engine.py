@@ -31,6 +31,8 @@ from gateway.inspection.rules import LITERAL, Hit, Matcher, ScanResult
 from gateway.inspection.verdict import Finding, Verdict, decide
 
 _SEPARATOR = b"\x00"  # never part of a configured value; a boundary for every format rule
+# Joined buffers also start with a separator: a bare-form rule consumes the byte before its
+# value, so the first text in a buffer needs a neighbour too.
 _NEEDS_NORMALISING = re.compile(r"[^\x20-\x7e]")  # anything but printable ASCII
 # Units whose text the document holds as text (what a reader reads in order).
 _JOINABLE = frozenset({"string", "folded"})
@@ -96,7 +98,7 @@ class Engine:
             truncated |= self._record(self.matcher.scan(subject.raw), findings, None)
         units = [*subject.units, *subject.extra_units]
         if units:
-            buf = _SEPARATOR.join(u.text.encode("utf-8", "surrogatepass") for u in units)
+            buf = _SEPARATOR + _SEPARATOR.join(u.text.encode("utf-8", "surrogatepass") for u in units)
             truncated |= self._record(self.matcher.scan(buf), findings, _Locator.of_units(units))
             normalised, squeezed = _normalised(units)
             if normalised.parts:
@@ -145,9 +147,10 @@ class Engine:
         literals_only: bool = False,
         separator: bytes = _SEPARATOR,
     ) -> bool:
-        buf = separator.join(batch.parts)
+        buf = separator + separator.join(batch.parts)
         result = self.matcher.scan_literals(buf) if literals_only else self.matcher.scan(buf)
-        return self._record(result, findings, _Locator(batch.parts, batch.origins, len(separator)))
+        locator = _Locator(batch.parts, batch.origins, len(separator), start=len(separator))
+        return self._record(result, findings, locator)
 
     def _scan_joined(self, units: Sequence[TextUnit], findings: dict[tuple[str, Path | None], Finding]) -> bool:
         """Configured literals over the document's text read in order, with no boundary
@@ -194,10 +197,10 @@ class _Locator:
     """Maps an offset in a joined buffer back to the unit it came from (built lazily: only
     scans that hit need it)."""
 
-    __slots__ = ("_parts", "_origins", "_sep", "_starts")
+    __slots__ = ("_parts", "_origins", "_sep", "_start", "_starts")
 
-    def __init__(self, parts: Sequence[bytes], origins: Sequence[Path], separator: int = 1) -> None:
-        self._parts, self._origins, self._sep = parts, origins, separator
+    def __init__(self, parts: Sequence[bytes], origins: Sequence[Path], separator: int = 1, start: int = 0) -> None:
+        self._parts, self._origins, self._sep, self._start = parts, origins, separator, start
         self._starts: list[int] | None = None
 
     @classmethod
@@ -206,7 +209,7 @@ class _Locator:
 
     def _offsets(self) -> list[int]:
         starts: list[int] = []
-        at = 0
+        at = self._start
         for part in self._parts:
             starts.append(at)
             at += len(part) + self._sep
@@ -215,19 +218,19 @@ class _Locator:
     def origin(self, offset: int) -> Path:
         if self._starts is None:
             self._starts = self._offsets()
-        return self._origins[bisect.bisect_right(self._starts, offset) - 1]
+        return self._origins[max(0, bisect.bisect_right(self._starts, offset) - 1)]
 
 
 class _UnitLocator(_Locator):
     __slots__ = ("_units",)
 
     def __init__(self, units: Sequence[TextUnit]) -> None:
-        super().__init__((), ())
+        super().__init__((), (), start=1)  # the units' buffer starts with a separator
         self._units = units
 
     def _offsets(self) -> list[int]:
         starts: list[int] = []
-        at = 0
+        at = self._start
         for unit in self._units:
             starts.append(at)
             at += len(unit.text.encode("utf-8", "surrogatepass")) + 1
@@ -236,7 +239,7 @@ class _UnitLocator(_Locator):
     def origin(self, offset: int) -> Path:
         if self._starts is None:
             self._starts = self._offsets()
-        return self._units[bisect.bisect_right(self._starts, offset) - 1].path
+        return self._units[max(0, bisect.bisect_right(self._starts, offset) - 1)].path
 
 
 def _normalised(units: Iterable[TextUnit]) -> tuple[_Batch, _Batch]:
