@@ -51,7 +51,8 @@ IGNORABLE = re.compile(_class(_IGNORABLE_RANGES))
 # lines, which lets a format rule match across them (a false positive); they are removed
 # only in the copy that configured literals alone are matched against (`squeeze`).
 _INVISIBLE = re.compile(_class(((0x00, 0x08), (0x0E, 0x1F)) + _IGNORABLE_RANGES[1:]))
-_WHITESPACE_CONTROLS = re.compile("[\t\n\x0b\x0c\r]")
+_ASCII_INVISIBLE = re.compile("[\x00-\x08\x0e-\x1f\x7f]")  # the ASCII part of _INVISIBLE
+_DELETE_WHITESPACE_CONTROLS = str.maketrans("", "", "\t\n\x0b\x0c\r")
 _TAG = re.compile("[\U000e0020-\U000e007e]")
 
 
@@ -66,8 +67,8 @@ def _untag(m: re.Match[str]) -> str:
 def normalise(text: str) -> str:
     """The normalised copy (see the module docstring), keeping whitespace controls. Cheap
     when nothing applies: printable ASCII is returned as is."""
-    if text.isascii():
-        return _INVISIBLE.sub("", text) if _INVISIBLE.search(text) else text
+    if text.isascii():  # NFKC leaves ASCII alone; only its controls can go
+        return _ASCII_INVISIBLE.sub("", text) if _ASCII_INVISIBLE.search(text) else text
     if _INVISIBLE.search(text):
         if _TAG.search(text):
             text = _TAG.sub(_untag, text)
@@ -79,11 +80,27 @@ def normalise(text: str) -> str:
     return text
 
 
+_ASCII_INVISIBLE_BYTES = bytes(range(0x00, 0x09)) + bytes(range(0x0E, 0x20)) + b"\x7f"
+_WHITESPACE_CONTROL_BYTES = b"\t\n\x0b\x0c\r"
+
+
+def normalise_encoded(data: bytes, text: str) -> bytes:
+    """`normalise` for a text already encoded as UTF-8 (`data`): ASCII text, the common
+    case, is handled on the bytes (deleting ASCII controls never splits a UTF-8 sequence)."""
+    if data.isascii():
+        return data.translate(None, _ASCII_INVISIBLE_BYTES)
+    return normalise(text).encode("utf-8", "surrogatepass")
+
+
+def squeeze_encoded(normalised: bytes) -> bytes:
+    """`squeeze` of an already normalised UTF-8 text."""
+    return normalised.translate(None, _WHITESPACE_CONTROL_BYTES)
+
+
 def squeeze(text: str) -> str:
     """`normalise`, and whitespace controls removed too: the copy configured literals are
     matched against (a value interleaved with newlines or tabs reads as the value)."""
-    text = normalise(text)
-    return _WHITESPACE_CONTROLS.sub("", text) if _WHITESPACE_CONTROLS.search(text) else text
+    return normalise(text).translate(_DELETE_WHITESPACE_CONTROLS)
 
 
 # --- encoded runs ---------------------------------------------------------------------
@@ -94,8 +111,11 @@ def squeeze(text: str) -> str:
 MIN_B64_RUN = 12
 MIN_HEX_RUN = 16
 
+# Maximal runs of the base64 alphabet. Only those with both letter cases are decoded:
+# base64 of any text (or key) mixes them, while words, identifiers in one case and numbers
+# (most such runs in ordinary text and code) do not.
 _B64_RUN = re.compile(rb"[A-Za-z0-9+/_-]{%d,}={0,2}" % MIN_B64_RUN)
-_HEX_RUN = re.compile(rb"(?<![0-9A-Fa-f])(?:[0-9A-Fa-f]{2}){%d,}(?![0-9A-Fa-f])" % (MIN_HEX_RUN // 2))
+_HEX_RUN = re.compile(rb"[0-9A-Fa-f]{%d,}" % MIN_HEX_RUN)
 _PERCENT = re.compile(rb"%[0-9A-Fa-f]{2}")
 _ENTITY = re.compile(rb"&(?:#[0-9]{1,8}|#[xX][0-9A-Fa-f]{1,7}|[A-Za-z][A-Za-z0-9]{1,31});")
 _BACKSLASH = re.compile(rb"\\(?:x[0-9A-Fa-f]{2}|u[0-9A-Fa-f]{4}|u\{[0-9A-Fa-f]{1,6}\}|U[0-9A-Fa-f]{8}|[0-7]{3})")
@@ -151,13 +171,22 @@ TEXT_TRIGGER = re.compile(
 
 
 def run_decodings(data: bytes) -> Iterator[tuple[int, bytes]]:
-    """(offset in `data`, decoded bytes) for every base64/base64url and hex run."""
+    """(offset in `data`, decoded bytes) for every base64/base64url and hex run. One pass
+    over the base64-alphabet runs finds both (a hex run lies inside one)."""
+    hex_run = _HEX_RUN.search
     for m in _B64_RUN.finditer(data):
-        decoded = _b64(m.group())
-        if decoded:
-            yield m.start(), decoded
-    for m in _HEX_RUN.finditer(data):
-        yield m.start(), bytes.fromhex(m.group().decode("ascii"))
+        run = m.group()
+        one_case = run.islower() or run.isupper()
+        if not one_case:
+            decoded = _b64(run)
+            if decoded:
+                yield m.start(), decoded
+        if len(run) >= MIN_HEX_RUN and not run.isalpha():  # hex of text has digits
+            at = 0
+            while (h := hex_run(run, at)) is not None:
+                digits = h.group()
+                yield m.start() + h.start(), bytes.fromhex((digits[:-1] if len(digits) % 2 else digits).decode())
+                at = h.end()
 
 
 def text_decodings(text: bytes) -> Iterator[bytes]:

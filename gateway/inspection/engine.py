@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import bisect
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from gateway.carriers.base import STRUCTURAL_FIELDS, TextUnit
@@ -33,7 +33,6 @@ from gateway.inspection.verdict import Finding, Verdict, decide
 _SEPARATOR = b"\x00"  # never part of a configured value; a boundary for every format rule
 # Joined buffers also start with a separator: a bare-form rule consumes the byte before its
 # value, so the first text in a buffer needs a neighbour too.
-_NEEDS_NORMALISING = re.compile(r"[^\x20-\x7e]")  # anything but printable ASCII
 # Units whose text the document holds as text (what a reader reads in order).
 _JOINABLE = frozenset({"string", "folded"})
 
@@ -98,9 +97,10 @@ class Engine:
             truncated |= self._record(self.matcher.scan(subject.raw), findings, None)
         units = [*subject.units, *subject.extra_units]
         if units:
-            buf = _SEPARATOR + _SEPARATOR.join(u.text.encode("utf-8", "surrogatepass") for u in units)
+            encoded = [u.text.encode("utf-8", "surrogatepass") for u in units]
+            buf = _SEPARATOR + _SEPARATOR.join(encoded)
             truncated |= self._record(self.matcher.scan(buf), findings, _Locator.of_units(units))
-            normalised, squeezed = _normalised(units)
+            normalised, squeezed, squeezed_all = _normalised(units, encoded)
             if normalised.parts:
                 truncated |= self._scan_batch(normalised, findings)
             if squeezed.parts:
@@ -117,7 +117,7 @@ class Engine:
                     truncated |= self._scan_batch(nested, findings)
             if over:
                 withhold.append(rc.DECODE_LIMIT)
-            truncated |= self._scan_joined(subject.units, findings)
+            truncated |= self._scan_joined(subject.units, encoded, squeezed_all, findings)
         complete = subject.complete and not withhold
         if not subject.complete:
             withhold.extend(subject.incomplete_reasons or (rc.RESPONSE_INCOMPLETE,))
@@ -152,26 +152,43 @@ class Engine:
         locator = _Locator(batch.parts, batch.origins, len(separator), start=len(separator))
         return self._record(result, findings, locator)
 
-    def _scan_joined(self, units: Sequence[TextUnit], findings: dict[tuple[str, Path | None], Finding]) -> bool:
+    def _scan_joined(
+        self,
+        units: Sequence[TextUnit],
+        encoded: Sequence[bytes],
+        squeezed_all: Sequence[bytes],
+        findings: dict[tuple[str, Path | None], Finding],
+    ) -> bool:
         """Configured literals over the document's text read in order, with no boundary
         between units and without the members that only label structure — once with names
         (a value split across a message's name and content), once without (a value split
         across two tool calls has a tool name between its halves). Format rules are not run
         here: they could match across a boundary that a reader does see."""
-        texts = [u for u in units if u.kind in _JOINABLE and not (u.path and u.path[-1] in STRUCTURAL_FIELDS)]
-        if len(texts) < 2:
+        chosen = [
+            i for i, u in enumerate(units) if u.kind in _JOINABLE and not (u.path and u.path[-1] in STRUCTURAL_FIELDS)
+        ]
+        if len(chosen) < 2:
             return False
-        truncated = self._scan_in_order(texts, findings)
-        unnamed = [u for u in texts if u.path[-1:] != ("name",)]
-        if 2 <= len(unnamed) < len(texts):
-            truncated |= self._scan_in_order(unnamed, findings)
+        texts = [units[i] for i in chosen]
+        parts = [encoded[i] for i in chosen]
+        squeezed = [squeezed_all[i] for i in chosen]
+        origins = [u.path for u in texts]
+        truncated = self._scan_in_order(parts, squeezed, origins, findings)
+        named = [i for i, u in enumerate(texts) if u.path[-1:] != ("name",)]
+        if 2 <= len(named) < len(texts):
+            truncated |= self._scan_in_order(
+                [parts[i] for i in named], [squeezed[i] for i in named], [origins[i] for i in named], findings
+            )
         return truncated
 
-    def _scan_in_order(self, texts: Sequence[TextUnit], findings: dict[tuple[str, Path | None], Finding]) -> bool:
-        parts = [u.text.encode("utf-8", "surrogatepass") for u in texts]
-        origins = [u.path for u in texts]
+    def _scan_in_order(
+        self,
+        parts: list[bytes],
+        squeezed: list[bytes],
+        origins: list[Path],
+        findings: dict[tuple[str, Path | None], Finding],
+    ) -> bool:
         truncated = self._record(self.matcher.scan_literals(b"".join(parts)), findings, _Locator(parts, origins, 0))
-        squeezed = [decoders.squeeze(u.text).encode("utf-8", "surrogatepass") for u in texts]
         if squeezed != parts:
             result = self.matcher.scan_literals(b"".join(squeezed))
             truncated |= self._record(result, findings, _Locator(squeezed, origins, 0))
@@ -242,22 +259,21 @@ class _UnitLocator(_Locator):
         return self._units[max(0, bisect.bisect_right(self._starts, offset) - 1)].path
 
 
-def _normalised(units: Iterable[TextUnit]) -> tuple[_Batch, _Batch]:
+def _normalised(units: Sequence[TextUnit], encoded: Sequence[bytes]) -> tuple[_Batch, _Batch, list[bytes]]:
     """The normalised copy of every unit that reads differently once normalised (for every
-    rule), and the squeezed copy where it differs again (for configured literals)."""
+    rule), the squeezed copy where it differs again (for configured literals), and every
+    unit's squeezed form (its encoded text when nothing changes)."""
     batch, literal = _Batch(), _Batch()
-    search = _NEEDS_NORMALISING.search
-    for unit in units:
-        text = unit.text
-        if search(text) is None:
-            continue
-        normal = decoders.normalise(text)
-        if normal != text:
-            batch.add(normal.encode("utf-8", "surrogatepass"), unit.path)
-        squeezed = decoders.squeeze(normal)
+    squeezed_all: list[bytes] = []
+    for unit, data in zip(units, encoded, strict=True):
+        normal = decoders.normalise_encoded(data, unit.text)
+        if normal != data:
+            batch.add(normal, unit.path)
+        squeezed = decoders.squeeze_encoded(normal)
         if squeezed != normal:
-            literal.add(squeezed.encode("utf-8", "surrogatepass"), unit.path)
-    return batch, literal
+            literal.add(squeezed, unit.path)
+        squeezed_all.append(squeezed if squeezed != data else data)
+    return batch, literal, squeezed_all
 
 
 def _decoded(units: Sequence[TextUnit], buf: bytes, budget: int) -> tuple[_Batch, bool]:
@@ -288,22 +304,21 @@ def _decoded(units: Sequence[TextUnit], buf: bytes, budget: int) -> tuple[_Batch
 
 
 def _decoded_again(first: _Batch, budget: int) -> tuple[_Batch, bool]:
-    """One level of nesting: the encoded runs inside decoded copies (and the normalised
-    form of decoded text), within what is left of the budget."""
+    """One level of nesting: the encoded runs inside decoded copies that are text (and the
+    normalised form of that text), within what is left of the budget."""
     batch = _Batch()
     used = 0
     for data, origin in zip(first.parts, first.origins, strict=True):
-        copies: list[bytes] = [d for _, d in decoders.run_decodings(data)]
-        if decoders.TEXT_TRIGGER.search(data):
-            copies.extend(decoders.text_decodings(data))
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError:
-            text = None
-        if text is not None and _NEEDS_NORMALISING.search(text):
-            normal = decoders.squeeze(text)
-            if normal != text:
-                copies.append(normal.encode("utf-8", "surrogatepass"))
+            continue  # binary (a decoded image, a hash): scanned as it is, nothing nested in it
+        copies: list[bytes] = [d for _, d in decoders.run_decodings(data)]
+        if decoders.TEXT_TRIGGER.search(data):
+            copies.extend(decoders.text_decodings(data))
+        squeezed = decoders.squeeze_encoded(decoders.normalise_encoded(data, text))
+        if squeezed != data:
+            copies.append(squeezed)
         for copy in copies:
             used += len(copy)
             if used > budget:
