@@ -45,7 +45,7 @@ from typing import Any
 import wire_bench  # bench/ is on sys.path (this script's directory, or run_all's)
 from wire_bench import BenchError, Check, Stats, WorkloadResult, percentile
 
-from gateway import checks
+from gateway.checks import runner as checks
 from gateway.carriers import CARRIERS
 from gateway.carriers.base import CarrierLimits, ParsedRequest
 from gateway.config.load import load_runtime
@@ -54,8 +54,9 @@ from gateway.inspection import literals
 from gateway.inspection.build import build_engine
 from gateway.inspection.engine import Engine, Subject
 from gateway.inspection.formats import FormatSet, build_format_set
-from gateway.inspection.verdict import Decision, Mode, Verdict
-from gateway.proxy.upstream import Target
+from gateway.inspection.verdict import Verdict
+from gateway.checks.destination import Target
+from gateway.vocab import Decision, Mode
 from tests.harness import build_env, mock_profile
 
 SECRET_COUNT = 1000
@@ -562,16 +563,15 @@ def check_setup(values: Sequence[str]) -> Iterator[CheckSetup]:
 
 
 def before_send(setup: CheckSetup, raw: bytes) -> checks.CheckOutcome:
-    return checks.before_send(
-        setup.runtime,
+    given = checks.SendInput(
         party=setup.party,
-        parsed=[CARRIER.parse_request(raw, LIMITS)],
+        parsed=(CARRIER.parse_request(raw, LIMITS),),
         body=raw,
-        headers=REQUEST_HEADERS,
-        carrier=CARRIER.name,
+        bound_headers=REQUEST_HEADERS,
+        carriers=CARRIER.name,
         target=setup.target,
-        route=None,
     )
+    return checks.before_send(setup.runtime, given, route=None)
 
 
 def validate(payload: Payload, engines: Engines, setup: CheckSetup) -> None:

@@ -2,8 +2,7 @@
 
 Owns: the named, versioned estimators (`runes/4` v1: ceil(Unicode characters / 4);
 `character:weighted` v1, PowerContext's: an ASCII character counts 1 unit, any other 4,
-tokens = ceil(units / 4)), the input estimate of a parsed request, the output it asks for,
-and the admission rule: estimated input × the profile's safety margin + requested output
+tokens = ceil(units / 4)), the input estimate of a parsed request, and the admission rule: estimated input × the profile's safety margin + requested output
 must fit the profile's context window, else the request is withheld (`window_exceeded`) —
 never truncated, never trimmed of tool exchanges, never re-recalled to fit.
 Must not: do I/O.
@@ -14,9 +13,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
 
-from gateway.carriers.base import TextUnit
+from gateway.units import TextUnit
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,20 +52,6 @@ def estimate_input(units: Iterable[TextUnit], estimator: Estimator) -> int:
     return sum(count(u.text) for u in units if u.kind in ("string", "key", "number"))
 
 
-def requested_output(carrier: str, doc: dict[str, Any]) -> int | None:
-    """The output cap the request asks for (None when it does not say)."""
-    names = {
-        "anthropic.messages": ("max_tokens",),
-        "openai.chat": ("max_completion_tokens", "max_tokens"),
-        "openai.responses": ("max_output_tokens",),
-    }.get(carrier, ())
-    for name in names:
-        value = doc.get(name)
-        if type(value) is int and value >= 0:
-            return value
-    return None
-
-
 @dataclass(frozen=True, slots=True)
 class Admission:
     admitted: bool
@@ -80,17 +64,14 @@ class Admission:
 def admit(
     units: Iterable[TextUnit],
     *,
-    carrier: str,
-    doc: dict[str, Any],
+    requested: int | None,
     estimator: Estimator,
     margin: float,
     context_window: int | None,
     default_output: int | None,
 ) -> Admission:
     estimated = estimate_input(units, estimator)
-    output = requested_output(carrier, doc)
-    if output is None:
-        output = default_output or 0
+    output = requested if requested is not None else (default_output or 0)
     if context_window is None:
         return Admission(True, estimated, output, None, estimator.label)
     fits = math.ceil(estimated * margin) + output <= context_window

@@ -1,56 +1,68 @@
-"""The aiohttp Application: routes, the request envelope middleware, resources.
+"""The aiohttp Application: the route table, the request envelope middleware, and one
+cleanup context per resource.
 
-Owns: the route table (SPEC §2), the middleware that gives every response an
-`X-PowerContext-Request-ID`, renders `GatewayError`s in the caller's dialect and writes one
-allow-listed access line, the upstream ClientSession as a cleanup context, and the small
-operational routes (health, readiness, metrics, models, capabilities).
-Must not: sequence the wire path (proxy/flow.py does) or hold state outside AppKeys.
+Owns: the route table (SPEC §2; provider routes derived from the carrier registry), the
+middleware that gives every response an `X-PowerContext-Request-ID`, renders
+`GatewayError`s in the caller's dialect and writes one allow-listed access line, and the
+resources under typed AppKeys (runtime holder, metrics, capacity, calls per principal,
+release and usage ledgers, the upstream client session).
+Must not: sequence the wire path (proxy/flow.py does), handle a route itself (api/ does),
+or hold state outside AppKeys.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 from aiohttp import web
 
-from gateway import __version__, auth, checkapi
-from gateway.carriers import CARRIERS, ROUTES, SHORT_NAMES
-from gateway.checks import ReleaseLedger
+from gateway.api import check, ops, provider
+from gateway.carriers import CARRIERS, ROUTES
 from gateway.config.runtime import Runtime, RuntimeHolder
-from gateway.errors import Dialect, GatewayError
-from gateway.inspection import verdict as rc
+from gateway.errors import ClientError, GatewayError, ServiceError
+from gateway.ledgers.release import MemoryReleaseLedger
+from gateway.ledgers.usage import MemoryUsageLedger
 from gateway.obs import logging as log
 from gateway.obs.metrics import Metrics
-from gateway.proxy import flow, release
+from gateway.proxy import projections, release
 from gateway.proxy.upstream import Upstream
-from gateway.state import CALL, SERVICES, Call, Capacity, Services
-from gateway.usage import KINDS, UsageLedger
+from gateway.state import (
+    CALL,
+    CAPACITY,
+    CONFIG_PATH,
+    METRICS,
+    PRINCIPAL_CALLS,
+    RELEASE_LEDGER,
+    RUNTIME,
+    UPSTREAM,
+    USAGE_LEDGER,
+    Call,
+    Capacity,
+    PrincipalCalls,
+)
+from gateway.vocab import Dialect, Outcome, ReasonCode
 
 REQUEST_ID_HEADER = "X-PowerContext-Request-ID"
 _TRACEPARENT = re.compile(r"^00-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}$")
-
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
-
-PROVIDER_ROUTES: dict[str, str] = ROUTES
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def dialect_for(request: web.Request) -> Dialect:
-    path = request.path
-    if path.startswith("/v1/messages"):
-        return Dialect.ANTHROPIC
-    if path == "/v1/models" and "anthropic-version" in request.headers:
-        return Dialect.ANTHROPIC
-    if path.startswith(("/v1/chat/", "/v1/responses", "/v1/embeddings", "/v1/models")):
-        return Dialect.OPENAI
+    """Errors on a provider route are written in its provider's shape."""
+    name = ROUTES.get(request.path)
+    if name is not None:
+        return CARRIERS[name].dialect
+    if request.path == "/v1/models":
+        return ops.dialect_of(request)
     return Dialect.CONTEXT
 
 
@@ -64,84 +76,43 @@ def _route_label(request: web.Request) -> str:
 
 @web.middleware
 async def envelope(request: web.Request, handler: Handler) -> web.StreamResponse:
-    call = Call(
-        request_id=secrets.token_hex(8),  # server-generated; a client value is never trusted
-        route=_route_label(request),
-        dialect=dialect_for(request),
-        started=time.perf_counter(),
-    )
+    # Server-generated; a client value is never trusted.
+    call = Call.start(secrets.token_hex(8), _route_label(request), dialect_for(request))
     request[CALL] = call
-    services = request.app[SERVICES]
-    response: web.StreamResponse | None = None
     status = 500
     try:
         response = await handler(request)
         status = response.status
-        if call.outcome == "error":
-            call.outcome = "ok"
+        if call.outcome is None:
+            call.outcome = Outcome.OK
         return response
     except GatewayError as err:
-        call.outcome = "refused"
-        call.reason_codes = err.reason_codes
-        status = err.status
+        call.outcome, call.reason_codes, status = Outcome.REFUSED, err.reason_codes, err.status
         return release.refusal(err, call.dialect, call.request_id)
     except web.HTTPException as exc:
         err = _http_error(exc)
-        call.outcome, call.reason_codes, status = "refused", err.reason_codes, err.status
+        call.outcome, call.reason_codes, status = Outcome.REFUSED, err.reason_codes, err.status
         return release.refusal(err, call.dialect, call.request_id)
-    except asyncio.CancelledError:
-        call.outcome = "client_disconnected"
-        status = 499
-        raise
-    except ConnectionResetError:
-        call.outcome = "client_disconnected"
-        status = 499
+    except (asyncio.CancelledError, ConnectionResetError):
+        call.outcome, status = Outcome.CLIENT_DISCONNECTED, 499
         raise
     except Exception as exc:  # an unexpected failure: nothing was released; say only that
         log.error("internal_error", request_id=call.request_id, error_class=type(exc).__name__, route=call.route)
-        err = GatewayError(500, "internal_error", ())
-        return release.refusal(err, call.dialect, call.request_id)
+        call.outcome = Outcome.ERROR
+        return release.refusal(ServiceError(500, "internal_error", ()), call.dialect, call.request_id)
     finally:
-        _account(services, call, status, request)
+        _account(request, call, status)
 
 
 def _http_error(exc: web.HTTPException) -> GatewayError:
     if exc.status == 404:
-        return GatewayError(404, "not_found", (rc.NOT_FOUND,))
+        return ClientError(404, "not_found", (ReasonCode.NOT_FOUND,))
     if exc.status == 405:
-        return GatewayError(405, "method_not_allowed", (rc.METHOD_NOT_ALLOWED,))
+        return ClientError(405, "method_not_allowed", (ReasonCode.METHOD_NOT_ALLOWED,))
     if exc.status == 413:
-        return GatewayError(413, "payload_too_large", (rc.PAYLOAD_TOO_LARGE,))
-    return GatewayError(exc.status if 400 <= exc.status < 600 else 400, "invalid_request", (rc.INVALID_REQUEST,))
-
-
-def _account(services: Services, call: Call, status: int, request: web.Request) -> None:
-    seconds = time.perf_counter() - call.started
-    m = services.metrics
-    m.requests.labels(call.route, call.carrier or "none", call.profile or "none", call.outcome).inc()
-    m.request_seconds.labels(call.route).observe(seconds)
-    log.info(
-        "request",
-        request_id=call.request_id,
-        trace_id=_trace_id(services.holder.current, request.headers.get("traceparent", "")),
-        method=request.method if request.method in _METHODS else "other",  # a method is client text too
-        route=call.route,
-        status=status,
-        duration_ms=round(seconds * 1000, 3),
-        principal=call.principal,
-        delegate_for=call.delegate_for,
-        scope=call.scope,
-        profile=call.profile,
-        carrier=call.carrier,
-        model=call.model,
-        stream=call.stream,
-        outcome=call.outcome,
-        reason_codes=call.reason_codes,
-        upstream_status=call.upstream_status,
-        attempts=len(call.attempts),
-        bytes_in=call.bytes_in,
-        bytes_out=call.bytes_out,
-    )
+        return ClientError(413, "payload_too_large", (ReasonCode.PAYLOAD_TOO_LARGE,))
+    status = exc.status if 400 <= exc.status < 600 else 400
+    return ClientError(status, "invalid_request", (ReasonCode.INVALID_REQUEST,))
 
 
 def _trace_id(runtime: Runtime, traceparent: str) -> str | None:
@@ -155,6 +126,36 @@ def _trace_id(runtime: Runtime, traceparent: str) -> str | None:
     return runtime.log_digest(trace.group(1))
 
 
+def _account(request: web.Request, call: Call, status: int) -> None:
+    """One access line and the request metrics; a provider call's facts come from its trail."""
+    seconds = time.perf_counter() - call.started
+    fields: dict[str, Any] = {
+        "profile": call.profile,
+        "outcome": call.outcome.value if call.outcome else None,
+        "reason_codes": call.reason_codes,
+    }
+    if call.exchange is not None and call.trail is not None:
+        fields.update({k: v for k, v in projections.access_fields(call.exchange, call.trail).items() if v is not None})
+    metrics = request.app[METRICS]
+    metrics.requests.labels(call.route, call.carrier or "none", fields["profile"] or "none", fields["outcome"]).inc()
+    metrics.request_seconds.labels(call.route).observe(seconds)
+    log.info(
+        "request",
+        request_id=call.request_id,
+        trace_id=_trace_id(request.app[RUNTIME].current, request.headers.get("traceparent", "")),
+        method=request.method if request.method in _METHODS else "other",  # a method is client text too
+        route=call.route,
+        status=status,
+        duration_ms=round(seconds * 1000, 3),
+        principal=call.principal,
+        delegate_for=call.delegate_for,
+        scope=call.scope,
+        carrier=call.carrier,
+        bytes_in=call.bytes_in,
+        **fields,
+    )
+
+
 async def _stamp_request_id(request: web.Request, response: web.StreamResponse) -> None:
     call = request.get(CALL)
     if isinstance(call, Call):
@@ -163,133 +164,45 @@ async def _stamp_request_id(request: web.Request, response: web.StreamResponse) 
         response.headers[REQUEST_ID_HEADER] = secrets.token_hex(8)
 
 
-# --- routes -------------------------------------------------------------------------
+# --- resources, one cleanup context each ---------------------------------------------------
 
 
-def _provider_handler(carrier_name: str) -> Handler:
-    carrier = CARRIERS[carrier_name]
-
-    async def handler(request: web.Request) -> web.StreamResponse:
-        return await flow.handle(request, carrier)
-
-    return handler
-
-
-async def healthz(request: web.Request) -> web.Response:
-    return web.json_response({"status": "ok"})
-
-
-async def readyz(request: web.Request) -> web.Response:
-    services = request.app[SERVICES]
-    ready = services.upstream is not None and bool(services.holder.current.profiles)
-    return web.json_response({"status": "ready" if ready else "not_ready"}, status=200 if ready else 503)
-
-
-async def metrics(request: web.Request) -> web.Response:
-    services = request.app[SERVICES]
-    auth.identify(services.holder.current, request.headers, "observe")
-    return web.Response(body=services.metrics.render(), content_type="text/plain", charset="utf-8")
-
-
-async def models(request: web.Request) -> web.Response:
-    services = request.app[SERVICES]
-    runtime = services.holder.current
-    identity = auth.identify(runtime, request.headers, "proxy")
-    seen: dict[str, str] = {}
-    for pid in identity.principal.profiles:
-        loaded = runtime.profiles.get(pid)
-        if loaded is None:
-            continue
-        for name in loaded.profile.models:
-            if not any(c in name for c in "*?[") and name not in seen:
-                seen[name] = loaded.profile.provider
-    if dialect_for(request) is Dialect.ANTHROPIC:
-        data = [{"type": "model", "id": m, "display_name": m, "created_at": "1970-01-01T00:00:00Z"} for m in seen]
-        return web.json_response(
-            {
-                "data": data,
-                "has_more": False,
-                "first_id": data[0]["id"] if data else None,
-                "last_id": data[-1]["id"] if data else None,
-            }
-        )
-    data_oa = [{"id": m, "object": "model", "created": 0, "owned_by": p} for m, p in seen.items()]
-    return web.json_response({"object": "list", "data": data_oa})
-
-
-async def usage_report(request: web.Request) -> web.Response:
-    services = request.app[SERVICES]
-    auth.identify(services.holder.current, request.headers, "observe")
-    body = services.usage.report()
-    body["recent"] = [r.as_json() for r in services.usage.recent()]
-    return web.json_response(body)
-
-
-async def capabilities(request: web.Request) -> web.Response:
-    services = request.app[SERVICES]
-    runtime = services.holder.current
-    auth.authenticate(runtime, request.headers)
-    limits = runtime.config.limits
-    body = {
-        "schema": "wiregate.capabilities.v1",
-        "version": __version__,
-        "deployment_id": runtime.config.deployment_id,
-        "carriers": sorted(SHORT_NAMES),
-        "routes": sorted(PROVIDER_ROUTES),
-        "check_schemas": ["powercontext.context-check.v1"],
-        "payload_schemas": ["powercontext.model-json-payload.v1", "powercontext.model-sse-payload.v1"],
-        "policy_version": runtime.policy.version,
-        "inspection_engine": runtime.policy.engine.matcher.engine,
-        "limits": limits.model_dump(),
-        "modes": {phase.value: mode.value for phase, mode in runtime.policy.modes.items()},
-        "usage": {
-            "schema": "wiregate.usage-report.v1",
-            "report": "/v1/usage/report",
-            "kinds": list(KINDS),
-            "provenance": ["known", "estimated", "unknown"],
-            "estimators": ["runes/4@1", "character:weighted@1"],
-        },
-    }
-    return web.Response(text=json.dumps(body), content_type="application/json")
-
-
-# --- app factory ----------------------------------------------------------------------
-
-
-async def _client_session(app: web.Application) -> AsyncIterator[None]:
+async def _upstream(app: web.Application) -> AsyncIterator[None]:
     connector = aiohttp.TCPConnector(limit=0, limit_per_host=256, ttl_dns_cache=300, enable_cleanup_closed=True)
     # trust_env=False: proxy settings from the environment never redirect upstream traffic.
     session = aiohttp.ClientSession(connector=connector, trust_env=False, raise_for_status=False)
-    app[SERVICES].upstream = Upstream(session)
+    app[UPSTREAM] = Upstream(session)
     try:
         yield
     finally:
-        app[SERVICES].upstream = None
-        await session.close()
+        await session.close()  # readiness sees it closed
 
 
-def create_app(
-    holder: RuntimeHolder, *, config_path: Path | None = None, metrics_: Metrics | None = None
-) -> web.Application:
+async def _ledgers(app: web.Application) -> AsyncIterator[None]:
+    """The release and usage ledgers (in memory: one process remembers its own)."""
+    app[RELEASE_LEDGER] = MemoryReleaseLedger()
+    app[USAGE_LEDGER] = MemoryUsageLedger()
+    yield
+
+
+def create_app(holder: RuntimeHolder, *, config_path: Path | None = None, metrics: Metrics | None = None) -> web.Application:
     app = web.Application(middlewares=[envelope], client_max_size=holder.current.config.limits.request_bytes)
-    m = metrics_ or Metrics()
-    app[SERVICES] = Services(
-        holder=holder,
-        metrics=m,
-        capacity=Capacity(m),
-        config_path=config_path,
-        ledger=ReleaseLedger(),
-        usage=UsageLedger(),
-    )
-    for path, carrier in PROVIDER_ROUTES.items():
-        app.router.add_post(path, _provider_handler(carrier))
-    app.router.add_post("/v1/context/check", checkapi.handle)
-    app.router.add_get("/v1/models", models)
-    app.router.add_get("/v1/capabilities", capabilities)
-    app.router.add_get("/v1/usage/report", usage_report)
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics)
+    app[RUNTIME] = holder
+    app[METRICS] = metrics or Metrics()
+    app[CAPACITY] = Capacity(app[METRICS])
+    app[PRINCIPAL_CALLS] = PrincipalCalls()
+    if config_path is not None:
+        app[CONFIG_PATH] = config_path
+    for route, name in ROUTES.items():
+        app.router.add_post(route, provider.handler_for(CARRIERS[name]))
+    app.router.add_post("/v1/context/check", check.handle)
+    app.router.add_get("/v1/models", ops.models)
+    app.router.add_get("/v1/capabilities", ops.capabilities)
+    app.router.add_get("/v1/usage/report", ops.usage_report)
+    app.router.add_get("/healthz", ops.healthz)
+    app.router.add_get("/readyz", ops.readyz)
+    app.router.add_get("/metrics", ops.metrics)
     app.on_response_prepare.append(_stamp_request_id)
-    app.cleanup_ctx.append(_client_session)
+    app.cleanup_ctx.append(_ledgers)
+    app.cleanup_ctx.append(_upstream)
     return app

@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gateway.config.runtime import Principal, Runtime
-from gateway.errors import GatewayError
-from gateway.inspection import verdict as rc
+from gateway.errors import ClientError
+from gateway.vocab import ReasonCode
 
 SCOPE_HEADER = "x-wiregate-scope"
 ON_BEHALF_HEADER = "x-wiregate-on-behalf-of"
@@ -46,13 +46,13 @@ def authenticate(runtime: Runtime, headers: Mapping[str, str]) -> Principal:
     key = presented_key(headers)
     principal = runtime.authenticate(key) if key else None
     if principal is None:
-        raise GatewayError(401, "authentication_error", (rc.UNAUTHENTICATED,))
+        raise ClientError(401, "authentication_error", (ReasonCode.UNAUTHENTICATED,))
     return principal
 
 
 def require(principal: Principal, action: str) -> None:
     if not principal.may(action):
-        raise GatewayError(403, "permission_denied", (rc.FORBIDDEN_ACTION,))
+        raise ClientError(403, "permission_denied", (ReasonCode.FORBIDDEN_ACTION,))
 
 
 def identify(runtime: Runtime, headers: Mapping[str, str], action: str, *, body_scope: str | None = None) -> Identity:
@@ -63,10 +63,10 @@ def identify(runtime: Runtime, headers: Mapping[str, str], action: str, *, body_
     header_scope = headers.get(SCOPE_HEADER)
     scope = body_scope or header_scope or principal.default_scope
     if body_scope is not None and header_scope is not None and header_scope != body_scope:
-        raise GatewayError(422, "invalid_request", (rc.INVALID_REQUEST,))
+        raise ClientError(422, "invalid_request", (ReasonCode.INVALID_REQUEST,))
     if scope not in principal.scopes and "*" not in principal.scopes:
-        raise GatewayError(403, "permission_denied", (rc.FORBIDDEN_ACTION,))
+        raise ClientError(403, "permission_denied", (ReasonCode.FORBIDDEN_ACTION,))
     subject = headers.get(ON_BEHALF_HEADER)
     if subject is not None and (not principal.may("delegate") or subject not in principal.may_act_for):
-        raise GatewayError(403, "permission_denied", (rc.FORBIDDEN_ACTION,))
+        raise ClientError(403, "permission_denied", (ReasonCode.FORBIDDEN_ACTION,))
     return Identity(principal, scope, subject)

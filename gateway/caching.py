@@ -41,6 +41,8 @@ class CacheContext:
     scope: str
     profile_id: str
     session: str | None = None
+    account: str | None = None  # the provider account the profile's credential belongs to
+    region: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,7 +225,10 @@ def cache_key(ctx: CacheContext, boundary: str) -> str:
         "scope": (ctx.scope, ctx.profile_id),
         "profile": (ctx.profile_id,),
     }[boundary]
-    material = "\x1f".join([*parts, ctx.session or ""])
+    # A provider's cache is per account (and region): the key says which one it is for, so
+    # profiles that share a boundary but not an account never share a key.
+    where = [ctx.account or "", ctx.region or ""] if ctx.account or ctx.region else []
+    material = "\x1f".join([*parts, ctx.session or "", *where])
     return "wg-" + hashlib.sha256(material.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 

@@ -21,7 +21,10 @@ import sys
 from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
+
+from gateway.carriers import SHORT_NAMES
+from gateway.config.model import Action
 
 
 def _cmd_init(args: argparse.Namespace) -> int:
@@ -99,7 +102,7 @@ def _cmd_new_signing_key(args: argparse.Namespace) -> int:
 
 
 def _cmd_rotate(args: argparse.Namespace) -> int:
-    from gateway import bindings
+    from gateway.checks import bindings
 
     try:
         new_id = bindings.rotate_keyring_file(Path(args.keyring), retire_after=args.retire)
@@ -269,7 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--base-url", required=True)
     p.add_argument("--models", required=True, nargs="+")
     p.add_argument("--credential", required=True, help="env:NAME or file:PATH (a reference, never the secret)")
-    p.add_argument("--carriers", nargs="+", choices=["chat", "responses", "embeddings", "messages"])
+    p.add_argument("--carriers", nargs="+", choices=sorted(SHORT_NAMES))
     p.add_argument("--loopback-http", action="store_true")
     p.add_argument("--fallbacks", nargs="+")
     p.add_argument("--expires", help="RFC 3339 time with timezone")
@@ -297,7 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--actions",
         nargs="+",
         default=["proxy"],
-        choices=["proxy", "context.prepare", "context.write", "context.check", "observe", "admin", "delegate"],
+        choices=list(get_args(Action)),
     )
     p.add_argument("--scopes", nargs="+")
     group = p.add_mutually_exclusive_group(required=True)

@@ -105,10 +105,13 @@ def profile_document(
             if provider == "anthropic"
             else {"mode": "openai-prompt-cache-key", "min_prefix_tokens": 1024}
         ),
+        # Usage figures the target really reports; any other figure is treated as unknown.
         "usage_fields": (
-            ["input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"]
+            ["input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens",
+             "ephemeral_5m_input_tokens", "ephemeral_1h_input_tokens", "thinking_tokens"]
             if provider == "anthropic"
-            else ["prompt_tokens", "completion_tokens", "cached_tokens", "reasoning_tokens"]
+            else ["prompt_tokens", "completion_tokens", "input_tokens", "output_tokens", "cached_tokens",
+                  "cache_write_tokens", "reasoning_tokens"]
         ),
         "context_window": 200000 if provider == "anthropic" else 128000,
     }
@@ -239,13 +242,15 @@ def init(directory: Path, *, force: bool = False) -> dict[str, Any]:
     write_private(directory / "dev-gateway-key", gateway_key.encode() + b"\n")
     write_private(
         directory / "principals.toml",
-        ("# Principals: gateway keys are stored as sha256 digests only.\n"
-        + principal_block(
-            "dev",
-            [digest],
-            ["proxy", "context.check", "context.prepare", "context.write", "observe", "admin"],
-            ["mock-openai", "mock-anthropic", "openai", "anthropic"],
-        )).encode(),
+        (
+            "# Principals: gateway keys are stored as sha256 digests only.\n"
+            + principal_block(
+                "dev",
+                [digest],
+                ["proxy", "context.check", "context.prepare", "context.write", "observe", "admin"],
+                ["mock-openai", "mock-anthropic", "openai", "anthropic"],
+            )
+        ).encode(),
     )
     (directory / "policy.toml").write_text(POLICY_TEMPLATE)
     config.write_text(CONFIG_TEMPLATE.format(deployment_id="dev-" + secrets.token_hex(4)))

@@ -1,7 +1,11 @@
-"""Errors that may reach a client, and how each dialect renders them.
+"""Errors that may reach a client, whose fault each is, and how each dialect renders them.
 
 Owns: `GatewayError` (HTTP status, public code, content-free reason codes, a fixed public
-message) and the three renderers (OpenAI, Anthropic, context/ops API).
+message) and its four kinds — `ClientError` (the request is at fault: auth, limits,
+malformed or unsupported content), `PolicyRefusal` (a check refused it), `UpstreamError`
+(the provider failed, or could not be reached or understood), `ServiceError` (the
+gateway's own state: capacity, configuration, a failure of ours) — and the three renderers
+(OpenAI, Anthropic, context/ops API).
 Must not: put request or response content, secrets, credentials or library exception text
 into a message. Messages here are fixed strings chosen by us; reason codes are from the
 closed vocabulary in `inspection.verdict`.
@@ -10,16 +14,10 @@ closed vocabulary in `inspection.verdict`.
 from __future__ import annotations
 
 import json
-from enum import StrEnum
 from typing import Any
 
-from gateway.inspection import verdict as rc
-
-
-class Dialect(StrEnum):
-    OPENAI = "openai"
-    ANTHROPIC = "anthropic"
-    CONTEXT = "context"  # the gateway's own routes: {"error": {code, message, details}}
+from gateway import vocab
+from gateway.vocab import Dialect, ReasonCode
 
 
 class GatewayError(Exception):
@@ -36,7 +34,7 @@ class GatewayError(Exception):
         retryable: bool = False,
     ) -> None:
         for reason in reason_codes:
-            if not rc.is_reason_code(reason):  # a programming error, never user input
+            if not vocab.is_reason_code(reason):  # a programming error, never user input
                 raise ValueError(f"unknown reason code {reason!r}")
         self.status = status
         self.code = code
@@ -45,6 +43,22 @@ class GatewayError(Exception):
         self.headers = dict(headers or {})
         self.retryable = retryable
         super().__init__(f"{status} {code} {','.join(self.reason_codes)}")
+
+
+class ClientError(GatewayError):
+    """The request is at fault: authentication, permission, limits, its own content."""
+
+
+class PolicyRefusal(GatewayError):
+    """A check refused to send the request or release the response."""
+
+
+class UpstreamError(GatewayError):
+    """The provider failed, or could not be reached, or answered what cannot be released."""
+
+
+class ServiceError(GatewayError):
+    """The gateway's own state: capacity, a credential it cannot read, a failure of ours."""
 
 
 _DEFAULT_MESSAGES: dict[str, str] = {
@@ -160,26 +174,49 @@ def response_headers(err: GatewayError) -> dict[str, str]:
 
 
 def blocked_request(reasons: tuple[str, ...]) -> GatewayError:
-    return GatewayError(403, "request_blocked", reasons)
+    return PolicyRefusal(403, "request_blocked", reasons)
 
 
 # Withholds that mean "the checker could not decide" rather than "this content is refused".
-_UNAVAILABLE = frozenset({rc.INSPECTION_ERROR, rc.POLICY_UNAVAILABLE, rc.DETECTOR_UNAVAILABLE})
+_UNAVAILABLE = frozenset({ReasonCode.INSPECTION_ERROR, ReasonCode.POLICY_UNAVAILABLE, ReasonCode.DETECTOR_UNAVAILABLE})
 
 
 def withheld_request(reasons: tuple[str, ...]) -> GatewayError:
     if _UNAVAILABLE.intersection(reasons):
-        return GatewayError(503, "request_withheld", reasons, retryable=True)
-    return GatewayError(422, "request_withheld", reasons)
+        return PolicyRefusal(503, "request_withheld", reasons, retryable=True)
+    return PolicyRefusal(422, "request_withheld", reasons)
 
 
 def blocked_response(reasons: tuple[str, ...]) -> GatewayError:
-    return GatewayError(403, "response_blocked", reasons)
+    return PolicyRefusal(403, "response_blocked", reasons)
 
 
 def withheld_response(reasons: tuple[str, ...]) -> GatewayError:
-    if rc.RESPONSE_INCOMPLETE in reasons:
-        return GatewayError(503, "response_incomplete", reasons, retryable=True)
+    if ReasonCode.RESPONSE_INCOMPLETE in reasons:
+        return UpstreamError(503, "response_incomplete", reasons, retryable=True)
     if _UNAVAILABLE.intersection(reasons):
-        return GatewayError(503, "response_withheld", reasons, retryable=True)
-    return GatewayError(403, "response_withheld", reasons)
+        return PolicyRefusal(503, "response_withheld", reasons, retryable=True)
+    return PolicyRefusal(403, "response_withheld", reasons)
+
+
+def unreadable_request(reason: str) -> ClientError:
+    """A body the carrier cannot read as its schema (malformed, too deep, unsupported)."""
+    status = 422 if reason in (ReasonCode.UNSUPPORTED_CARRIER, ReasonCode.TOO_DEEP) else 400
+    return ClientError(status, "request_withheld", (reason,))
+
+
+def forbidden(reason: str) -> ClientError:
+    return ClientError(403, "permission_denied", (reason,))
+
+
+def invalid_request(message: str | None = None) -> ClientError:
+    return ClientError(422, "invalid_request", (ReasonCode.INVALID_REQUEST,), message)
+
+
+def upstream_unavailable(reason: str = ReasonCode.UPSTREAM_UNAVAILABLE) -> UpstreamError:
+    code = (
+        "upstream_timeout"
+        if reason in (ReasonCode.UPSTREAM_TIMEOUT, ReasonCode.BUFFER_TIMEOUT)
+        else "upstream_unavailable"
+    )
+    return UpstreamError(503, code, (reason,), retryable=True)

@@ -17,12 +17,12 @@ from pathlib import Path
 from aiohttp import web
 
 from gateway.app import create_app
-from gateway.http.connections import GuardedRunner, TLSSite
 from gateway.config.load import ConfigError, load_runtime, resolve
 from gateway.config.runtime import RuntimeHolder
+from gateway.http.connections import GuardedRunner, TLSSite
 from gateway.listeners import prepare_socket_path, server_tls_context, socket_umask
 from gateway.obs import logging as log
-from gateway.state import SERVICES
+from gateway.state import METRICS
 
 
 @dataclass
@@ -42,7 +42,7 @@ class RunningGateway:
 
     def reload(self) -> bool:
         """Re-read everything; swap on success, keep the running runtime on failure."""
-        metrics = self.app[SERVICES].metrics
+        metrics = self.app[METRICS]
         try:
             runtime = load_runtime(self.config_path, generation=self.holder.current.generation + 1)
         except ConfigError as exc:

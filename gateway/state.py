@@ -1,25 +1,32 @@
-"""What the running app holds, under typed AppKeys (no module globals).
+"""What the running app holds: one typed AppKey per resource (no module globals), and the
+per-request record the envelope middleware logs and counts.
 
-Owns: `Services` (runtime holder, upstream client, metrics, buffering capacity) and the
-per-request `Call` record that the middleware logs and counts.
+Owns: the AppKeys (runtime holder, metrics, buffering capacity, calls per principal, the
+upstream client, the release and usage ledgers, the configuration path), the two small
+admission counters, and `Call` — the request-scoped access-log record. A provider call
+keeps its facts on its `Trail`; other routes note the few they have.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from gateway.config.runtime import RuntimeHolder
-from gateway.errors import Dialect
+from gateway.config.runtime import Runtime, RuntimeHolder
+from gateway.ledgers.release import ReleaseLedger
+from gateway.ledgers.usage import UsageLedger
 from gateway.obs.metrics import Metrics
+from gateway.vocab import Dialect, Outcome
+
+from gateway.proxy.upstream import Upstream
 
 if TYPE_CHECKING:
-    from gateway.checks import CheckOutcome, ReleaseLedger
-    from gateway.proxy.upstream import AttemptRecord, Upstream
-    from gateway.usage import UsageLedger
+    from gateway.auth import Identity
+    from gateway.proxy.exchange import Exchange, Trail
 
 
 class Capacity:
@@ -62,24 +69,20 @@ class PrincipalCalls:
             self._in_flight[principal] = left
 
 
-@dataclass
-class Services:
-    holder: RuntimeHolder
-    metrics: Metrics
-    capacity: Capacity
-    config_path: Path | None
-    ledger: ReleaseLedger
-    usage: UsageLedger
-    upstream: Upstream | None = None  # set by the client-session cleanup context
-    principal_calls: PrincipalCalls = field(default_factory=PrincipalCalls)
+RUNTIME = web.AppKey("wiregate_runtime", RuntimeHolder)
+METRICS = web.AppKey("wiregate_metrics", Metrics)
+CAPACITY = web.AppKey("wiregate_capacity", Capacity)
+PRINCIPAL_CALLS = web.AppKey("wiregate_principal_calls", PrincipalCalls)
+RELEASE_LEDGER = web.AppKey("wiregate_release_ledger", ReleaseLedger)
+USAGE_LEDGER = web.AppKey("wiregate_usage_ledger", UsageLedger)
+UPSTREAM = web.AppKey("wiregate_upstream", Upstream)  # set by its cleanup context
+CONFIG_PATH = web.AppKey("wiregate_config_path", Path)
 
 
-SERVICES = web.AppKey("wiregate_services", Services)
-
-
-@dataclass
+@dataclass(slots=True)
 class Call:
-    """Content-free facts about one request, for the access log and metrics."""
+    """Content-free facts about one request, for the access log and metrics. A provider
+    call's facts are read from its trail; other routes note theirs directly."""
 
     request_id: str
     route: str
@@ -88,23 +91,22 @@ class Call:
     carrier: str | None = None
     principal: str | None = None
     delegate_for: str | None = None
-    scope: str | None = None
+    scope: str | None = None  # as it may be logged (see Identity.scope_for_log)
     profile: str | None = None
-    model: str | None = None
-    stream: bool | None = None
-    outcome: str = "error"
+    outcome: Outcome | None = None
     reason_codes: tuple[str, ...] = ()
-    upstream_status: int | None = None
     bytes_in: int = 0
-    bytes_out: int = 0
-    attempts: list[AttemptRecord] = field(default_factory=list)
-    checks: list[CheckOutcome] = field(default_factory=list)
-    # usage accounting of the final attempt
-    usage_injected: bool = False
-    input_estimate: int | None = None
-    output_estimate: int | None = None
-    final_usage: dict[str, Any] | None = None
-    final_outcome: str | None = None
+    exchange: Exchange | None = None  # a provider call, once its request is read
+    trail: Trail | None = None
+
+    @classmethod
+    def start(cls, request_id: str, route: str, dialect: Dialect) -> Call:
+        return cls(request_id, route, dialect, time.perf_counter())
+
+    def identify(self, identity: Identity, runtime: Runtime) -> None:
+        self.principal = identity.principal.id
+        self.scope = identity.scope_for_log(runtime)
+        self.delegate_for = identity.on_behalf_of
 
 
 CALL = web.RequestKey("wiregate_call", Call)  # request-scoped

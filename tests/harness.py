@@ -208,9 +208,9 @@ class GatewayThread:
     def served(self) -> int:
         """Requests this gateway answered, by its own metrics (one access line each)."""
         assert self.running is not None
-        from gateway.state import SERVICES
+        from gateway.state import METRICS
 
-        registry = self.running.app[SERVICES].metrics.registry
+        registry = self.running.app[METRICS].registry
         return int(sum(s.value for m in registry.collect() if m.name == "wiregate_requests"
                        for s in m.samples if s.name == "wiregate_requests_total"))
 

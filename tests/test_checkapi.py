@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from gateway import bindings
-from gateway.context.reuse import BEGIN_MARKER, END_MARKER
+from gateway.checks import bindings
+from gateway.checks.prepared import BEGIN_MARKER, END_MARKER
 from gateway.mockprovider import MockProviderServer
 from tests.harness import Env, GatewayThread, build_env, mock_profile, raw_client
 
@@ -164,7 +164,7 @@ def _seal(gateway: GatewayThread, **overrides: Any) -> str:
     claims = bindings.new_claims(runtime.keyring, kind="send", audience=runtime.config.deployment_id, now=now,
                                  ttl_s=60, phase="before_send", sub="tester", dlg=None, scope="default",
                                  tp="mock-openai", tpd=profile.digest, car="openai.chat", body="0" * 64,
-                                 hdr="0" * 64, pv="test-1", dec="allow", cu=int(now + 600))
+                                 hdr="0" * 64, pv="test-1", dec="allow", md="enforce", cu=int(now + 600))
     claims.update(overrides)
     return bindings.seal(runtime.keyring, claims)
 
@@ -186,7 +186,7 @@ def _seal(gateway: GatewayThread, **overrides: Any) -> str:
     ({"dec": "withhold", "md": "enforce"}, "binding_mismatch"),
     # incoherent: expires after its correlation deadline, or before it was issued
     ({"exp": int(time.time()) + 10_000}, "binding_invalid"),
-    ({"iat": int(time.time()) + 120}, "binding_invalid"),
+    ({"iat": int(time.time()) + 100_000}, "binding_invalid"),
 ])
 def test_binding_claims(gw: tuple[Env, GatewayThread], overrides: dict[str, Any], reason: str) -> None:
     env, gateway = gw

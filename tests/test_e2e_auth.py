@@ -10,7 +10,16 @@ import openai
 import pytest
 
 from gateway.mockprovider import MockProviderServer
-from tests.harness import UPSTREAM_KEY, Env, GatewayThread, anthropic_client, build_env, mock_profile, openai_client, raw_client
+from tests.harness import (
+    UPSTREAM_KEY,
+    Env,
+    GatewayThread,
+    anthropic_client,
+    build_env,
+    mock_profile,
+    openai_client,
+    raw_client,
+)
 
 
 @pytest.fixture(scope="module")

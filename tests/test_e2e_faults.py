@@ -95,9 +95,9 @@ def test_client_disconnect_cancels_upstream(gw: tuple[Env, GatewayThread], mock:
         time.sleep(0.05)
     assert gateway.pending_tasks() == []
     assert gateway.running is not None
-    from gateway.state import SERVICES
+    from gateway.state import CAPACITY
 
-    assert gateway.running.app[SERVICES].capacity.in_use == 0
+    assert gateway.running.app[CAPACITY].in_use == 0
 
 
 def test_429_then_success_is_retried(gw: tuple[Env, GatewayThread], mock: MockProviderServer) -> None:

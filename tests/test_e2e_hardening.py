@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from gateway.bindings import KeyRing, RingKey
+from gateway.checks.bindings import KeyRing, RingKey
 from gateway.carriers import sse
 from gateway.config.load import ConfigError, load_runtime
 from gateway.mockprovider import MockProviderServer

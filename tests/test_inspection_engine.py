@@ -21,7 +21,7 @@ from gateway.inspection import detectors
 from gateway.inspection.build import EngineUnavailable, build_engine
 from gateway.inspection.engine import Engine, FormatInfo, Subject
 from gateway.inspection.formats import FormatSet, build_format_set
-from gateway.inspection.verdict import Decision
+from gateway.vocab import Decision
 from tests.inspection.secret_samples import true_positives
 
 CORPUS = Path(__file__).parent / "inspection" / "benign_corpus"
@@ -186,25 +186,24 @@ class _Raising:
 
 
 def test_a_rule_that_raises_withholds_in_checks(make_env: Any) -> None:
-    from gateway import checks
-    from gateway.inspection.verdict import Phase
+    from gateway.checks import runner
+    from gateway.vocab import Phase
 
     env = make_env()
     runtime = load_runtime(env.config)
     broken = build_engine(secret_values=[], formats=_Raising(b"", RuntimeError("bug")), policy_version="t")
     runtime = dataclasses.replace(runtime, policy=dataclasses.replace(runtime.policy, engine=broken))
-    party = checks.Party("tester", None, "default", runtime.profiles["mock-openai"])
+    party = runner.Party("tester", None, "default", runtime.profiles["mock-openai"])
     raw = json.dumps({"model": "gpt-4.1", "messages": [{"role": "user", "content": "BOOM-1234"}]}).encode()
     parsed = CARRIERS["openai.chat"].parse_request(raw, LIMITS)
-    outcome = checks.before_send(runtime, party=party, parsed=[parsed], body=raw, headers={}, carrier="openai.chat",
-                                 target=None, route=None)
+    given = runner.SendInput(party=party, parsed=(parsed,), body=raw, bound_headers={}, carriers="openai.chat")
+    outcome = runner.before_send(runtime, given, route=None)
     assert outcome.phase is Phase.BEFORE_SEND
     assert outcome.verdict.decision is Decision.WITHHOLD and outcome.verdict.reason_codes == ("inspection_error",)
     assert outcome.binding is None
     detector_broken = build_engine(secret_values=[], formats=_Raising(b"", detectors.DetectorFailure("card")), policy_version="t")
     runtime = dataclasses.replace(runtime, policy=dataclasses.replace(runtime.policy, engine=detector_broken))
-    outcome = checks.before_send(runtime, party=party, parsed=[parsed], body=raw, headers={}, carrier="openai.chat",
-                                 target=None, route=None)
+    outcome = runner.before_send(runtime, given, route=None)
     assert outcome.verdict.reason_codes == ("detector_unavailable",)
 
 

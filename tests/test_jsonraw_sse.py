@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gateway import units
 from gateway.carriers import jsonraw, sse
 from gateway.carriers.jsonraw import DupDict, JsonError, JsonFloat
 
@@ -51,7 +52,7 @@ def test_surrogate_pairs_are_fine() -> None:
 
 
 def test_pointer_escaping() -> None:
-    assert jsonraw.pointer(("a/b", "c~d", 3)) == "/a~1b/c~0d/3"
+    assert units.pointer(("a/b", "c~d", 3)) == "/a~1b/c~0d/3"
 
 
 json_values = st.recursive(

@@ -1,6 +1,7 @@
 """Carriers: one pure module per wire schema, listed explicitly in `CARRIERS`.
 
-Adding a provider schema is one module, one test file and one line here.
+Adding a provider schema is one module, one test file and one line here: routes, short
+names, capabilities and CLI choices are derived from this registry.
 """
 
 from gateway.carriers.anthropic_messages import AnthropicMessages
@@ -17,12 +18,7 @@ CARRIERS: dict[str, Carrier] = {
 }
 
 # Profile `carriers` entries use the short names from SPEC §4.
-SHORT_NAMES: dict[str, str] = {
-    "chat": "openai.chat",
-    "responses": "openai.responses",
-    "embeddings": "openai.embeddings",
-    "messages": "anthropic.messages",
-}
+SHORT_NAMES: dict[str, str] = {carrier.short_name: name for name, carrier in CARRIERS.items()}
 
 # The gateway's provider routes, each served by its carrier.
 ROUTES: dict[str, str] = {carrier.route: name for name, carrier in CARRIERS.items()}

@@ -13,14 +13,17 @@ Must not: do I/O or judge content.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from gateway.carriers import base, common
-from gateway.carriers.base import CarrierLimits, FoldedResponse, ParsedRequest, TextUnit, UsageReport
-from gateway.carriers.jsonraw import JsonError, Path
+from gateway.carriers.base import CarrierLimits, FoldedResponse, ParsedRequest
+from gateway.carriers.jsonraw import JsonError
 from gateway.carriers.sse import SSEEvent
-from gateway.inspection import verdict as rc
+from gateway.usage import Count, all_unknown, get, known, total
+from gateway.vocab import Dialect
+from gateway.units import Path
+from gateway.vocab import ReasonCode
 
 # A delta field and the content-block field it extends (tool input arrives as JSON text).
 _FOLDED_NAME = {"partial_json": "input"}
@@ -39,9 +42,11 @@ def _is_opaque_block(block: dict[str, Any]) -> bool:
     return False
 
 
-class AnthropicMessages:
+class AnthropicMessages(base.NoEdits):
     name = "anthropic.messages"
+    short_name = "messages"
     provider: Literal["openai", "anthropic"] = "anthropic"
+    dialect = Dialect.ANTHROPIC
     path = "/v1/messages"
     route = "/v1/messages"  # the gateway route clients call
 
@@ -52,7 +57,7 @@ class AnthropicMessages:
         stream = base.stream_flag(doc)
         messages = doc.get("messages")
         if not isinstance(messages, list):
-            raise JsonError(rc.UNSUPPORTED_CARRIER)
+            raise JsonError(ReasonCode.UNSUPPORTED_CARRIER)
         opaque: list[str] = []
         system = doc.get("system")
         if isinstance(system, list):
@@ -61,7 +66,7 @@ class AnthropicMessages:
                 units.append(unit)
         for i, msg in enumerate(messages):
             if not isinstance(msg, dict):
-                raise JsonError(rc.UNSUPPORTED_CARRIER)
+                raise JsonError(ReasonCode.UNSUPPORTED_CARRIER)
             content = msg.get("content")
             if isinstance(content, list):
                 texts = _texts(content, f"/messages/{i}/content", opaque)
@@ -82,6 +87,29 @@ class AnthropicMessages:
     def parse_response(self, raw: bytes, limits: CarrierLimits) -> FoldedResponse:
         return common.json_response(raw, limits, error_key="error")
 
+    def requested_output(self, doc: Mapping[str, Any]) -> int | None:
+        return common.first_count(doc, "max_tokens")
+
+    def usage_counts(self, usage: Mapping[str, Any] | None) -> dict[str, Count]:
+        """`input_tokens` excludes cache reads and writes; stream usage arrives split
+        between message_start and message_delta (folded before this)."""
+        if not usage:
+            return all_unknown()
+        uncached = known(usage.get("input_tokens"))
+        read = known(usage.get("cache_read_input_tokens"))
+        write = known(usage.get("cache_creation_input_tokens"))
+        split = usage.get("cache_creation")
+        return {
+            "input_total": total(uncached, read, write),
+            "input_uncached": uncached,
+            "cache_read": read,
+            "cache_write": write,
+            "cache_write_5m": known(get(split, "ephemeral_5m_input_tokens")),
+            "cache_write_1h": known(get(split, "ephemeral_1h_input_tokens")),
+            "output": known(usage.get("output_tokens")),
+            "reasoning": known(get(usage, "output_tokens_details", "thinking_tokens")),
+        }
+
     def fold_stream(self, events: Sequence[SSEEvent], limits: CarrierLimits) -> FoldedResponse:
         decoder = common.EventDecoder(limits)
         pieces: dict[Path, list[str]] = {}
@@ -94,7 +122,7 @@ class AnthropicMessages:
             except JsonError as exc:
                 return FoldedResponse(units=(), complete=False, incomplete_reason=exc.reason)
             if not isinstance(obj, dict):
-                return FoldedResponse(units=(), complete=False, incomplete_reason=rc.JSON_INVALID)
+                return FoldedResponse(units=(), complete=False, incomplete_reason=ReasonCode.JSON_INVALID)
             kind = common.get_str(obj, "type") or ev.event
             if kind == "message_start":
                 msg = obj.get("message")

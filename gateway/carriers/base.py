@@ -12,13 +12,18 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Any, Literal, Protocol
 
+from gateway import units
 from gateway.carriers import jsonraw
-from gateway.carriers.jsonraw import JsonError, Path
-from gateway.carriers.jsonraw import TextUnit as TextUnit  # re-exported: carriers build units
+from gateway.carriers.jsonraw import JsonError
+from gateway.carriers.jsonspan import Edit
 from gateway.carriers.sse import SSEEvent
-from gateway.inspection import verdict as rc
+from gateway.usage import Count
+from gateway.units import Path, TextUnit
+from gateway.vocab import Dialect
+from gateway.vocab import ReasonCode
 
 # What a unit is, for inspection and attribution. Every unit is inspected the same way;
 # the kind only explains where the text came from.
@@ -30,18 +35,6 @@ UnitKind = Literal[
     "joined",  # the text parts of one message (or one streamed block) joined together
     "folded",  # a streamed field reassembled from its deltas
 ]
-
-
-# Members whose string values label the structure rather than carry text a reader reads
-# on (roles, types, ids, model names, statuses). When the text of a document is read in
-# order, across units, these are left out: a value split across two messages has a role
-# between its halves.
-STRUCTURAL_FIELDS: frozenset[str] = frozenset(
-    {
-        "role", "type", "model", "id", "object", "status", "tool_call_id", "tool_use_id", "call_id",
-        "item_id", "media_type", "stop_reason", "finish_reason", "encoding_format", "detail", "format",
-    }
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,12 +80,34 @@ class FoldedResponse:
 
 
 class Carrier(Protocol):
-    """One wire schema. Bytes in, values out."""
+    """One wire schema. Bytes in, values out. Everything wiregate knows about a schema is
+    here: its route and names, how a request and a response read, what output a request
+    asks for, how its provider reports usage, the edits that make usage complete without
+    changing what the client asked for, and its error event."""
 
     name: str  # registry key, e.g. "openai.chat"
+    short_name: str  # the name profiles list in `carriers`, e.g. "chat"
     provider: Literal["openai", "anthropic"]
+    dialect: Dialect  # how errors on its route are written
     path: str  # the upstream path appended to a profile's base_url
     route: str  # the gateway route clients call
+
+    def requested_output(self, doc: Mapping[str, Any]) -> int | None:
+        """The output cap the request asks for (None when it does not say)."""
+        ...
+
+    def usage_counts(self, usage: Mapping[str, Any] | None) -> dict[str, Count]:
+        """The provider's usage object as disjoint known/unknown parts (see gateway.usage)."""
+        ...
+
+    def usage_edits(self, text: str, doc: Mapping[str, Any]) -> tuple[list[Edit], bool]:
+        """Edits that ask the provider for usage the client did not ask for, and whether
+        the released events must then drop it (`released_events`)."""
+        ...
+
+    def released_events(self, events: Sequence[SSEEvent], usage_injected: bool) -> list[SSEEvent]:
+        """The events the client receives: as sent, less any usage only wiregate asked for."""
+        ...
 
     def parse_request(self, raw: bytes, limits: CarrierLimits) -> ParsedRequest: ...
 
@@ -103,6 +118,16 @@ class Carrier(Protocol):
     def stream_error_event(self, code: str, reason_codes: Sequence[str], message: str, error_type: str) -> bytes:
         """The protocol's own error event, for a refusal once a stream's headers are out."""
         ...
+
+
+class NoEdits:
+    """For carriers whose provider reports usage without being asked."""
+
+    def usage_edits(self, text: str, doc: Mapping[str, Any]) -> tuple[list[Edit], bool]:
+        return [], False
+
+    def released_events(self, events: Sequence[SSEEvent], usage_injected: bool) -> list[SSEEvent]:
+        return list(events)
 
 
 # ---------------------------------------------------------------------------------------
@@ -145,7 +170,7 @@ def parse_document(raw: bytes | str, limits: CarrierLimits, base: Path = ()) -> 
 
 
 def _with_embedded(items: list[TextUnit], dup_paths: list[Path], limits: CarrierLimits) -> Collected:
-    found = Collected(list(items), [jsonraw.pointer(p) for p in dup_paths])
+    found = Collected(list(items), [units.pointer(p) for p in dup_paths])
     if limits.embedded_json_depth > 0:
         match = _JSON_START.match
         for unit in items:
@@ -162,7 +187,7 @@ def _holds_more_json(text: str, limits: CarrierLimits) -> bool:
     try:
         jsonraw.decode_shape(text, limits.max_depth)
     except JsonError as exc:
-        return exc.reason == rc.TOO_DEEP
+        return exc.reason == ReasonCode.TOO_DEEP
     return True
 
 
@@ -179,15 +204,15 @@ def _decode_embedded(text: str, path: Path, limits: CarrierLimits, budget: int, 
             # verbatim in `text`, which is itself a unit. Only its shape is left to check.
             _, has_dups = jsonraw.decode_shape(text, limits.max_depth)
             if has_dups:
-                found.dups.append(jsonraw.pointer(path))
+                found.dups.append(units.pointer(path))
             return
         _, texts, has_dups = jsonraw.decode_texts(text, limits.max_depth)
     except JsonError as exc:
-        if exc.reason == rc.TOO_DEEP:
-            found.deep.append(jsonraw.pointer(path))  # too deep to inspect: never silently accepted
+        if exc.reason == ReasonCode.TOO_DEEP:
+            found.deep.append(units.pointer(path))  # too deep to inspect: never silently accepted
         return  # otherwise an ordinary string that merely starts with a bracket
     if has_dups:
-        found.dups.append(jsonraw.pointer(path))
+        found.dups.append(units.pointer(path))
     found.units.append(TextUnit(path, "\n".join(texts), "embedded"))
     match = _JSON_START.match
     for inner_text in texts:
@@ -196,7 +221,7 @@ def _decode_embedded(text: str, path: Path, limits: CarrierLimits, budget: int, 
         if budget > 1:
             _decode_embedded(inner_text, path, limits, budget - 1, found)
         elif _holds_more_json(inner_text, limits):
-            found.deep.append(jsonraw.pointer(path))
+            found.deep.append(units.pointer(path))
             return
 
 
@@ -218,7 +243,7 @@ def require_object(raw: bytes, limits: CarrierLimits) -> dict[str, Any]:
     """The request document. Its depth is enforced when its units are collected."""
     doc = jsonraw.loads(raw, max_depth=limits.max_depth, check_depth=False)
     if not isinstance(doc, dict):
-        raise JsonError(rc.UNSUPPORTED_CARRIER)
+        raise JsonError(ReasonCode.UNSUPPORTED_CARRIER)
     return doc
 
 
@@ -226,14 +251,14 @@ def parse_object(raw: bytes, limits: CarrierLimits) -> tuple[dict[str, Any], Col
     """A request that must be a JSON object, with its units (see `parse_document`)."""
     doc, found = parse_document(raw, limits)
     if not isinstance(doc, dict):
-        raise JsonError(rc.UNSUPPORTED_CARRIER)
+        raise JsonError(ReasonCode.UNSUPPORTED_CARRIER)
     return doc, found
 
 
 def require_model(doc: dict[str, Any]) -> str:
     model = doc.get("model")
     if not jsonraw.is_str(model) or not model or len(model) > 256:
-        raise JsonError(rc.UNSUPPORTED_CARRIER)
+        raise JsonError(ReasonCode.UNSUPPORTED_CARRIER)
     return str(model)
 
 
@@ -242,5 +267,5 @@ def stream_flag(doc: dict[str, Any]) -> bool:
     if value is None:
         return False
     if type(value) is not bool:
-        raise JsonError(rc.UNSUPPORTED_CARRIER)
+        raise JsonError(ReasonCode.UNSUPPORTED_CARRIER)
     return value

@@ -5,12 +5,16 @@ Must not: do I/O or know any one provider's schema.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
+from gateway import units
 from gateway.carriers import jsonraw
-from gateway.carriers.base import Collected, CarrierLimits, FoldedResponse, UsageReport, parse_document, units_of
-from gateway.carriers.jsonraw import JsonError, Path
-from gateway.inspection import verdict as rc
+from gateway.carriers.base import CarrierLimits, Collected, FoldedResponse, UsageReport, parse_document, units_of
+from gateway.carriers.jsonraw import JsonError
+from gateway.units import Path
+from gateway.usage import UNKNOWN, Count, all_unknown, get, known, minus
+from gateway.vocab import ReasonCode
 
 
 def json_response(
@@ -26,12 +30,12 @@ def json_response(
         if skip:
             doc = jsonraw.loads(raw, max_depth=limits.max_depth, check_depth=False)
             if not isinstance(doc, dict):
-                raise JsonError(rc.JSON_INVALID)
+                raise JsonError(ReasonCode.JSON_INVALID)
             found = units_of({k: v for k, v in doc.items() if k not in skip}, limits)
         else:
             doc, found = parse_document(raw, limits)
             if not isinstance(doc, dict):
-                raise JsonError(rc.JSON_INVALID)
+                raise JsonError(ReasonCode.JSON_INVALID)
     except JsonError as exc:
         return FoldedResponse(units=(), complete=False, incomplete_reason=exc.reason)
     usage = doc.get("usage")
@@ -65,7 +69,7 @@ class EventDecoder:
         if data.isascii() and "\\" not in data:
             doc, has_dups = jsonraw.decode_shape(data, self.limits.max_depth)
             if has_dups:
-                self.found.dups.append(jsonraw.pointer(base))
+                self.found.dups.append(units.pointer(base))
             return doc
         doc, found = parse_document(data, self.limits, base)
         self.found.extend(found)
@@ -84,7 +88,7 @@ class EventDecoder:
         return FoldedResponse(
             units=tuple(self.found.units),
             complete=complete,
-            incomplete_reason=None if complete else (incomplete_reason or rc.RESPONSE_INCOMPLETE),
+            incomplete_reason=None if complete else (incomplete_reason or ReasonCode.RESPONSE_INCOMPLETE),
             usage=UsageReport(dict(usage)) if usage else None,
             response_id=response_id,
             is_error=is_error,
@@ -117,3 +121,33 @@ def get_int(obj: Any, key: str) -> int | None:
 def get_str(obj: Any, key: str) -> str | None:
     value = obj.get(key) if isinstance(obj, dict) else None
     return value if jsonraw.is_str(value) else None
+
+
+def first_count(doc: Mapping[str, Any], *names: str) -> int | None:
+    """The first of `names` that holds a non-negative integer (an output cap)."""
+    for name in names:
+        value = doc.get(name)
+        if type(value) is int and value >= 0:
+            return value
+    return None
+
+
+def openai_usage(usage: Mapping[str, Any] | None, inp: str, out: str, in_details: str, out_details: str) -> dict[str, Count]:
+    """OpenAI's usage (chat and Responses name the same figures differently): its input
+    total includes the cached tokens."""
+    if not usage:
+        return all_unknown()
+    details = usage.get(in_details)
+    whole = known(usage.get(inp))
+    read = known(get(details, "cached_tokens"))
+    write = known(get(details, "cache_write_tokens"))
+    return {
+        "input_total": whole,
+        "input_uncached": minus(whole, read, write),
+        "cache_read": read,
+        "cache_write": write,
+        "cache_write_5m": UNKNOWN,
+        "cache_write_1h": UNKNOWN,
+        "output": known(usage.get(out)),
+        "reasoning": known(get(usage.get(out_details), "reasoning_tokens")),
+    }

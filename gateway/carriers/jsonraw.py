@@ -12,9 +12,11 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
-from typing import Any, NamedTuple
+from typing import Any
 
-from gateway.inspection import verdict as rc
+from gateway import units
+from gateway.units import Path, TextUnit
+from gateway.vocab import ReasonCode
 
 
 class JsonError(ValueError):
@@ -54,7 +56,7 @@ def _pairs_hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def _refuse_constant(name: str) -> Any:
-    raise JsonError(rc.JSON_INVALID)  # NaN, Infinity, -Infinity are not JSON
+    raise JsonError(ReasonCode.JSON_INVALID)  # NaN, Infinity, -Infinity are not JSON
 
 
 _DECODER = json.JSONDecoder(object_pairs_hook=_pairs_hook, parse_float=JsonFloat, parse_constant=_refuse_constant)
@@ -77,9 +79,9 @@ def loads_text(text: str, *, max_depth: int, check_depth: bool = True) -> Any:
     except JsonError:
         raise
     except RecursionError:
-        raise JsonError(rc.TOO_DEEP) from None
+        raise JsonError(ReasonCode.TOO_DEEP) from None
     except ValueError:  # JSONDecodeError, int digit limits, ...
-        raise JsonError(rc.JSON_INVALID) from None
+        raise JsonError(ReasonCode.JSON_INVALID) from None
     if check_depth:
         check_shape(doc, max_depth)
     return doc
@@ -93,10 +95,10 @@ def loads(raw: bytes, *, max_depth: int, check_depth: bool = True) -> Any:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
-        raise JsonError(rc.JSON_INVALID) from None
+        raise JsonError(ReasonCode.JSON_INVALID) from None
     doc = loads_text(text, max_depth=max_depth, check_depth=check_depth)
     if not surrogates_ok(raw, doc):
-        raise JsonError(rc.JSON_INVALID)
+        raise JsonError(ReasonCode.JSON_INVALID)
     return doc
 
 
@@ -121,7 +123,7 @@ def decode_units(raw: bytes | str, base: Path, max_depth: int) -> tuple[Any, lis
     if isinstance(raw, str):
         doc = loads_text(raw, max_depth=max_depth, check_depth=False)
         if not surrogates_ok(raw, doc):
-            raise JsonError(rc.JSON_INVALID)
+            raise JsonError(ReasonCode.JSON_INVALID)
     else:
         doc = loads(raw, max_depth=max_depth, check_depth=False)
     items, dups, _ = collect(doc, base, max_depth)
@@ -148,33 +150,14 @@ def check_shape(doc: Any, max_depth: int) -> tuple[bool, int]:
         else:
             continue
         if depth > max_depth:
-            raise JsonError(rc.TOO_DEEP)
+            raise JsonError(ReasonCode.TOO_DEEP)
         for child in children:
             if isinstance(child, (dict, list)):
                 stack.append((child, depth + 1))
     return dups, keys
 
 
-Path = tuple[str | int, ...]
-
-KIND_STRING = "string"
-KIND_KEY = "key"
-KIND_NUMBER = "number"
-
-
-class TextUnit(NamedTuple):
-    """One piece of text the provider will read (or the client will receive), with the
-    RFC 6901 path of where it sits. A plain tuple: payloads produce thousands of these.
-    `kind`: string | key | number (a number's lexical form) | embedded (inside JSON held
-    in a string) | joined (text parts of one message) | folded (a reassembled stream)."""
-
-    path: Path
-    text: str
-    kind: str
-
-    @property
-    def pointer(self) -> str:
-        return pointer(self.path)
+KIND_STRING, KIND_KEY, KIND_NUMBER = units.KIND_STRING, units.KIND_KEY, units.KIND_NUMBER
 
 
 def walk(doc: Any, base: Path = ()) -> Iterator[tuple[Path, str, str]]:
@@ -225,7 +208,7 @@ def collect(doc: Any, base: Path, max_depth: int) -> tuple[list[TextUnit], list[
             append(new(unit, (path, node, s_kind)))
         elif cls is dict or cls is DupDict:
             if depth > max_depth:
-                raise JsonError(rc.TOO_DEEP)
+                raise JsonError(ReasonCode.TOO_DEEP)
             keys += len(node)
             nested = False
             for key, value in node.items():
@@ -251,7 +234,7 @@ def collect(doc: Any, base: Path, max_depth: int) -> tuple[list[TextUnit], list[
                         append(new(unit, ((*path, key), str(value), n_kind)))
         elif cls is list:
             if depth > max_depth:
-                raise JsonError(rc.TOO_DEEP)
+                raise JsonError(ReasonCode.TOO_DEEP)
             nested = False
             for value in node:
                 vcls = type(value)
@@ -290,7 +273,7 @@ def collect_texts(doc: Any, max_depth: int) -> tuple[list[str], bool, int]:
             append(node)
         elif cls is dict or cls is DupDict:
             if depth > max_depth:
-                raise JsonError(rc.TOO_DEEP)
+                raise JsonError(ReasonCode.TOO_DEEP)
             keys += len(node)
             for key, value in node.items():
                 append(key)
@@ -301,7 +284,7 @@ def collect_texts(doc: Any, max_depth: int) -> tuple[list[str], bool, int]:
                     push((value, depth + 1))
         elif cls is list:
             if depth > max_depth:
-                raise JsonError(rc.TOO_DEEP)
+                raise JsonError(ReasonCode.TOO_DEEP)
             for value in node:
                 vcls = type(value)
                 if vcls is str:
@@ -313,19 +296,6 @@ def collect_texts(doc: Any, max_depth: int) -> tuple[list[str], bool, int]:
         elif cls is JsonFloat or cls is int:
             append(str(node))
     return texts, dups, keys
-
-
-def pointer(path: Path) -> str:
-    """RFC 6901 JSON pointer for a path."""
-    if not path:
-        return ""
-    parts = []
-    for p in path:
-        s = str(p)
-        if "~" in s or "/" in s:
-            s = s.replace("~", "~0").replace("/", "~1")
-        parts.append(s)
-    return "/" + "/".join(parts)
 
 
 def is_str(value: Any) -> bool:

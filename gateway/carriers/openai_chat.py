@@ -11,23 +11,30 @@ Must not: do I/O or judge content.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from gateway.carriers import base, common
-from gateway.carriers.base import CarrierLimits, FoldedResponse, ParsedRequest, TextUnit, UsageReport
-from gateway.carriers.jsonraw import JsonError, Path
+from gateway.carriers import base, common, jsonspan
+from gateway.carriers.base import CarrierLimits, FoldedResponse, ParsedRequest
+from gateway.carriers.jsonraw import JsonError
+from gateway.carriers.jsonspan import Edit
 from gateway.carriers.sse import SSEEvent
-from gateway.inspection import verdict as rc
+from gateway.usage import Count
+from gateway.vocab import Dialect
+from gateway.units import Path
+from gateway.vocab import ReasonCode
 
 _OPAQUE_PARTS = frozenset({"image_url", "input_audio", "file"})
 _TOOL_CALLS = frozenset({"tool_calls"})
+_NULL_USAGE = ',"usage":null}'
 _INDEX = frozenset({"index"})
 
 
 class OpenAIChat:
     name = "openai.chat"
+    short_name = "chat"
     provider: Literal["openai", "anthropic"] = "openai"
+    dialect = Dialect.OPENAI
     path = "/chat/completions"
     route = "/v1/chat/completions"  # the gateway route clients call
 
@@ -38,11 +45,11 @@ class OpenAIChat:
         stream = base.stream_flag(doc)
         messages = doc.get("messages")
         if not isinstance(messages, list):
-            raise JsonError(rc.UNSUPPORTED_CARRIER)
+            raise JsonError(ReasonCode.UNSUPPORTED_CARRIER)
         opaque: list[str] = []
         for i, msg in enumerate(messages):
             if not isinstance(msg, dict):
-                raise JsonError(rc.UNSUPPORTED_CARRIER)
+                raise JsonError(ReasonCode.UNSUPPORTED_CARRIER)
             content = msg.get("content")
             if isinstance(content, list):
                 texts: list[str] = []
@@ -71,6 +78,51 @@ class OpenAIChat:
     def parse_response(self, raw: bytes, limits: CarrierLimits) -> FoldedResponse:
         return common.json_response(raw, limits, error_key="error")
 
+    def requested_output(self, doc: Mapping[str, Any]) -> int | None:
+        return common.first_count(doc, "max_completion_tokens", "max_tokens")
+
+    def usage_counts(self, usage: Mapping[str, Any] | None) -> dict[str, Count]:
+        return common.openai_usage(usage, "prompt_tokens", "completion_tokens", "prompt_tokens_details",
+                                   "completion_tokens_details")
+
+    def usage_edits(self, text: str, doc: Mapping[str, Any]) -> tuple[list[Edit], bool]:
+        """A stream whose client did not ask for usage is asked upstream
+        (`stream_options.include_usage`); the extra chunk is dropped on release."""
+        if doc.get("stream") is not True:
+            return [], False
+        options = doc.get("stream_options")
+        if options is None:
+            top = jsonspan.locate(text, ())
+            return [jsonspan.add_member(text, top, '"stream_options":{"include_usage":true}')], True
+        if not isinstance(options, dict) or options.get("include_usage") is True:
+            return [], False
+        if "include_usage" in options:
+            start, end = jsonspan.locate(text, ("stream_options", "include_usage"))
+            return [(start, end, "true")], True
+        span = jsonspan.locate(text, ("stream_options",))
+        return [jsonspan.add_member(text, span, '"include_usage":true')], True
+
+    def released_events(self, events: Sequence[SSEEvent], usage_injected: bool) -> list[SSEEvent]:
+        """What the client would have received without include_usage: no usage-only chunk
+        and no `"usage":null` member on the others (removed only in the exact form OpenAI
+        writes)."""
+        if not usage_injected:
+            return list(events)
+        out: list[SSEEvent] = []
+        for ev in events:
+            data = ev.data
+            if data != "[DONE]":
+                try:
+                    chunk = json.loads(data)
+                except ValueError:
+                    chunk = None
+                if isinstance(chunk, dict) and chunk.get("choices") == [] and chunk.get("usage"):
+                    continue
+                if data.endswith(_NULL_USAGE):
+                    data = data[: -len(_NULL_USAGE)] + "}"
+            out.append(SSEEvent(ev.event, data, ev.id))
+        return out
+
     def fold_stream(self, events: Sequence[SSEEvent], limits: CarrierLimits) -> FoldedResponse:
         decoder = common.EventDecoder(limits)
         pieces: dict[Path, list[str]] = {}
@@ -86,7 +138,7 @@ class OpenAIChat:
             except JsonError as exc:
                 return FoldedResponse(units=(), complete=False, incomplete_reason=exc.reason)
             if not isinstance(chunk, dict):
-                return FoldedResponse(units=(), complete=False, incomplete_reason=rc.JSON_INVALID)
+                return FoldedResponse(units=(), complete=False, incomplete_reason=ReasonCode.JSON_INVALID)
             if "error" in chunk:
                 is_error = True
             response_id = response_id or common.get_str(chunk, "id")

@@ -16,19 +16,23 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from gateway.carriers import base, jsonraw
 from gateway.carriers.base import CarrierLimits, FoldedResponse, ParsedRequest, UsageReport
 from gateway.carriers.jsonraw import JsonError
 from gateway.carriers.sse import SSEEvent
-from gateway.inspection import verdict as rc
+from gateway.usage import Count, all_unknown, known
+from gateway.vocab import Dialect
+from gateway.vocab import ReasonCode
 
 
-class OpenAIEmbeddings:
+class OpenAIEmbeddings(base.NoEdits):
     name = "openai.embeddings"
+    short_name = "embeddings"
     provider: Literal["openai", "anthropic"] = "openai"
+    dialect = Dialect.OPENAI
     path = "/embeddings"
     route = "/v1/embeddings"  # the gateway route clients call
 
@@ -36,10 +40,10 @@ class OpenAIEmbeddings:
         doc = base.require_object(raw, limits)
         model = base.require_model(doc)
         if doc.get("stream") not in (None, False):
-            raise JsonError(rc.UNSUPPORTED_CARRIER)
+            raise JsonError(ReasonCode.UNSUPPORTED_CARRIER)
         fmt = doc.get("encoding_format")
         if fmt not in (None, "float", "base64"):
-            raise JsonError(rc.UNSUPPORTED_CARRIER)
+            raise JsonError(ReasonCode.UNSUPPORTED_CARRIER)
         inputs = doc.get("input")
         opaque: list[str] = []
         # Token-id arrays are left out of the units (opaque): they can be millions of ints.
@@ -53,11 +57,11 @@ class OpenAIEmbeddings:
                 elif type(item) is int or (isinstance(item, list) and all(type(t) is int for t in item)):
                     opaque.append("/input" if type(item) is int else f"/input/{i}")
                 else:
-                    raise JsonError(rc.UNSUPPORTED_CARRIER)
+                    raise JsonError(ReasonCode.UNSUPPORTED_CARRIER)
             if "/input" in opaque:
                 opaque = ["/input"]
         else:
-            raise JsonError(rc.UNSUPPORTED_CARRIER)
+            raise JsonError(ReasonCode.UNSUPPORTED_CARRIER)
         return ParsedRequest(
             carrier=self.name,
             doc=doc,
@@ -73,7 +77,7 @@ class OpenAIEmbeddings:
         try:
             doc = jsonraw.loads(raw, max_depth=limits.max_depth, check_depth=False)
             if not isinstance(doc, dict):
-                raise JsonError(rc.JSON_INVALID)
+                raise JsonError(ReasonCode.JSON_INVALID)
             vectors = _well_formed_vectors(doc.get("data"))
             if vectors:
                 # Everything but the vectors is text to inspect (object, model, index, ...).
@@ -101,9 +105,28 @@ class OpenAIEmbeddings:
             raw_scan=not vectors,
         )
 
+    def requested_output(self, doc: Mapping[str, Any]) -> int | None:
+        return 0  # embeddings produce no output tokens
+
+    def usage_counts(self, usage: Mapping[str, Any] | None) -> dict[str, Count]:
+        if not usage:
+            return all_unknown()
+        prompt = known(usage.get("prompt_tokens"))
+        zero = Count(0, "known")  # embeddings are never cached and produce no output tokens
+        return {
+            "input_total": prompt,
+            "input_uncached": prompt,
+            "cache_read": zero,
+            "cache_write": zero,
+            "cache_write_5m": zero,
+            "cache_write_1h": zero,
+            "output": zero,
+            "reasoning": zero,
+        }
+
     def fold_stream(self, events: Sequence[SSEEvent], limits: CarrierLimits) -> FoldedResponse:
         # Embeddings never stream; a stream here is not something we can vouch for.
-        return FoldedResponse(units=(), complete=False, incomplete_reason=rc.UNSUPPORTED_CARRIER)
+        return FoldedResponse(units=(), complete=False, incomplete_reason=ReasonCode.UNSUPPORTED_CARRIER)
 
     def stream_error_event(self, code: str, reason_codes: Sequence[str], message: str, error_type: str) -> bytes:
         raise NotImplementedError("embeddings do not stream")

@@ -12,22 +12,27 @@ Must not: do I/O or judge content.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from gateway.carriers import base, common
-from gateway.carriers.base import CarrierLimits, FoldedResponse, ParsedRequest, TextUnit, UsageReport
-from gateway.carriers.jsonraw import JsonError, Path
+from gateway.carriers.base import CarrierLimits, FoldedResponse, ParsedRequest
+from gateway.carriers.jsonraw import JsonError
 from gateway.carriers.sse import SSEEvent
-from gateway.inspection import verdict as rc
+from gateway.usage import Count
+from gateway.vocab import Dialect
+from gateway.units import Path
+from gateway.vocab import ReasonCode
 
 _OPAQUE_PARTS = frozenset({"input_image", "input_file", "input_audio"})
 _TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed", "error"})
 
 
-class OpenAIResponses:
+class OpenAIResponses(base.NoEdits):
     name = "openai.responses"
+    short_name = "responses"
     provider: Literal["openai", "anthropic"] = "openai"
+    dialect = Dialect.OPENAI
     path = "/responses"
     route = "/v1/responses"  # the gateway route clients call
 
@@ -38,11 +43,11 @@ class OpenAIResponses:
         stream = base.stream_flag(doc)
         items = doc.get("input")
         if items is not None and not isinstance(items, (str, list)):
-            raise JsonError(rc.UNSUPPORTED_CARRIER)
+            raise JsonError(ReasonCode.UNSUPPORTED_CARRIER)
         opaque: list[str] = []
         for i, item in enumerate(items if isinstance(items, list) else ()):
             if not isinstance(item, dict):
-                raise JsonError(rc.UNSUPPORTED_CARRIER)
+                raise JsonError(ReasonCode.UNSUPPORTED_CARRIER)
             if item.get("type") == "reasoning" and item.get("encrypted_content") is not None:
                 opaque.append(f"/input/{i}/encrypted_content")
             content = item.get("content")
@@ -72,6 +77,13 @@ class OpenAIResponses:
         # A Responses object always has an `error` member (null on success); its status says.
         return common.json_response(raw, limits, error_key=None)
 
+    def requested_output(self, doc: Mapping[str, Any]) -> int | None:
+        return common.first_count(doc, "max_output_tokens")
+
+    def usage_counts(self, usage: Mapping[str, Any] | None) -> dict[str, Count]:
+        return common.openai_usage(usage, "input_tokens", "output_tokens", "input_tokens_details",
+                                   "output_tokens_details")
+
     def fold_stream(self, events: Sequence[SSEEvent], limits: CarrierLimits) -> FoldedResponse:
         decoder = common.EventDecoder(limits)
         pieces: dict[Path, list[str]] = {}
@@ -86,7 +98,7 @@ class OpenAIResponses:
             except JsonError as exc:
                 return FoldedResponse(units=(), complete=False, incomplete_reason=exc.reason)
             if not isinstance(obj, dict):
-                return FoldedResponse(units=(), complete=False, incomplete_reason=rc.JSON_INVALID)
+                return FoldedResponse(units=(), complete=False, incomplete_reason=ReasonCode.JSON_INVALID)
             kind = common.get_str(obj, "type") or ev.event or ""
             if kind in _TERMINAL:
                 terminal = True

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from gateway.carriers.jsonraw import JsonError
-from gateway.inspection import verdict as rc
+from gateway.vocab import ReasonCode
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +85,7 @@ class SSEParser:
         try:
             text = line.decode("utf-8")
         except UnicodeDecodeError:
-            raise JsonError(rc.JSON_INVALID) from None
+            raise JsonError(ReasonCode.JSON_INVALID) from None
         if text[0] == ":":
             return  # comment / keep-alive
         self._pending = True

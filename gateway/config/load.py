@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from gateway.bindings import KeyRingError, load_keyring
+from gateway.checks.bindings import KeyRingError, load_keyring
 from gateway.carriers import ROUTES
 from gateway.carriers.base import CarrierLimits
 from gateway.config.model import GatewayConfig, ModeOverride, PolicyFile, PrincipalsFile
@@ -27,9 +27,9 @@ from gateway.config.runtime import LoadedProfile, Policy, Principal, Runtime
 from gateway.inspection import literals
 from gateway.inspection.build import EngineUnavailable, build_engine
 from gateway.inspection.formats import FormatConfigError, FormatSet, build_format_set
-from gateway.inspection.verdict import Mode, Phase
 from gateway.profiles import signing
 from gateway.profiles.model import UpstreamProfile
+from gateway.vocab import Mode, Phase
 
 
 class ConfigError(Exception):

@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from gateway.bindings import KeyRing
+from gateway.checks.bindings import KeyRing
 from gateway.carriers.base import CarrierLimits
 from gateway.config.model import GatewayConfig, PrincipalEntry
 from gateway.inspection.engine import Engine
-from gateway.inspection.verdict import Mode, Phase
 from gateway.profiles.model import UpstreamProfile
+from gateway.vocab import Mode, Phase
 
 
 @dataclass(frozen=True)

@@ -16,22 +16,22 @@ import zlib
 from aiohttp import web
 
 from gateway.config.model import Limits
-from gateway.errors import GatewayError
-from gateway.inspection import verdict as rc
+from gateway.errors import ClientError
+from gateway.vocab import ReasonCode
 
 
 def _timeout() -> GatewayError:
-    return GatewayError(408, "request_timeout", (rc.REQUEST_TIMEOUT,), retryable=True)
+    return ClientError(408, "request_timeout", (ReasonCode.REQUEST_TIMEOUT,), retryable=True)
 
 
 async def read_body(request: web.Request, limits: Limits, *, media_type: str = "application/json") -> bytes:
     encoding = request.headers.get("content-encoding", "identity").strip().lower()
     if encoding not in ("identity", "gzip", ""):
-        raise GatewayError(415, "unsupported_encoding", (rc.UNSUPPORTED_ENCODING,))
+        raise ClientError(415, "unsupported_encoding", (ReasonCode.UNSUPPORTED_ENCODING,))
     if request.content_type != media_type:
-        raise GatewayError(415, "unsupported_media_type", (rc.UNSUPPORTED_MEDIA_TYPE,))
+        raise ClientError(415, "unsupported_media_type", (ReasonCode.UNSUPPORTED_MEDIA_TYPE,))
     if request.content_length is not None and request.content_length > limits.request_bytes:
-        raise GatewayError(413, "payload_too_large", (rc.PAYLOAD_TOO_LARGE,))
+        raise ClientError(413, "payload_too_large", (ReasonCode.PAYLOAD_TOO_LARGE,))
     chunks: list[bytes] = []
     total = 0
     deadline = time.monotonic() + limits.body_total_s
@@ -48,7 +48,7 @@ async def read_body(request: web.Request, limits: Limits, *, media_type: str = "
             break
         total += len(chunk)
         if total > limits.request_bytes:
-            raise GatewayError(413, "payload_too_large", (rc.PAYLOAD_TOO_LARGE,))
+            raise ClientError(413, "payload_too_large", (ReasonCode.PAYLOAD_TOO_LARGE,))
         chunks.append(chunk)
     raw = b"".join(chunks)
     if encoding == "gzip":
@@ -61,9 +61,9 @@ def _gunzip(data: bytes, limit: int) -> bytes:
     try:
         out = inflater.decompress(data, limit + 1)
     except zlib.error:
-        raise GatewayError(400, "invalid_request", (rc.INVALID_REQUEST,)) from None
+        raise ClientError(400, "invalid_request", (ReasonCode.INVALID_REQUEST,)) from None
     if len(out) > limit or inflater.unconsumed_tail:
-        raise GatewayError(413, "payload_too_large", (rc.PAYLOAD_TOO_LARGE,))
+        raise ClientError(413, "payload_too_large", (ReasonCode.PAYLOAD_TOO_LARGE,))
     if not inflater.eof or inflater.unused_data:
-        raise GatewayError(400, "invalid_request", (rc.INVALID_REQUEST,))
+        raise ClientError(400, "invalid_request", (ReasonCode.INVALID_REQUEST,))
     return out

@@ -51,7 +51,10 @@ class ConnectionGuard:
     head_timeouts: int = 0
 
     def admit(self, client: str) -> bool:
-        if self.open >= self.limits.max_connections or self.per_client[client] >= self.limits.max_connections_per_client:
+        if (
+            self.open >= self.limits.max_connections
+            or self.per_client[client] >= self.limits.max_connections_per_client
+        ):
             self.refused += 1
             return False
         self.open += 1
@@ -96,8 +99,13 @@ class GuardedHandler(RequestHandler):
         if not self._guard.admit(client):
             self._refused = True
             transport.write(  # type: ignore[attr-defined]
-                _raw_response(503, "Service Unavailable", "too_many_connections",
-                              "Too many open connections.", "too_many_connections")
+                _raw_response(
+                    503,
+                    "Service Unavailable",
+                    "too_many_connections",
+                    "Too many open connections.",
+                    "too_many_connections",
+                )
             )
             transport.close()
             return
@@ -141,8 +149,13 @@ class GuardedHandler(RequestHandler):
         self._guard.head_timeouts += 1
         if self.transport is not None:
             self.transport.write(
-                _raw_response(408, "Request Timeout", "request_timeout",
-                              "The request head did not arrive in time.", "request_timeout")
+                _raw_response(
+                    408,
+                    "Request Timeout",
+                    "request_timeout",
+                    "The request head did not arrive in time.",
+                    "request_timeout",
+                )
             )
         self.force_close()
         if self.transport is not None:
@@ -159,8 +172,13 @@ class GuardedHandler(RequestHandler):
         page quotes the request line back)."""
         response = super().handle_error(request, status, exc, None)
         code = "invalid_request" if 400 <= status < 500 else "internal_error"
-        body = {"error": {"code": code, "message": "The request could not be processed as HTTP.",
-                          "details": {"reason_codes": ["invalid_request"]}}}
+        body = {
+            "error": {
+                "code": code,
+                "message": "The request could not be processed as HTTP.",
+                "details": {"reason_codes": ["invalid_request"]},
+            }
+        }
         fixed = web.Response(status=status, text=json.dumps(body), content_type="application/json")
         fixed.headers["x-powercontext-request-id"] = secrets.token_hex(8)
         fixed.force_close()

@@ -19,16 +19,14 @@ or put matched text anywhere.
 from __future__ import annotations
 
 import bisect
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from gateway.carriers.base import STRUCTURAL_FIELDS, TextUnit
-from gateway.carriers.jsonraw import Path
 from gateway.inspection import decoders
-from gateway.inspection import verdict as rc
 from gateway.inspection.rules import LITERAL, Hit, Matcher, ScanResult
 from gateway.inspection.verdict import Finding, Verdict, decide
+from gateway.units import STRUCTURAL_FIELDS, Path, TextUnit
+from gateway.vocab import ReasonCode
 
 _SEPARATOR = b"\x00"  # never part of a configured value; a boundary for every format rule
 # Joined buffers also start with a separator: a bare-form rule consumes the byte before its
@@ -116,22 +114,22 @@ class Engine:
                 if nested.parts:
                     truncated |= self._scan_batch(nested, findings)
             if over:
-                withhold.append(rc.DECODE_LIMIT)
+                withhold.append(ReasonCode.DECODE_LIMIT)
             truncated |= self._scan_joined(subject.units, encoded, squeezed_all, findings)
         complete = subject.complete and not withhold
         if not subject.complete:
-            withhold.extend(subject.incomplete_reasons or (rc.RESPONSE_INCOMPLETE,))
+            withhold.extend(subject.incomplete_reasons or (ReasonCode.RESPONSE_INCOMPLETE,))
         if subject.duplicate_keys:
-            withhold.append(rc.DUPLICATE_KEY)
+            withhold.append(ReasonCode.DUPLICATE_KEY)
         if subject.too_deep:
             complete = False
-            withhold.append(rc.TOO_DEEP)
+            withhold.append(ReasonCode.TOO_DEEP)
         if subject.opaque and not allow_opaque:
             complete = False
-            withhold.append(rc.OPAQUE_CONTENT)
+            withhold.append(ReasonCode.OPAQUE_CONTENT)
         if truncated:
             complete = False
-            withhold.append(rc.MATCH_LIMIT)
+            withhold.append(ReasonCode.MATCH_LIMIT)
         return decide(
             list(findings.values()),
             withhold_reasons=withhold,
@@ -203,7 +201,7 @@ class Engine:
 
     def _add(self, findings: dict[tuple[str, Path | None], Finding], hit: Hit, path: Path | None) -> None:
         if hit.kind == LITERAL:
-            finding = Finding(rc.SECRET_VALUE, path)
+            finding = Finding(ReasonCode.SECRET_VALUE, path)
         else:
             info = self.formats[hit.index]
             finding = Finding(info.reason, path, info.advisory)

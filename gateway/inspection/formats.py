@@ -13,8 +13,8 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from gateway import vocab
 from gateway.inspection import catalogue, detectors
-from gateway.inspection import verdict as rc
 from gateway.inspection.catalogue import Catalogue, Rule
 from gateway.inspection.detectors import Detector
 from gateway.inspection.engine import FormatInfo
@@ -33,8 +33,8 @@ class FormatSet:
     version: str
 
     def infos(self) -> Sequence[FormatInfo]:
-        out = [FormatInfo(r.id, r.advisory, rc.SECRET_FORMAT_PREFIX + r.id) for r in self.rules]
-        out += [FormatInfo(d.kind, advisory, rc.PII_PREFIX + d.kind) for d, advisory in self.detectors]
+        out = [FormatInfo(r.id, r.advisory, vocab.secret_format(r.id)) for r in self.rules]
+        out += [FormatInfo(d.kind, advisory, vocab.pii(d.kind)) for d, advisory in self.detectors]
         return out
 
     def patterns(self) -> Sequence[str]:

@@ -1,138 +1,17 @@
-"""Verdicts: the one result type every check returns, and the closed set of reason codes.
+"""Verdicts: the one result type every check returns.
 
-Owns: `Decision`, `Coverage`, `Finding`, `Verdict`, and the reason-code vocabulary.
+Owns: `Coverage`, `Finding`, `Verdict`, and folding findings into a decision (the
+vocabulary itself — `Decision`, `ReasonCode` — is `gateway.vocab`).
 Must not: hold content. A Verdict names *where* (JSON pointers) and *why* (reason codes),
 never *what* matched; it is safe to log, serialise and return to a client.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
-from enum import StrEnum
 
-
-class Decision(StrEnum):
-    ALLOW = "allow"
-    BLOCK = "block"  # a rule forbids it
-    WITHHOLD = "withhold"  # coverage incomplete, unknown, unavailable, expired or unverifiable
-
-
-class Phase(StrEnum):
-    BEFORE_SEND = "before_send"
-    BEFORE_RELEASE = "before_release"
-
-
-class Mode(StrEnum):
-    ENFORCE = "enforce"
-    OBSERVE = "observe"
-    OFF = "off"
-
-
-# The closed, content-free vocabulary. Parametrised codes (`secret_format:<rule_id>`,
-# `pii:<kind>`) take their parameter from configuration (rule ids, detector kinds), never
-# from content.
-SECRET_VALUE = "secret_value"
-SECRET_FORMAT_PREFIX = "secret_format:"
-PII_PREFIX = "pii:"
-DESTINATION_NOT_APPROVED = "destination_not_approved"
-TARGET_MISMATCH = "target_mismatch"
-DUPLICATE_KEY = "duplicate_key"
-JSON_INVALID = "json_invalid"
-TOO_DEEP = "too_deep"
-PAYLOAD_TOO_LARGE = "payload_too_large"
-OPAQUE_CONTENT = "opaque_content"
-UNSUPPORTED_CARRIER = "unsupported_carrier"
-WINDOW_EXCEEDED = "window_exceeded"
-DETECTOR_UNAVAILABLE = "detector_unavailable"
-RESPONSE_INCOMPLETE = "response_incomplete"
-BINDING_INVALID = "binding_invalid"
-BINDING_EXPIRED = "binding_expired"
-BINDING_PHASE = "binding_phase"
-BINDING_MISMATCH = "binding_mismatch"
-PREPARED_CONTEXT_MISMATCH = "prepared_context_mismatch"
-PREPARED_CONTEXT_STALE = "prepared_context_stale"
-POLICY_UNAVAILABLE = "policy_unavailable"
-INSPECTION_ERROR = "inspection_error"
-MATCH_LIMIT = "match_limit"
-DECODE_LIMIT = "decode_limit"
-# Transport, identity and capacity outcomes (never about content).
-UNSUPPORTED_ENCODING = "unsupported_encoding"
-UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
-UNAUTHENTICATED = "unauthenticated"
-FORBIDDEN_PROFILE = "forbidden_profile"
-FORBIDDEN_MODEL = "forbidden_model"
-FORBIDDEN_ACTION = "forbidden_action"
-NO_PROFILE = "no_profile"
-CREDENTIAL_UNAVAILABLE = "credential_unavailable"
-UPSTREAM_UNAVAILABLE = "upstream_unavailable"
-UPSTREAM_TIMEOUT = "upstream_timeout"
-UPSTREAM_INVALID_RESPONSE = "upstream_invalid_response"
-RESPONSE_TOO_LARGE = "response_too_large"
-BUFFER_TIMEOUT = "buffer_timeout"
-CAPACITY_EXCEEDED = "capacity_exceeded"
-NOT_FOUND = "not_found"
-METHOD_NOT_ALLOWED = "method_not_allowed"
-INVALID_REQUEST = "invalid_request"
-REQUEST_TIMEOUT = "request_timeout"
-TOO_MANY_CONNECTIONS = "too_many_connections"
-
-FIXED_REASON_CODES: frozenset[str] = frozenset(
-    {
-        SECRET_VALUE,
-        DESTINATION_NOT_APPROVED,
-        TARGET_MISMATCH,
-        DUPLICATE_KEY,
-        JSON_INVALID,
-        TOO_DEEP,
-        PAYLOAD_TOO_LARGE,
-        OPAQUE_CONTENT,
-        UNSUPPORTED_CARRIER,
-        WINDOW_EXCEEDED,
-        DETECTOR_UNAVAILABLE,
-        RESPONSE_INCOMPLETE,
-        BINDING_INVALID,
-        BINDING_EXPIRED,
-        BINDING_PHASE,
-        BINDING_MISMATCH,
-        PREPARED_CONTEXT_MISMATCH,
-        PREPARED_CONTEXT_STALE,
-        POLICY_UNAVAILABLE,
-        INSPECTION_ERROR,
-        MATCH_LIMIT,
-        DECODE_LIMIT,
-        UNSUPPORTED_ENCODING,
-        UNSUPPORTED_MEDIA_TYPE,
-        UNAUTHENTICATED,
-        FORBIDDEN_PROFILE,
-        FORBIDDEN_MODEL,
-        FORBIDDEN_ACTION,
-        NO_PROFILE,
-        CREDENTIAL_UNAVAILABLE,
-        UPSTREAM_UNAVAILABLE,
-        UPSTREAM_TIMEOUT,
-        UPSTREAM_INVALID_RESPONSE,
-        RESPONSE_TOO_LARGE,
-        BUFFER_TIMEOUT,
-        CAPACITY_EXCEEDED,
-        NOT_FOUND,
-        METHOD_NOT_ALLOWED,
-        INVALID_REQUEST,
-        REQUEST_TIMEOUT,
-        TOO_MANY_CONNECTIONS,
-    }
-)
-_PARAM = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
-
-
-def is_reason_code(code: str) -> bool:
-    """True for a member of the closed vocabulary (parametrised codes by shape)."""
-    if code in FIXED_REASON_CODES:
-        return True
-    for prefix in (SECRET_FORMAT_PREFIX, PII_PREFIX):
-        if code.startswith(prefix):
-            return _PARAM.fullmatch(code[len(prefix) :]) is not None
-    return False
+from gateway.units import Path, location, pointer
+from gateway.vocab import Decision, ReasonCode
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,30 +26,6 @@ class Coverage:
 COVERAGE_PROFILE = "text-and-tools.v1"
 
 
-# Object keys of the wire schemas wiregate knows (compile-time constants). A logged
-# location keeps a key segment only when it is one of these; any other key — client or
-# model text, which can be a secret itself — is written as `*`. Array indexes stay.
-SCHEMA_KEYS: frozenset[str] = frozenset(
-    {
-        "~events", "~headers", "model", "messages", "role", "content", "text", "type", "name",
-        "tool_calls", "function", "function_call", "arguments", "tools", "parameters", "description",
-        "properties", "items", "system", "input", "instructions", "metadata", "user", "output",
-        "delta", "choices", "message", "input_schema", "tool_result", "tool_use", "tool_use_id",
-        "tool_call_id", "id", "source", "data", "media_type", "partial_json", "thinking",
-        "reasoning", "reasoning_content", "refusal", "response", "item", "summary", "error",
-        "custom", "audio", "transcript", "content_block", "usage", "embedding", "object",
-        "call_id", "output_text", "prompt", "stop", "logit_bias", "response_format", "json_schema",
-        "schema", "required", "enum", "title", "default", "examples", "anyOf", "oneOf", "allOf",
-    }
-)
-
-
-def location(path: tuple[str | int, ...]) -> str:
-    """A JSON pointer safe to log: schema keys and array indexes only, other keys `*`."""
-    parts = [str(p) if type(p) is int or p in SCHEMA_KEYS else "*" for p in path]
-    return "/" + "/".join(parts) if parts else ""
-
-
 @dataclass(frozen=True, slots=True)
 class Finding:
     """One reason a unit failed, located by its path in the document (never the matched
@@ -178,15 +33,12 @@ class Finding:
     process that holds the content anyway; `location` is what may be logged."""
 
     reason: str
-    path: tuple[str | int, ...] | None = None
+    path: Path | None = None
     advisory: bool = False
 
     @property
     def pointer(self) -> str | None:
-        if self.path is None:
-            return None
-        parts = [str(p).replace("~", "~0").replace("/", "~1") for p in self.path]
-        return "/" + "/".join(parts) if parts else ""
+        return None if self.path is None else pointer(self.path)
 
     @property
     def location(self) -> str | None:
@@ -232,7 +84,7 @@ def decide(
     else:
         decision = Decision.ALLOW
     if decision is Decision.WITHHOLD and not codes:
-        codes.append(OPAQUE_CONTENT if not complete else POLICY_UNAVAILABLE)
+        codes.append(ReasonCode.OPAQUE_CONTENT if not complete else ReasonCode.POLICY_UNAVAILABLE)
     return Verdict(
         decision=decision,
         reason_codes=tuple(codes),

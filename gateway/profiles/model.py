@@ -17,14 +17,15 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-Provider = Literal["openai", "anthropic", "openai-compatible"]
-CarrierName = Literal["chat", "responses", "embeddings", "messages"]
+from gateway.carriers import CARRIERS
 
-_PROVIDER_CARRIERS: dict[str, frozenset[str]] = {
-    "openai": frozenset({"chat", "responses", "embeddings"}),
-    "openai-compatible": frozenset({"chat", "responses", "embeddings"}),
-    "anthropic": frozenset({"messages"}),
-}
+Provider = Literal["openai", "anthropic", "openai-compatible"]
+
+def _carriers_of(provider: str) -> frozenset[str]:
+    """The carrier short names a provider speaks (an openai-compatible server speaks
+    OpenAI's schemas), from the carrier registry."""
+    wire = "openai" if provider == "openai-compatible" else provider
+    return frozenset(c.short_name for c in CARRIERS.values() if c.provider == wire)
 
 
 class _Strict(BaseModel):
@@ -72,7 +73,7 @@ class UpstreamProfile(_Strict):
     id: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]{0,63}$")
     version: int = Field(ge=1)
     provider: Provider
-    carriers: tuple[CarrierName, ...]
+    carriers: tuple[str, ...]
     base_url: str
     loopback_http: bool = False
     models: tuple[str, ...] = Field(min_length=1)
@@ -114,7 +115,7 @@ class UpstreamProfile(_Strict):
                 raise ValueError("http base_url needs loopback_http: true and a loopback IP literal")
         elif url.scheme != "https":
             raise ValueError("base_url must be https")
-        allowed = _PROVIDER_CARRIERS[self.provider]
+        allowed = _carriers_of(self.provider)
         if not self.carriers or not set(self.carriers) <= allowed:
             raise ValueError(f"carriers for provider {self.provider} must be among {sorted(allowed)}")
         if self.id in self.fallbacks:

@@ -7,24 +7,26 @@ A provider call arrives on the TLS or Unix-socket listener and reaches `handle`:
   1  authenticate the gateway key, then read the whole body (size limit; identity or gzip)
   2  resolve principal, scope and the profile chain (primary + usable fallbacks)
   3  parse the body with the route's carrier: every text unit, opaque parts, duplicates
+     → the frozen `Exchange`: everything fixed for the call, the runtime pinned
   4  plan native cache markers for the target profile → the final upstream body
   5  token-window admission for that profile
   6  before_send on the final bytes, forwarded headers and the actual target; an allow
      seals a send binding naming that payload, target, principal and scope
   7  send with the profile's retries; on failure move to the next profile in the chain
      and go back to 4 (a new target is planned and checked again)
-  8  strict: buffer the complete raw response (bytes, time and concurrency limits),
-     optionally sending SSE comment heartbeats to a streaming client meanwhile
-  9  before_release on the complete response; it opens the send binding of step 6 first
+  8  buffer: the complete raw response (bytes, time and concurrency limits), optionally
+     sending SSE comment heartbeats to a streaming client meanwhile
+  9  decide: before_release on the complete response; it opens the send binding first
  10  release the original bytes (non-stream) or the re-framed events (stream), or refuse
-     (once heartbeats are out, a refusal is the protocol's own error event)
- 11  record usage (never changes or delays the decision)
+     (once heartbeats are out, any refusal is the protocol's own error event)
+ 11  project the trail: usage records and metrics (never changes or delays the decision)
 
-Observe mode (per route or profile, per phase) lets a non-allow decision through and
-records it; for the release phase it streams the response through unchanged and checks a
-copy. A client disconnect cancels the handler task: the upstream request is closed by the
-`finally` blocks below and nothing keeps running. Every refusal is a `GatewayError`, which
-the middleware renders in the caller's provider dialect.
+Every step appends a typed event to the call's `Trail`; nothing else is written. Observe
+mode (per route or profile, per phase) lets a non-allow decision through and records it;
+for the release phase it streams the response through unchanged and checks a copy. A
+client disconnect cancels the handler task: the upstream request is closed by the
+`finally` blocks below and nothing keeps running. Every refusal is a `GatewayError`,
+which the middleware renders in the caller's provider dialect.
 """
 
 from __future__ import annotations
@@ -39,180 +41,204 @@ from datetime import UTC, datetime
 import aiohttp
 from aiohttp import web
 
-from gateway import admission, auth, caching, checks, errors, usage
-from gateway.carriers import SHORT_NAMES, jsonspan, sse
-from gateway.carriers.base import Carrier, CarrierLimits, FoldedResponse, ParsedRequest
-from gateway.bindings import BindingError
+from gateway import admission, auth, caching, errors
+from gateway.carriers import jsonspan, sse
+from gateway.carriers.base import Carrier, FoldedResponse, ParsedRequest
 from gateway.carriers.jsonraw import JsonError
-from gateway.checks import CheckOutcome, Party
+from gateway.checks import runner
+from gateway.checks.bindings import BindingError
+from gateway.checks.destination import Target
+from gateway.checks.inspect import relevant_headers
+from gateway.checks.runner import CheckOutcome, Party
 from gateway.config.runtime import LoadedProfile, Runtime
-from gateway.errors import GatewayError
+from gateway.errors import ClientError, GatewayError, ServiceError, UpstreamError
 from gateway.http.body import read_body
-from gateway.inspection import verdict as rc
-from gateway.inspection.verdict import Decision, Mode, Phase
 from gateway.obs import logging as log
-from gateway.proxy import release, routing
-from gateway.proxy.upstream import Sent, Target, upstream_headers
-from gateway.state import CALL, SERVICES, Call, Services
+from gateway.proxy import projections, release, routing
+from gateway.proxy.exchange import (
+    Admitted,
+    Attempted,
+    Buffered,
+    Checked,
+    Decoded,
+    Exchange,
+    Planned,
+    Refused,
+    Released,
+    Trail,
+)
+from gateway.proxy.upstream import Sent, upstream_headers
+from gateway.state import CALL, CAPACITY, METRICS, PRINCIPAL_CALLS, RELEASE_LEDGER, RUNTIME, UPSTREAM, Call
+from gateway.vocab import Decision, Mode, Outcome, Phase, ReasonCode
 
-_SHORT_OF = {full: short for short, full in SHORT_NAMES.items()}
+SESSION_HEADER = "x-wiregate-session"
 
 
 async def handle(request: web.Request, carrier: Carrier) -> web.StreamResponse:
-    services = request.app[SERVICES]
+    app = request.app
     call: Call = request[CALL]
-    runtime = services.holder.current  # one configuration for the whole call
+    runtime = app[RUNTIME].current  # one configuration for the whole call
     limits = runtime.config.limits
     call.carrier = carrier.name
-
     identity = auth.identify(runtime, request.headers, "proxy")  # 1 (before reading a byte)
-    call.principal, call.scope = identity.principal.id, identity.scope_for_log(runtime)
-    call.delegate_for = identity.on_behalf_of
-    if not services.principal_calls.try_acquire(identity.principal.id, limits.per_principal_concurrent):
-        raise GatewayError(429, "rate_limited", (rc.CAPACITY_EXCEEDED,), headers={"retry-after": "1"}, retryable=True)
+    call.identify(identity, runtime)
+    principal_calls = app[PRINCIPAL_CALLS]
+    if not principal_calls.try_acquire(identity.principal.id, limits.per_principal_concurrent):
+        raise ClientError(
+            429, "rate_limited", (ReasonCode.CAPACITY_EXCEEDED,), headers={"retry-after": "1"}, retryable=True
+        )
     try:
-        return await _handle(request, services, runtime, carrier, call, identity)
+        exchange = call.exchange = await receive(request, runtime, carrier, identity, call)  # 1-3
+        trail = call.trail = Trail()
+        capacity = app[CAPACITY]
+        if not capacity.try_acquire(limits.concurrent_buffered_responses):
+            raise ServiceError(503, "gateway_busy", (ReasonCode.CAPACITY_EXCEEDED,), retryable=True)
+        try:
+            attempt = await send_along_chain(app, exchange, trail)  # 4-7
+            return await respond(request, exchange, trail, attempt)  # 8-10
+        except GatewayError as err:
+            if trail.final is None:
+                trail.add(Refused(err.status, err.code, err.reason_codes, Outcome.REFUSED))
+            raise
+        finally:
+            capacity.release()
+            await projections.record_usage(app, exchange, trail)  # 11
     finally:
-        services.principal_calls.release(identity.principal.id)
+        principal_calls.release(identity.principal.id)
 
 
-async def _handle(
-    request: web.Request, services: Services, runtime: Runtime, carrier: Carrier, call: Call, identity: auth.Identity
-) -> web.StreamResponse:
+# --- 1 to 3 --------------------------------------------------------------------------------
+
+
+async def receive(
+    request: web.Request, runtime: Runtime, carrier: Carrier, identity: auth.Identity, call: Call
+) -> Exchange:
     limits = runtime.config.limits
     raw = await read_body(request, limits)  # 1
     call.bytes_in = len(raw)
-
     parsed = parse_request(carrier, raw, runtime)  # 3
-    call.stream = parsed.stream  # the model name is logged only once a check has passed it
-
     now = datetime.now(UTC)  # 2: the profile chain
-    short = _SHORT_OF[carrier.name]
     requested = request.headers.get(routing.PROFILE_HEADER)
-    first = routing.primary(runtime, identity.principal, short, parsed.model, requested, now)
-    chain = [first, *routing.fallbacks(runtime, identity.principal, first, short, parsed.model, now)]
-
-    if not services.capacity.try_acquire(limits.concurrent_buffered_responses):
-        raise GatewayError(503, "gateway_busy", (rc.CAPACITY_EXCEEDED,), retryable=True)
-    try:
-        deadline = time.monotonic() + limits.buffer_seconds
-        parties = [Party(identity.principal.id, identity.on_behalf_of, identity.scope, lp) for lp in chain]
-        sent, target, party, send = await _send_along_chain(  # 4-7
-            request, services, runtime, carrier, parsed, raw, parties, deadline
-        )
-        return await _receive(request, services, runtime, carrier, sent, target, party, send, deadline)  # 8-10
-    finally:
-        services.capacity.release()
-        _record_usage(services, call)  # 11
-
-
-# --- 1 and 3 ---------------------------------------------------------------------------
+    first = routing.primary(runtime, identity.principal, carrier.short_name, parsed.model, requested, now)
+    fallbacks = routing.fallbacks(runtime, identity.principal, first, carrier.short_name, parsed.model, now)
+    return Exchange(
+        request_id=call.request_id,
+        route=request.path,
+        carrier=carrier,
+        identity=identity,
+        runtime=runtime,
+        raw=raw,
+        parsed=parsed,
+        chain=(first, *fallbacks),
+        deadline=time.monotonic() + limits.buffer_seconds,
+        client_headers=request.headers,
+        session=request.headers.get(SESSION_HEADER),
+    )
 
 
 def parse_request(carrier: Carrier, raw: bytes, runtime: Runtime) -> ParsedRequest:
     try:
         return carrier.parse_request(raw, runtime.carrier_limits)
     except JsonError as exc:
-        status = 422 if exc.reason in (rc.UNSUPPORTED_CARRIER, rc.TOO_DEEP) else 400
-        raise GatewayError(status, "request_withheld", (exc.reason,)) from None
+        raise errors.unreadable_request(exc.reason) from None
 
 
-# --- 4 to 7 ----------------------------------------------------------------------------
+# --- 4 to 7 --------------------------------------------------------------------------------
 
 
-async def _send_along_chain(
-    request: web.Request,
-    services: Services,
-    runtime: Runtime,
-    carrier: Carrier,
-    parsed: ParsedRequest,
-    raw: bytes,
-    parties: list[Party],
-    deadline: float,
-) -> tuple[Sent, Target, Party, CheckOutcome]:
-    call: Call = request[CALL]
-    assert services.upstream is not None
-    for index, party in enumerate(parties):
-        loaded = party.profile
-        more = index + 1 < len(parties)
-        target = Target.for_profile(loaded, carrier.name, carrier.path)
-        call.profile = loaded.profile.id
-        planned = plan(carrier, parsed, raw, party, request.headers.get(SESSION_HEADER), runtime.carrier_limits)  # 4
-        call.input_estimate = admit(planned.parsed, carrier, loaded)  # 5
-        body = planned.body
-        call.usage_injected = planned.usage_injected
-        headers = upstream_headers(loaded.profile, loaded.credential, request.headers)
-        bound = checks.relevant_headers(headers, loaded)
-        send = checks.before_send(  # 6
-            runtime,
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """The profile a call was finally sent to, and what came back (headers only)."""
+
+    party: Party
+    target: Target
+    send: CheckOutcome
+    sent: Sent
+    usage_injected: bool
+
+    @property
+    def response(self) -> aiohttp.ClientResponse:
+        assert self.sent.response is not None
+        return self.sent.response
+
+
+async def send_along_chain(app: web.Application, ex: Exchange, trail: Trail) -> Attempt:
+    runtime = ex.runtime
+    identity = ex.identity
+    for index, loaded in enumerate(ex.chain):
+        more = index + 1 < len(ex.chain)
+        party = Party(identity.principal.id, identity.on_behalf_of, identity.scope, loaded)
+        target = Target.for_profile(loaded, ex.carrier.name, ex.carrier.path)
+        planned = plan(ex.carrier, ex.parsed, ex.raw, party, ex.session, runtime)  # 4
+        trail.add(Planned(loaded.profile.id, len(planned.body), planned.cache, planned.usage_injected))
+        trail.add(Admitted(loaded.profile.id, admit(planned.parsed, ex.carrier, loaded)))  # 5
+        headers = upstream_headers(loaded.profile, loaded.credential, ex.client_headers)
+        given = runner.SendInput(
             party=party,
-            parsed=[planned.parsed],
-            body=body,
-            headers=bound,
-            carrier=carrier.name,
+            parsed=(planned.parsed,),
+            body=planned.body,
+            bound_headers=relevant_headers(headers, loaded),
+            carriers=ex.carrier.name,
             target=target,
-            route=request.path,
         )
-        _note_check(services, call, send, loaded.profile.id)
+        send = runner.before_send(runtime, given, route=ex.route)  # 6
+        trail.add(Checked(loaded.profile.id, send))
+        note_check(app, ex.request_id, send, loaded.profile.id)
         if not send.proceed or send.binding is None:
-            raise _refusal(send)
-        if send.verdict.allowed:
-            call.model = parsed.model  # checked text: safe for the access log
+            raise refusal(send)
         if loaded.credential_error is not None:
-            log.error("credential_unavailable", request_id=call.request_id, profile=loaded.profile.id)
+            log.error("credential_unavailable", request_id=ex.request_id, profile=loaded.profile.id)
             if more:
                 continue
-            raise GatewayError(503, "upstream_unavailable", (rc.CREDENTIAL_UNAVAILABLE,), retryable=True)
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise GatewayError(503, "upstream_timeout", (rc.UPSTREAM_TIMEOUT,), retryable=True)
-        try:
-            async with asyncio.timeout(min(remaining, loaded.profile.timeouts.total_s)):
-                sent = await services.upstream.send(target, loaded, body, headers, deadline=deadline)  # 7
-        except TimeoutError:
-            sent = Sent(response=None, failure=rc.UPSTREAM_TIMEOUT)
-        call.attempts.extend(sent.attempts)
-        for attempt in sent.attempts:
-            services.metrics.upstream_attempts.labels(loaded.profile.id, attempt.outcome).inc()
+            raise ServiceError(503, "upstream_unavailable", (ReasonCode.CREDENTIAL_UNAVAILABLE,), retryable=True)
+        sent = await _send(app, ex, loaded, target, planned.body, headers)  # 7
+        for record in sent.attempts:
+            trail.add(Attempted(record))
         failed = sent.response is None or sent.response.status in loaded.profile.retry.statuses
         if failed and more:
             status = sent.response.status if sent.response is not None else None
             if sent.response is not None:
                 sent.response.close()
             log.warning(
-                "fallback",
-                request_id=call.request_id,
-                profile=loaded.profile.id,
-                upstream_status=status,
+                "fallback", request_id=ex.request_id, profile=loaded.profile.id, upstream_status=status,
                 reason=sent.failure,
             )
             continue
         if sent.response is None:
-            failure = sent.failure or rc.UPSTREAM_UNAVAILABLE
-            code = "upstream_timeout" if failure == rc.UPSTREAM_TIMEOUT else "upstream_unavailable"
-            raise GatewayError(503, code, (failure,), retryable=True)
-        return sent, target, party, send
-    raise GatewayError(503, "upstream_unavailable", (rc.NO_PROFILE,), retryable=True)
+            raise errors.upstream_unavailable(sent.failure or ReasonCode.UPSTREAM_UNAVAILABLE)
+        return Attempt(party, target, send, sent, planned.usage_injected)
+    raise ServiceError(503, "upstream_unavailable", (ReasonCode.NO_PROFILE,), retryable=True)
 
 
-SESSION_HEADER = "x-wiregate-session"
+async def _send(
+    app: web.Application, ex: Exchange, loaded: LoadedProfile, target: Target, body: bytes,
+    headers: dict[str, str],
+) -> Sent:
+    remaining = ex.deadline - time.monotonic()
+    if remaining <= 0:
+        raise errors.upstream_unavailable(ReasonCode.UPSTREAM_TIMEOUT)
+    metrics = app[METRICS]
+    try:
+        async with asyncio.timeout(min(remaining, loaded.profile.timeouts.total_s)):
+            sent = await app[UPSTREAM].send(target, loaded, body, headers, deadline=ex.deadline)
+    except TimeoutError:
+        sent = Sent(response=None, failure=ReasonCode.UPSTREAM_TIMEOUT)
+    for attempt in sent.attempts:
+        metrics.upstream_attempts.labels(loaded.profile.id, attempt.outcome).inc()
+    return sent
 
 
 @dataclass(frozen=True, slots=True)
-class Planned:
+class Plan:
     body: bytes  # the final upstream body: what before_send checks and what leaves
     parsed: ParsedRequest  # that body as the carrier reads it
+    cache: caching.CachePlan
     usage_injected: bool  # the stream was asked for usage the client did not ask for
 
 
 def plan(
-    carrier: Carrier,
-    parsed: ParsedRequest,
-    raw: bytes,
-    party: Party,
-    session: str | None,
-    limits: CarrierLimits,
-) -> Planned:
+    carrier: Carrier, parsed: ParsedRequest, raw: bytes, party: Party, session: str | None, runtime: Runtime
+) -> Plan:
     """Step 4: native cache markers for this profile, and usage for streams that would
     otherwise not report it. The received bytes are never mutated; when planning changes
     the body, the new bytes are parsed again so that before_send sees exactly what leaves.
@@ -220,19 +246,21 @@ def plan(
     turns a check off)."""
     profile = party.profile.profile
     estimator = admission.ESTIMATORS[profile.estimator.name]
-    unchanged = Planned(raw, parsed, False)
+    unchanged = Plan(raw, parsed, caching.NOTHING, False)
     if parsed.duplicate_keys:
         return unchanged  # withheld by before_send anyway; never edit an ambiguous body
     try:
         text = raw.decode("utf-8")
-        ctx = caching.CacheContext(party.principal, party.scope, profile.id, session)
+        ctx = caching.CacheContext(
+            party.principal, party.scope, profile.id, session, account=profile.account, region=profile.region
+        )
         cache = caching.plan(carrier.name, text, parsed.doc, profile.cache, ctx, estimator.count)
-        usage_edits, injected = usage.plan_stream_usage(carrier.name, text, parsed.doc)
+        usage_edits, injected = carrier.usage_edits(text, parsed.doc)
         edits = [*cache.edits, *usage_edits]
         if not edits:
             return unchanged
         body = jsonspan.apply(text, edits).encode("utf-8")
-        return Planned(body, carrier.parse_request(body, limits), injected)
+        return Plan(body, carrier.parse_request(body, runtime.carrier_limits), cache, injected)
     except (jsonspan.SpanError, JsonError, UnicodeDecodeError) as exc:
         log.warning("cache_plan_skipped", profile=profile.id, error_class=type(exc).__name__)
         return unchanged
@@ -244,19 +272,18 @@ def admit(parsed: ParsedRequest, carrier: Carrier, loaded: LoadedProfile) -> int
     profile = loaded.profile
     decision = admission.admit(
         parsed.units,
-        carrier=carrier.name,
-        doc=parsed.doc,
+        requested=carrier.requested_output(parsed.doc),
         estimator=admission.ESTIMATORS[profile.estimator.name],
         margin=profile.estimator.safety_margin,
         context_window=profile.context_window,
         default_output=profile.max_output_tokens,
     )
     if not decision.admitted:
-        raise GatewayError(422, "request_withheld", (rc.WINDOW_EXCEEDED,))
+        raise ClientError(422, "request_withheld", (ReasonCode.WINDOW_EXCEEDED,))
     return decision.estimated_input
 
 
-def _refusal(outcome: CheckOutcome) -> GatewayError:
+def refusal(outcome: CheckOutcome) -> GatewayError:
     codes = outcome.verdict.reason_codes
     blocked = outcome.verdict.decision is Decision.BLOCK
     if outcome.phase is Phase.BEFORE_SEND:
@@ -264,7 +291,7 @@ def _refusal(outcome: CheckOutcome) -> GatewayError:
     return errors.blocked_response(codes) if blocked else errors.withheld_response(codes)
 
 
-# --- 8 to 10 ---------------------------------------------------------------------------
+# --- 8 to 10 -------------------------------------------------------------------------------
 
 
 class _TooLarge(Exception):
@@ -274,44 +301,7 @@ class _TooLarge(Exception):
 Beat = Callable[[], Awaitable[None]]
 
 
-async def _read_all(
-    response: aiohttp.ClientResponse,
-    limit: int,
-    services: Services,
-    beat: Beat | None,
-    first_beat_s: float,
-    every_s: float,
-) -> bytes:
-    """The whole body, within `limit` bytes. With `beat`, call it after `first_beat_s` of
-    buffering and every `every_s` after that until the body is complete."""
-    chunks: list[bytes] = []
-    total = 0
-    gauge = services.metrics.buffered_bytes
-    next_beat = time.monotonic() + first_beat_s
-    try:
-        while True:
-            if beat is None:
-                chunk = await response.content.readany()
-            else:
-                try:
-                    async with asyncio.timeout(max(0.0, next_beat - time.monotonic())):
-                        chunk = await response.content.readany()
-                except TimeoutError:
-                    await beat()
-                    next_beat = time.monotonic() + every_s
-                    continue
-            if not chunk:
-                return b"".join(chunks)
-            total += len(chunk)
-            if total > limit:
-                raise _TooLarge
-            gauge.inc(len(chunk))
-            chunks.append(chunk)
-    finally:
-        gauge.dec(sum(len(c) for c in chunks))
-
-
-class _Heartbeats:
+class Heartbeats:
     """SSE comment heartbeats for a strict stream still buffering. Once the first one is
     out, the status line and headers are committed: any later outcome must be written as
     events on the open stream."""
@@ -336,125 +326,167 @@ class _Heartbeats:
         return self.out
 
 
-async def _receive(
-    request: web.Request,
-    services: Services,
-    runtime: Runtime,
-    carrier: Carrier,
-    sent: Sent,
-    target: Target,
-    party: Party,
-    send: CheckOutcome,
-    deadline: float,
-) -> web.StreamResponse:
-    call: Call = request[CALL]
-    response = sent.response
-    assert response is not None and send.binding is not None
-    call.upstream_status = response.status
-    limits = runtime.config.limits
-    streaming = runtime.config.streaming
-    is_stream = response.content_type == "text/event-stream"
+@dataclass(frozen=True, slots=True)
+class Decided:
+    """Step 9's result: the response as read, the exact bytes to release, the verdict."""
+
+    folded: FoldedResponse
+    released: bytes
+    outcome: CheckOutcome
+
+
+async def respond(request: web.Request, ex: Exchange, trail: Trail, attempt: Attempt) -> web.StreamResponse:
+    runtime = ex.runtime
+    response = attempt.response
+    mode = runtime.policy.mode(Phase.BEFORE_RELEASE, profile=attempt.target.profile_id, route=ex.route)
     passed = release.released_headers(response.headers)
-    heartbeats: _Heartbeats | None = None
+    is_stream = response.content_type == "text/event-stream"
+    heartbeats: Heartbeats | None = None
+    streaming = runtime.config.streaming
     try:
-        mode = runtime.policy.mode(Phase.BEFORE_RELEASE, profile=target.profile_id, route=request.path)
         if mode is not Mode.ENFORCE:
-            return await _pass_through(request, services, runtime, carrier, response, party, send, mode)
+            return await pass_through(request, ex, trail, attempt, mode)
         if is_stream and streaming.heartbeat_after_s > 0 and 200 <= response.status < 300:
-            heartbeats = _Heartbeats(request, passed)
-        try:
-            async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
-                body = await _read_all(  # 8
-                    response,
-                    limits.response_bytes,
-                    services,
-                    heartbeats.beat if heartbeats else None,
-                    streaming.heartbeat_after_s,
-                    streaming.heartbeat_every_s,
-                )
-        except TimeoutError:
-            call.final_outcome = "timeout"
-            raise GatewayError(503, "upstream_timeout", (rc.BUFFER_TIMEOUT,), retryable=True) from None
-        except _TooLarge:
-            call.final_outcome = "withheld"
-            raise GatewayError(503, "response_withheld", (rc.RESPONSE_TOO_LARGE,)) from None
-        except (aiohttp.ClientError, OSError):
-            call.final_outcome = "incomplete"
-            raise GatewayError(503, "response_incomplete", (rc.RESPONSE_INCOMPLETE,), retryable=True) from None
-        folded, released = _decode(carrier, body, is_stream, runtime, call.usage_injected)
-        call.final_usage = folded.usage.fields if folded.usage else None
-        if party.profile.profile.estimator.fill_missing:  # only then is an estimate ever used
-            call.output_estimate = _output_estimate(folded, party)
-        if not 200 <= response.status < 300 and not folded.complete:
-            # A provider error we cannot read (an HTML page from a proxy, say): say so, without it.
-            raise GatewayError(502, "upstream_error", (rc.UPSTREAM_INVALID_RESPONSE,))
-        outcome = _check_release(request, services, runtime, party, send, folded, released, passed)  # 9
-        if not outcome.proceed:
-            call.final_outcome = (
-                "blocked"
-                if outcome.verdict.decision is Decision.BLOCK
-                else ("incomplete" if not folded.complete else "withheld")
-            )
-            raise _refusal(outcome)
+            heartbeats = Heartbeats(request, passed)
+        body = await buffer(request.app, ex, trail, attempt, heartbeats)  # 8
+        decided = await decide(request.app, ex, trail, attempt, body, passed)  # 9
     except Exception as exc:
         if heartbeats is None or heartbeats.out is None:
             raise
-        # Headers are out: any refusal, and any failure of ours, becomes the protocol's own
-        # error event (never a second status line inside the open stream).
-        if isinstance(exc, GatewayError):
-            err = exc
-        else:
-            log.error("internal_error", request_id=call.request_id, error_class=type(exc).__name__, route=call.route)
-            err = GatewayError(500, "internal_error", ())
-        call.outcome = "refused_in_stream"
-        call.reason_codes = err.reason_codes
-        event = carrier.stream_error_event(
-            err.code, err.reason_codes, err.public_message, errors.error_type(err, call.dialect)
-        )
-        return await heartbeats.finish(event)
+        return await _error_event(request, ex, trail, heartbeats, exc)
     finally:
         response.close()  # never back to the pool half-read; a no-op once fully read
-    call.outcome = "released" if 200 <= response.status < 300 else "upstream_error_released"
-    call.final_outcome = "released" if 200 <= response.status < 300 else "upstream_error"
-    call.bytes_out = len(released)
-    if heartbeats is not None and heartbeats.out is not None:  # 10
-        return await heartbeats.finish(released)
-    if is_stream:
-        return release.release_stream(response.status, passed, released)
-    content_type = release.released_content_type(response.headers.get("content-type"))
-    return release.release_body(response.status, passed, released, content_type)
+    return await release_decided(ex, trail, attempt, decided, passed, heartbeats)  # 10
 
 
-def _check_release(
-    request: web.Request,
-    services: Services,
-    runtime: Runtime,
-    party: Party,
-    send: CheckOutcome,
-    folded: FoldedResponse,
-    released: bytes,
-    headers: dict[str, str],
-    mode: Mode | None = None,
+async def buffer(
+    app: web.Application, ex: Exchange, trail: Trail, attempt: Attempt, heartbeats: Heartbeats | None
+) -> bytes:
+    """Step 8: the whole body, within the response limits and the call's deadline; with
+    heartbeats, a comment after `heartbeat_after_s` of buffering and every
+    `heartbeat_every_s` after that."""
+    limits = ex.runtime.config.limits
+    streaming = ex.runtime.config.streaming
+    response = attempt.response
+    chunks: list[bytes] = []
+    total = 0
+    gauge = app[METRICS].buffered_bytes
+    next_beat = time.monotonic() + streaming.heartbeat_after_s
+    try:
+        async with asyncio.timeout(max(0.0, ex.deadline - time.monotonic())):
+            while True:
+                if heartbeats is None:
+                    chunk = await response.content.readany()
+                else:
+                    try:
+                        async with asyncio.timeout(max(0.0, next_beat - time.monotonic())):
+                            chunk = await response.content.readany()
+                    except TimeoutError:
+                        await heartbeats.beat()
+                        next_beat = time.monotonic() + streaming.heartbeat_every_s
+                        continue
+                if not chunk:
+                    break
+                total += len(chunk)
+                if total > limits.response_bytes:
+                    raise _TooLarge
+                gauge.inc(len(chunk))
+                chunks.append(chunk)
+    except TimeoutError:
+        raise _refused(trail, errors.upstream_unavailable(ReasonCode.BUFFER_TIMEOUT), Outcome.TIMEOUT) from None
+    except _TooLarge:
+        err = UpstreamError(503, "response_withheld", (ReasonCode.RESPONSE_TOO_LARGE,))
+        raise _refused(trail, err, Outcome.WITHHELD) from None
+    except (aiohttp.ClientError, OSError):
+        err = UpstreamError(503, "response_incomplete", (ReasonCode.RESPONSE_INCOMPLETE,), retryable=True)
+        raise _refused(trail, err, Outcome.INCOMPLETE) from None
+    finally:
+        gauge.dec(sum(len(c) for c in chunks))
+    body = b"".join(chunks)
+    trail.add(Buffered(attempt.target.profile_id, response.status, _is_stream(response), len(body)))
+    return body
+
+
+async def decide(
+    app: web.Application, ex: Exchange, trail: Trail, attempt: Attempt, body: bytes, passed: dict[str, str]
+) -> Decided:
+    """Step 9: read the response as its carrier does and run before_release on the exact
+    bytes that would be released, tied to this call's send binding."""
+    response = attempt.response
+    folded, released = decode(ex.carrier, body, _is_stream(response), ex.runtime, attempt.usage_injected)
+    estimate = _output_estimate(folded, attempt.party) if attempt.party.profile.profile.estimator.fill_missing else None
+    usage = folded.usage.fields if folded.usage else None
+    trail.add(Decoded(folded.complete, usage, folded.response_id, estimate))
+    if not 200 <= response.status < 300 and not folded.complete:
+        # A provider error we cannot read (an HTML page from a proxy, say): say so, without it.
+        err = UpstreamError(502, "upstream_error", (ReasonCode.UPSTREAM_INVALID_RESPONSE,))
+        raise _refused(trail, err, Outcome.WITHHELD)
+    outcome = await check_release(app, ex, attempt, folded, released, passed)
+    trail.add(Checked(attempt.target.profile_id, outcome))
+    if not outcome.proceed:
+        end = (
+            Outcome.BLOCKED
+            if outcome.verdict.decision is Decision.BLOCK
+            else (Outcome.INCOMPLETE if not folded.complete else Outcome.WITHHELD)
+        )
+        raise _refused(trail, refusal(outcome), end)
+    return Decided(folded, released, outcome)
+
+
+async def check_release(
+    app: web.Application, ex: Exchange, attempt: Attempt, folded: FoldedResponse, released: bytes,
+    headers: dict[str, str], mode: Mode | None = None,
 ) -> CheckOutcome:
-    """Step 9: before_release on what would be released, tied to this call's send binding."""
-    assert send.binding is not None
-    outcome = checks.before_release(
-        runtime,
-        party=party,
-        request_binding=send.binding,
-        folded=folded,
-        raw=released,
-        released_headers=headers,
-        route=request.path,
-        ledger=services.ledger,
+    assert attempt.send.binding is not None
+    outcome = await runner.before_release(
+        ex.runtime,
+        runner.ReleaseInput(attempt.party, folded, released, headers),
+        request_binding=attempt.send.binding,
+        ledger=app[RELEASE_LEDGER],
+        route=ex.route,
         mode=mode,
     )
-    _note_check(services, request[CALL], outcome, party.profile.profile.id)
+    note_check(app, ex.request_id, outcome, attempt.party.profile.profile.id)
     return outcome
 
 
-def _decode(
-    carrier: Carrier, body: bytes, is_stream: bool, runtime: Runtime, strip_usage: bool = False
+async def release_decided(
+    ex: Exchange, trail: Trail, attempt: Attempt, decided: Decided, passed: dict[str, str],
+    heartbeats: Heartbeats | None,
+) -> web.StreamResponse:
+    """Step 10: the original bytes (non-stream) or the re-framed, checked events (stream)."""
+    response = attempt.response
+    ok = 200 <= response.status < 300
+    trail.add(Released(response.status, len(decided.released), Outcome.RELEASED if ok else Outcome.UPSTREAM_ERROR_RELEASED))
+    if heartbeats is not None and heartbeats.out is not None:
+        return await heartbeats.finish(decided.released)
+    if _is_stream(response):
+        return release.release_stream(response.status, passed, decided.released)
+    content_type = release.released_content_type(response.headers.get("content-type"))
+    return release.release_body(response.status, passed, decided.released, content_type)
+
+
+async def _error_event(
+    request: web.Request, ex: Exchange, trail: Trail, heartbeats: Heartbeats, exc: Exception
+) -> web.StreamResponse:
+    """Headers are out: any refusal, and any failure of ours, becomes the protocol's own
+    error event (never a second status line inside the open stream)."""
+    if isinstance(exc, GatewayError):
+        err = exc
+    else:
+        log.error("internal_error", request_id=ex.request_id, error_class=type(exc).__name__, route=ex.route)
+        err = ServiceError(500, "internal_error", ())
+    final = trail.final  # why it was refused, when the refusal was ours to decide
+    outcome = final.outcome if isinstance(final, Refused) else Outcome.ERROR
+    trail.add(Refused(err.status, err.code, err.reason_codes, outcome, in_stream=True))  # how it was delivered
+    event = ex.carrier.stream_error_event(
+        err.code, err.reason_codes, err.public_message, errors.error_type(err, ex.carrier.dialect)
+    )
+    return await heartbeats.finish(event)
+
+
+def decode(
+    carrier: Carrier, body: bytes, is_stream: bool, runtime: Runtime, usage_injected: bool = False
 ) -> tuple[FoldedResponse, bytes]:
     """The folded response and the exact bytes that would be released (for a stream whose
     usage wiregate asked for, without the usage the client did not ask for)."""
@@ -467,32 +499,23 @@ def _decode(
         return FoldedResponse(units=(), complete=False, incomplete_reason=exc.reason), b""
     folded = carrier.fold_stream(events, limits)
     if not clean and folded.complete:
-        folded = dataclasses.replace(folded, complete=False, incomplete_reason=rc.RESPONSE_INCOMPLETE)
-    released = folded.events or events
-    if strip_usage:
-        released = usage.strip_injected_usage(released)
+        folded = dataclasses.replace(folded, complete=False, incomplete_reason=ReasonCode.RESPONSE_INCOMPLETE)
+    released = carrier.released_events(folded.events or events, usage_injected)
     return folded, release.reframe(released)
 
 
-async def _pass_through(
-    request: web.Request,
-    services: Services,
-    runtime: Runtime,
-    carrier: Carrier,
-    response: aiohttp.ClientResponse,
-    party: Party,
-    send: CheckOutcome,
-    mode: Mode,
+async def pass_through(
+    request: web.Request, ex: Exchange, trail: Trail, attempt: Attempt, mode: Mode
 ) -> web.StreamResponse:
     """Observe/off: stream the response through unchanged; check a bounded copy after.
     The send binding is verified first whatever the mode: binding checks are never modes."""
-    call: Call = request[CALL]
-    assert send.binding is not None
+    response = attempt.response
+    assert attempt.send.binding is not None
     try:
-        checks.open_send_binding(runtime, send.binding, party, time.time())
+        runner.open_send_binding(ex.runtime, attempt.send.binding, attempt.party, time.time())
     except BindingError as exc:
-        raise errors.withheld_response((exc.reason,)) from None
-    limit = runtime.config.limits.response_bytes
+        raise _refused(trail, errors.withheld_response((exc.reason,)), Outcome.WITHHELD) from None
+    limit = ex.runtime.config.limits.response_bytes
     passed = release.released_headers(response.headers)
     out = web.StreamResponse(status=response.status, headers=passed)
     out.content_type = response.content_type
@@ -508,16 +531,16 @@ async def _pass_through(
                 copy.append(chunk)
     except (aiohttp.ClientError, OSError):
         broken = True
-    call.bytes_out = size
-    call.outcome = "observed"
-    call.final_outcome = "incomplete" if broken else "released"
-    if mode is Mode.OBSERVE and send.binding is not None:
-        is_stream = response.content_type == "text/event-stream"
-        folded, released = _decode(carrier, b"".join(copy), is_stream, runtime, call.usage_injected)
-        call.final_usage = folded.usage.fields if folded.usage else None
+    trail.add(Buffered(attempt.target.profile_id, response.status, _is_stream(response), size))
+    if mode is Mode.OBSERVE:
+        folded, released = decode(ex.carrier, b"".join(copy), _is_stream(response), ex.runtime, attempt.usage_injected)
         if broken or size > limit:
-            folded = dataclasses.replace(folded, complete=False, incomplete_reason=rc.RESPONSE_INCOMPLETE)
-        _check_release(request, services, runtime, party, send, folded, released, passed, Mode.OBSERVE)
+            folded = dataclasses.replace(folded, complete=False, incomplete_reason=ReasonCode.RESPONSE_INCOMPLETE)
+        usage = folded.usage.fields if folded.usage else None
+        trail.add(Decoded(folded.complete, usage, folded.response_id, None))
+        outcome = await check_release(request.app, ex, attempt, folded, released, passed, Mode.OBSERVE)
+        trail.add(Checked(attempt.target.profile_id, outcome))
+    trail.add(Released(response.status, size, Outcome.INCOMPLETE if broken else Outcome.OBSERVED))
     if broken:
         # Do not end the stream cleanly: the client must see that it was cut.
         if request.transport is not None:
@@ -527,19 +550,29 @@ async def _pass_through(
     return out
 
 
-# --- bookkeeping -----------------------------------------------------------------------
+# --- bookkeeping ---------------------------------------------------------------------------
 
 
-def _note_check(services: Services, call: Call, outcome: CheckOutcome, profile: str) -> None:
-    call.checks.append(outcome)
+def _is_stream(response: aiohttp.ClientResponse) -> bool:
+    return response.content_type == "text/event-stream"
+
+
+def _refused(trail: Trail, err: GatewayError, outcome: Outcome) -> GatewayError:
+    trail.add(Refused(err.status, err.code, err.reason_codes, outcome))
+    return err
+
+
+def note_check(app: web.Application, request_id: str, outcome: CheckOutcome, profile: str) -> None:
+    """Metrics and (for anything but a plain enforced allow) a content-free decision line."""
+    metrics = app[METRICS]
     verdict = outcome.verdict
-    services.metrics.check_seconds.labels(outcome.phase.value).observe(outcome.seconds)
+    metrics.check_seconds.labels(outcome.phase.value).observe(outcome.seconds)
     for reason in verdict.reason_codes or ("none",):
-        services.metrics.decisions.labels(outcome.phase.value, verdict.decision.value, reason, outcome.mode.value).inc()
+        metrics.decisions.labels(outcome.phase.value, verdict.decision.value, reason, outcome.mode.value).inc()
     if not verdict.allowed or outcome.mode is not Mode.ENFORCE:
         log.info(
             "decision",
-            request_id=call.request_id,
+            request_id=request_id,
             phase=outcome.phase.value,
             decision=verdict.decision.value,
             mode=outcome.mode.value,
@@ -549,62 +582,15 @@ def _note_check(services: Services, call: Call, outcome: CheckOutcome, profile: 
             policy_version=verdict.policy_version,
             observed=outcome.observed_only,
         )
-    if not verdict.allowed:
-        call.reason_codes = verdict.reason_codes
     advisory = sorted({f.reason for f in verdict.findings if f.advisory})
     if advisory:
         for reason in advisory:
-            services.metrics.advisory_findings.labels(outcome.phase.value, reason).inc()
-        log.info(
-            "advisory_findings",
-            request_id=call.request_id,
-            phase=outcome.phase.value,
-            reason_codes=advisory,
-            profile=profile,
-        )
+            metrics.advisory_findings.labels(outcome.phase.value, reason).inc()
+        log.info("advisory_findings", request_id=request_id, phase=outcome.phase.value, reason_codes=advisory,
+                 profile=profile)
 
 
 def _output_estimate(folded: FoldedResponse, party: Party) -> int:
     estimator = admission.ESTIMATORS[party.profile.profile.estimator.name]
     kinds = ("folded",) if any(u.kind == "folded" for u in folded.units) else ("string",)
     return sum(estimator.count(u.text) for u in folded.units if u.kind in kinds)
-
-
-def _record_usage(services: Services, call: Call) -> None:
-    """Step 11: one usage record per upstream attempt (failed and withheld ones too). It
-    never raises into the request."""
-    try:
-        services.metrics.stage_seconds.labels("checks").observe(sum(c.seconds for c in call.checks))
-        runtime = services.holder.current
-        for index, attempt in enumerate(call.attempts):
-            final = index == len(call.attempts) - 1 and call.final_outcome is not None
-            counts = usage.normalise(call.carrier or "", call.final_usage if final else None)
-            outcome = call.final_outcome if final and call.final_outcome else attempt.outcome
-            estimator_label = None
-            loaded = runtime.profiles.get(attempt.profile_id)
-            if final and loaded is not None and loaded.profile.estimator.fill_missing:
-                est = admission.ESTIMATORS[loaded.profile.estimator.name]
-                counts, estimator_label = usage.with_estimates(
-                    counts,
-                    input_estimate=call.input_estimate,
-                    output_estimate=call.output_estimate,
-                    estimator=est.label,
-                )
-            record = usage.UsageRecord(
-                request_id=call.request_id,
-                attempt=index,
-                profile=attempt.profile_id,
-                carrier=call.carrier or "",
-                outcome=outcome or "unknown",
-                status=attempt.status,
-                counts=counts,
-                estimator=estimator_label,
-            )
-            services.usage.add(record)
-            for kind, count in counts.items():
-                if count.value is not None:
-                    services.metrics.usage_tokens.labels(kind, attempt.profile_id, count.provenance).inc(count.value)
-                else:
-                    services.metrics.usage_unknown.labels(kind, attempt.profile_id).inc()
-    except Exception as exc:  # accounting never fails a request
-        log.error("usage_record_failed", request_id=call.request_id, error_class=type(exc).__name__)

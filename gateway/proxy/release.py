@@ -16,7 +16,8 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from gateway.carriers import sse
 from gateway.carriers.sse import SSEEvent
-from gateway.errors import Dialect, GatewayError, render_body, response_headers
+from gateway.errors import GatewayError, render_body, response_headers
+from gateway.vocab import Dialect
 
 _PASS_HEADERS = frozenset(
     {

@@ -11,8 +11,8 @@ from datetime import datetime
 from fnmatch import fnmatchcase
 
 from gateway.config.runtime import LoadedProfile, Principal, Runtime
-from gateway.errors import GatewayError
-from gateway.inspection import verdict as rc
+from gateway import errors
+from gateway.vocab import ReasonCode
 
 PROFILE_HEADER = "x-wiregate-profile"
 
@@ -26,22 +26,22 @@ def primary(
     runtime: Runtime, principal: Principal, short: str, model: str, requested: str | None, now: datetime
 ) -> LoadedProfile:
     if not any(fnmatchcase(model, pattern) for pattern in principal.models):
-        raise GatewayError(403, "permission_denied", (rc.FORBIDDEN_MODEL,))
+        raise errors.forbidden(ReasonCode.FORBIDDEN_MODEL)
     if requested is not None:
         if requested not in principal.profiles or requested not in runtime.profiles:
-            raise GatewayError(403, "permission_denied", (rc.FORBIDDEN_PROFILE,))
+            raise errors.forbidden(ReasonCode.FORBIDDEN_PROFILE)
         loaded = runtime.profiles[requested]
         if not _usable(loaded, short, model, now):
-            raise GatewayError(403, "permission_denied", (rc.FORBIDDEN_PROFILE,))
+            raise errors.forbidden(ReasonCode.FORBIDDEN_PROFILE)
         return loaded
     matching = [runtime.profiles[pid] for pid in principal.profiles if pid in runtime.profiles]
     matching = [lp for lp in matching if lp.profile.carries(short) and lp.profile.serves(model)]
     if not matching:
-        raise GatewayError(403, "permission_denied", (rc.FORBIDDEN_MODEL,))
+        raise errors.forbidden(ReasonCode.FORBIDDEN_MODEL)
     for loaded in matching:
         if loaded.valid_at(now):
             return loaded
-    raise GatewayError(503, "upstream_unavailable", (rc.NO_PROFILE,), retryable=True)
+    raise errors.ServiceError(503, "upstream_unavailable", (ReasonCode.NO_PROFILE,), retryable=True)
 
 
 def fallbacks(

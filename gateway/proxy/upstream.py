@@ -21,27 +21,13 @@ from datetime import UTC, datetime
 
 import aiohttp
 
+from gateway.checks.destination import Target
 from gateway.config.runtime import LoadedProfile
-from gateway.inspection import verdict as rc
 from gateway.profiles.model import UpstreamProfile
+from gateway.vocab import AttemptOutcome, ReasonCode
 
 USER_AGENT = "wiregate/0.1"
 ANTHROPIC_VERSION = "2023-06-01"
-
-
-@dataclass(frozen=True, slots=True)
-class Target:
-    """Where one attempt goes: a loaded profile and the exact URL built from it."""
-
-    profile_id: str
-    profile_digest: str
-    url: str
-    carrier: str
-
-    @classmethod
-    def for_profile(cls, loaded: LoadedProfile, carrier: str, path: str) -> Target:
-        base = loaded.profile.base_url.rstrip("/")
-        return cls(loaded.profile.id, loaded.digest, base + path, carrier)
 
 
 @dataclass(slots=True)
@@ -50,7 +36,7 @@ class AttemptRecord:
 
     profile_id: str
     attempt: int
-    outcome: str  # "response" | "retry" | "connection_error" | "timeout"
+    outcome: AttemptOutcome
     status: int | None = None
     seconds: float = 0.0
 
@@ -145,7 +131,7 @@ class Upstream:
         sent = Sent(response=None)
         for attempt in range(policy.attempts + 1):
             started = time.monotonic()
-            record = AttemptRecord(profile.id, attempt, "response")
+            record = AttemptRecord(profile.id, attempt, AttemptOutcome.RESPONSE)
             sent.attempts.append(record)
             last = attempt == policy.attempts
             try:
@@ -158,9 +144,9 @@ class Upstream:
                 )
             except (aiohttp.ClientError, OSError, TimeoutError) as exc:
                 timed_out = isinstance(exc, TimeoutError)
-                record.outcome = "timeout" if timed_out else "connection_error"
+                record.outcome = AttemptOutcome.TIMEOUT if timed_out else AttemptOutcome.CONNECTION_ERROR
                 record.seconds = time.monotonic() - started
-                sent.failure = rc.UPSTREAM_TIMEOUT if timed_out else rc.UPSTREAM_UNAVAILABLE
+                sent.failure = ReasonCode.UPSTREAM_TIMEOUT if timed_out else ReasonCode.UPSTREAM_UNAVAILABLE
                 if last or not policy.on_connection_error:
                     return sent
                 delay = retry_delay({}, attempt, policy.backoff_initial_ms, policy.backoff_max_ms)
@@ -178,7 +164,7 @@ class Upstream:
                 if too_long or time.monotonic() + delay >= deadline:
                     sent.response, sent.failure = response, None  # give back what we have
                     return sent
-                record.outcome = "retry"
+                record.outcome = AttemptOutcome.RETRY
                 response.close()
                 sent.failure = None
             await asyncio.sleep(delay)

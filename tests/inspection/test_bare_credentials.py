@@ -44,7 +44,8 @@ from gateway.inspection.build import build_engine
 from gateway.inspection.catalogue import Catalogue, Rule, confirm_regex, load_catalogue, reference_scan
 from gateway.inspection.engine import Subject
 from gateway.inspection.formats import build_format_set
-from gateway.inspection.verdict import SECRET_FORMAT_PREFIX, Verdict
+from gateway.inspection.verdict import Verdict
+from gateway.vocab import SECRET_FORMAT_PREFIX
 
 from . import lookalikes
 from . import secret_samples as ss

@@ -29,7 +29,7 @@ from typing import Any
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
-from gateway.inspection import verdict as rc
+from gateway.vocab import ReasonCode
 
 PREFIX = "wgb1"
 MAX_LENGTH = 2048  # bindings are bearer-ish strings in JSON bodies; keep them bounded
@@ -162,13 +162,13 @@ def seal(ring: KeyRing, claims: Mapping[str, Any]) -> str:
 def open_binding(ring: KeyRing, token: object) -> dict[str, Any]:
     """Decrypt and authenticate. Raises BindingError(binding_invalid) on any failure."""
     if not isinstance(token, str) or len(token) > MAX_LENGTH or not token.isascii():
-        raise BindingError(rc.BINDING_INVALID)
+        raise BindingError(ReasonCode.BINDING_INVALID)
     parts = token.split(".")
     if len(parts) != 3 or parts[0] != PREFIX:
-        raise BindingError(rc.BINDING_INVALID)
+        raise BindingError(ReasonCode.BINDING_INVALID)
     key = ring.usable(parts[1])
     if key is None:
-        raise BindingError(rc.BINDING_INVALID)  # unknown or retired key: grants nothing
+        raise BindingError(ReasonCode.BINDING_INVALID)  # unknown or retired key: grants nothing
     try:
         blob = _unb64(parts[2])
         if _b64(blob) != parts[2]:  # only the canonical encoding is accepted
@@ -176,9 +176,9 @@ def open_binding(ring: KeyRing, token: object) -> dict[str, Any]:
         plaintext = key.cipher.decrypt(blob[:_NONCE], blob[_NONCE:], f"{PREFIX}.{key.id}".encode())
         claims = json.loads(plaintext)
     except (InvalidTag, ValueError):
-        raise BindingError(rc.BINDING_INVALID) from None
+        raise BindingError(ReasonCode.BINDING_INVALID) from None
     if not isinstance(claims, dict) or claims.get("kid") != key.id:
-        raise BindingError(rc.BINDING_INVALID)
+        raise BindingError(ReasonCode.BINDING_INVALID)
     return claims
 
 
@@ -194,15 +194,15 @@ def check_claims(
     """Validate opened claims: audience, kind (phase), expiry (`deadline_claim`), then each
     expected claim. Raises BindingError with the specific reason."""
     if claims.get("aud") != audience:
-        raise BindingError(rc.BINDING_MISMATCH)
+        raise BindingError(ReasonCode.BINDING_MISMATCH)
     if claims.get("kind") != kind:
-        raise BindingError(rc.BINDING_PHASE)
+        raise BindingError(ReasonCode.BINDING_PHASE)
     deadline = claims.get(deadline_claim)
     if not isinstance(deadline, (int, float)) or now >= deadline:
-        raise BindingError(rc.BINDING_EXPIRED)
+        raise BindingError(ReasonCode.BINDING_EXPIRED)
     for name, value in expect.items():
         if claims.get(name) != value:
-            raise BindingError(rc.BINDING_MISMATCH)
+            raise BindingError(ReasonCode.BINDING_MISMATCH)
 
 
 def new_claims(ring: KeyRing, *, kind: str, audience: str, now: float, ttl_s: float, **fields: Any) -> dict[str, Any]:

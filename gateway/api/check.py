@@ -19,18 +19,20 @@ from typing import Annotated, Any, Literal
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from gateway import auth, checks
-from gateway.bindings import MAX_LENGTH, BindingError
+from gateway import auth, errors, usage
 from gateway.carriers import CARRIERS, SHORT_NAMES, sse
 from gateway.carriers.base import Carrier, FoldedResponse, ParsedRequest
 from gateway.carriers.jsonraw import JsonError
-from gateway.checks import CheckOutcome, Party
-from gateway.context import reuse
-from gateway.errors import GatewayError
+from gateway.checks import prepared, runner
+from gateway.checks.bindings import MAX_LENGTH, BindingError
+from gateway.checks.claims import SendClaims
+from gateway.checks.inspect import relevant_headers
+from gateway.checks.runner import Party
+from gateway.config.runtime import LoadedProfile, Runtime
 from gateway.http.body import read_body
-from gateway.inspection import verdict as rc
-from gateway.inspection.verdict import Mode, Phase, Verdict, withhold
-from gateway.state import CALL, SERVICES
+from gateway.inspection.verdict import Verdict, withhold
+from gateway.state import CALL, RELEASE_LEDGER, RUNTIME, USAGE_LEDGER
+from gateway.vocab import Decision, Mode, Outcome, Phase, ReasonCode
 
 RESULT_SCHEMA = "powercontext.context-check.v1"
 
@@ -120,16 +122,13 @@ def _result(
     return out
 
 
-def _invalid() -> GatewayError:
+def _invalid() -> errors.ClientError:
     # Validation details are not echoed: they can quote the caller's payload.
-    return GatewayError(
-        422, "invalid_request", (rc.INVALID_REQUEST,), "The check request does not match its phase's schema."
-    )
+    return errors.invalid_request("The check request does not match its phase's schema.")
 
 
 async def handle(request: web.Request) -> web.Response:
-    services = request.app[SERVICES]
-    runtime = services.holder.current
+    runtime = request.app[RUNTIME].current
     call = request[CALL]
     call.carrier = "context.check"
     auth.authenticate(runtime, request.headers)  # 401 before reading a byte
@@ -140,32 +139,31 @@ async def handle(request: web.Request) -> web.Response:
     except ValidationError:
         raise _invalid() from None
     identity = auth.identify(runtime, request.headers, "context.check", body_scope=dto.scope_id)
-    call.principal, call.scope = identity.principal.id, identity.scope_for_log(runtime)
-    call.delegate_for = identity.on_behalf_of
+    call.identify(identity, runtime)
     loaded = runtime.profiles.get(dto.target_profile)
     if loaded is None or dto.target_profile not in identity.principal.profiles:
-        raise GatewayError(403, "permission_denied", (rc.FORBIDDEN_PROFILE,))
+        raise errors.forbidden(ReasonCode.FORBIDDEN_PROFILE)
     call.profile = loaded.profile.id
     party = Party(identity.principal.id, identity.on_behalf_of, identity.scope, loaded)
     now = time.time()
     if not loaded.valid_at(datetime.fromtimestamp(now, UTC)):
-        outcome_verdict = withhold(rc.POLICY_UNAVAILABLE, runtime.policy.version)
+        outcome_verdict = withhold(ReasonCode.POLICY_UNAVAILABLE, runtime.policy.version)
         phase = Phase.BEFORE_SEND if isinstance(dto, BeforeSendCheck) else Phase.BEFORE_RELEASE
         return web.json_response(_result(phase, outcome_verdict, now))
     if isinstance(dto, BeforeSendCheck):
         body = _before_send(runtime, party, dto, now)
     else:
-        body = _before_release(services, runtime, party, dto, now)
-    call.outcome = body["decision"]
+        body = await _before_release(request, runtime, party, dto, now)
+    call.outcome = Outcome.OK
     call.reason_codes = tuple(body["reason_codes"])
     return web.json_response(body)
 
 
-def _carriers(loaded: Any) -> list[Carrier]:
+def _carriers(loaded: LoadedProfile) -> list[Carrier]:
     return [CARRIERS[SHORT_NAMES[c]] for c in loaded.profile.carriers]
 
 
-def _before_send(runtime: Any, party: Party, dto: BeforeSendCheck, now: float) -> dict[str, Any]:
+def _before_send(runtime: Runtime, party: Party, dto: BeforeSendCheck, now: float) -> dict[str, Any]:
     body = dto.payload.body.encode("utf-8", "surrogatepass")
     parsed: list[ParsedRequest] = []
     names: list[str] = []
@@ -180,40 +178,24 @@ def _before_send(runtime: Any, party: Party, dto: BeforeSendCheck, now: float) -
             failures.append(exc.reason)
     if not parsed:
         reason = (
-            rc.JSON_INVALID if rc.JSON_INVALID in failures else (failures[0] if failures else rc.UNSUPPORTED_CARRIER)
+            ReasonCode.JSON_INVALID
+            if ReasonCode.JSON_INVALID in failures
+            else (failures[0] if failures else ReasonCode.UNSUPPORTED_CARRIER)
         )
         return _result(Phase.BEFORE_SEND, withhold(reason, runtime.policy.version, complete=False), now)
-    headers = {k.lower(): v for k, v in dto.payload.headers.items()}
-    relevant = checks.relevant_headers(headers, party.profile)
-    replays = [
-        reuse.Replay(p.binding, p.location.pointer, p.location.start_byte, p.location.end_byte)
-        for p in dto.prepared_contexts
-    ]
-    replay_reasons = reuse.verify(
-        replays,
-        body=body,
-        ring=runtime.keyring,
-        audience=runtime.config.deployment_id,
-        principal=party.principal,
-        delegate=party.delegate,
-        scope=party.scope,
-        now=now,
-        max_depth=runtime.carrier_limits.max_depth,
-    )
-    outcome = checks.before_send(
-        runtime,
+    given = runner.SendInput(
         party=party,
-        parsed=parsed,
+        parsed=tuple(parsed),
         body=body,
-        headers=relevant,
-        carrier=",".join(names),
-        target=None,
-        route=None,
-        extra_withhold=replay_reasons,
-        mode=Mode.ENFORCE,
-        now=now,
+        bound_headers=relevant_headers(dto.payload.headers, party.profile),
+        carriers=",".join(names),
         inspect_headers=dto.payload.headers,  # every header the caller supplied, names as written
+        replays=tuple(
+            prepared.Replay(p.binding, p.location.pointer, p.location.start_byte, p.location.end_byte)
+            for p in dto.prepared_contexts
+        ),
     )
+    outcome = runner.before_send(runtime, given, route=None, mode=Mode.ENFORCE, now=now)
     cfg = runtime.config.bindings
     return _result(
         Phase.BEFORE_SEND,
@@ -224,14 +206,16 @@ def _before_send(runtime: Any, party: Party, dto: BeforeSendCheck, now: float) -
     )
 
 
-def _fold(names: list[str], payload: JsonPayload | SsePayload, limits: Any) -> tuple[FoldedResponse, bytes]:
+def _fold(
+    names: list[str], payload: JsonPayload | SsePayload, limits: Any
+) -> tuple[FoldedResponse, bytes]:
     """The response as every carrier of the send reads it, and its exact bytes. The units
     are the union (a superset of what any one carrier sees); the response is complete when
     any carrier found it complete (the others simply do not speak its schema)."""
     raw = payload.body.encode("utf-8", "surrogatepass")
     carriers = [CARRIERS[n] for n in names if n in CARRIERS]
     if not carriers:
-        return FoldedResponse(units=(), complete=False, incomplete_reason=rc.UNSUPPORTED_CARRIER), raw
+        return FoldedResponse(units=(), complete=False, incomplete_reason=ReasonCode.UNSUPPORTED_CARRIER), raw
     if isinstance(payload, JsonPayload):
         results = [c.parse_response(raw, limits) for c in carriers]
         clean = True
@@ -247,7 +231,7 @@ def _fold(names: list[str], payload: JsonPayload | SsePayload, limits: Any) -> t
         complete=complete,
         incomplete_reason=None
         if complete
-        else next((r.incomplete_reason for r in results if r.incomplete_reason), rc.RESPONSE_INCOMPLETE),
+        else next((r.incomplete_reason for r in results if r.incomplete_reason), ReasonCode.RESPONSE_INCOMPLETE),
         duplicate_keys=tuple(dict.fromkeys(d for r in results for d in r.duplicate_keys)),
         too_deep=tuple(dict.fromkeys(d for r in results for d in r.too_deep)),
         opaque=tuple(dict.fromkeys(o for r in results for o in r.opaque)),
@@ -255,31 +239,66 @@ def _fold(names: list[str], payload: JsonPayload | SsePayload, limits: Any) -> t
     ), raw
 
 
-def _before_release(services: Any, runtime: Any, party: Party, dto: BeforeReleaseCheck, now: float) -> dict[str, Any]:
+async def _before_release(
+    request: web.Request, runtime: Runtime, party: Party, dto: BeforeReleaseCheck, now: float
+) -> dict[str, Any]:
     cfg = runtime.config.bindings
     try:
-        claims = checks.open_send_binding(runtime, dto.request_binding, party, now)
+        claims = runner.open_send_binding(runtime, dto.request_binding, party, now)
     except BindingError as exc:
         return _result(Phase.BEFORE_RELEASE, withhold(exc.reason, runtime.policy.version), now + cfg.release_valid_s)
     if dto.completion != "complete":
         return _result(
-            Phase.BEFORE_RELEASE, withhold(rc.RESPONSE_INCOMPLETE, runtime.policy.version), now + cfg.release_valid_s
+            Phase.BEFORE_RELEASE,
+            withhold(ReasonCode.RESPONSE_INCOMPLETE, runtime.policy.version),
+            now + cfg.release_valid_s,
         )
-    names = str(claims.get("car", "")).split(",")
+    names = claims.carriers.split(",")
     folded, raw = _fold(names, dto.payload, runtime.carrier_limits)
-    outcome: CheckOutcome = checks.before_release(
+    outcome = await runner.before_release(
         runtime,
-        party=party,
+        runner.ReleaseInput(party, folded, raw, dto.payload.headers),  # header names as written, and values
         request_binding=dto.request_binding,
-        folded=folded,
-        raw=raw,
-        released_headers=dto.payload.headers,  # inspected: names as written, and values
+        ledger=request.app[RELEASE_LEDGER],
         route=None,
-        ledger=services.ledger,
         mode=Mode.ENFORCE,
         now=now,
         send_claims=claims,
     )
+    if dto.usage is not None:
+        await _record_usage(request, party, claims, dto.usage, outcome.verdict)
     return _result(
         Phase.BEFORE_RELEASE, outcome.verdict, outcome.valid_until or now + cfg.release_valid_s, binding=outcome.binding
     )
+
+
+async def _record_usage(request: web.Request, party: Party, claims: SendClaims, given: UsageIn, verdict: Verdict) -> None:
+    """A caller's typed usage joins the usage ledger like the proxy's own records (its
+    parts are disjoint, as Anthropic reports them: input excludes cache reads and writes)."""
+    uncached = usage.known(given.input_tokens)
+    read = usage.known(given.cache_read_input_tokens)
+    write = usage.known(given.cache_creation_input_tokens)
+    counts = {
+        "input_total": usage.total(uncached, read, write),
+        "input_uncached": uncached,
+        "cache_read": read,
+        "cache_write": write,
+        "cache_write_5m": usage.UNKNOWN,
+        "cache_write_1h": usage.UNKNOWN,
+        "output": usage.known(given.output_tokens),
+        "reasoning": usage.known(given.reasoning_tokens),
+    }
+    outcome = {Decision.ALLOW: Outcome.RELEASED, Decision.BLOCK: Outcome.BLOCKED}.get(verdict.decision, Outcome.WITHHELD)
+    profile = party.profile.profile
+    record = usage.UsageRecord(
+        request_id=request[CALL].request_id,
+        attempt=0,
+        profile=profile.id,
+        carrier=claims.carriers,
+        outcome=outcome.value,
+        status=None,
+        counts=counts,
+        account=profile.account,
+        region=profile.region,
+    )
+    await request.app[USAGE_LEDGER].add(record)

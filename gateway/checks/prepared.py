@@ -17,11 +17,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gateway import bindings
-from gateway.bindings import BindingError, KeyRing
 from gateway.carriers import jsonraw
+from gateway.checks.bindings import BindingError, KeyRing
+from gateway.checks.claims import ReuseClaims, open_claims
 from gateway.carriers.jsonraw import JsonError
-from gateway.inspection import verdict as rc
+from gateway.vocab import ReasonCode
 
 BEGIN_MARKER = "BEGIN_POWERCONTEXT_PREPARED_CONTEXT_V1"
 END_MARKER = "END_POWERCONTEXT_PREPARED_CONTEXT_V1"
@@ -81,7 +81,7 @@ def verify(
     try:
         doc = jsonraw.loads(body, max_depth=max_depth)
     except JsonError:
-        return [rc.PREPARED_CONTEXT_MISMATCH]
+        return [ReasonCode.PREPARED_CONTEXT_MISMATCH]
     reasons: list[str] = []
     spans: dict[str, list[tuple[int, int]]] = {}
     for replay in replays:
@@ -89,7 +89,7 @@ def verify(
         if reason is None:
             taken = spans.setdefault(replay.pointer, [])
             if any(not (replay.end_byte <= s or replay.start_byte >= e) for s, e in taken):
-                reason = rc.PREPARED_CONTEXT_MISMATCH  # two blocks claiming the same bytes
+                reason = ReasonCode.PREPARED_CONTEXT_MISMATCH  # two blocks claiming the same bytes
             taken.append((replay.start_byte, replay.end_byte))
         if reason is not None and reason not in reasons:
             reasons.append(reason)
@@ -108,39 +108,40 @@ def _verify_one(
     dependency_ok: DependencyCheck | None,
 ) -> str | None:
     try:
-        claims = bindings.open_binding(ring, replay.binding)
-        bindings.check_claims(
-            claims,
-            now=now,
-            kind="reuse",
+        claims = open_claims(
+            ReuseClaims,
+            ring,
+            replay.binding,
             audience=audience,
-            expect={"sub": principal, "dlg": delegate, "scope": scope},
+            now=now,
+            principal=principal,
+            delegate=delegate,
+            scope=scope,
         )
     except BindingError as exc:
-        return rc.PREPARED_CONTEXT_STALE if exc.reason == rc.BINDING_EXPIRED else rc.PREPARED_CONTEXT_MISMATCH
+        return (
+            ReasonCode.PREPARED_CONTEXT_STALE
+            if exc.reason == ReasonCode.BINDING_EXPIRED
+            else ReasonCode.PREPARED_CONTEXT_MISMATCH
+        )
     try:
         value = resolve_pointer(doc, replay.pointer)
     except (KeyError, IndexError):
-        return rc.PREPARED_CONTEXT_MISMATCH
+        return ReasonCode.PREPARED_CONTEXT_MISMATCH
     if not jsonraw.is_str(value):
-        return rc.PREPARED_CONTEXT_MISMATCH
+        return ReasonCode.PREPARED_CONTEXT_MISMATCH
     data = value.encode("utf-8", "surrogatepass")
     start, end = replay.start_byte, replay.end_byte
     if not (0 <= start <= end <= len(data)) or not (_on_boundary(data, start) and _on_boundary(data, end)):
-        return rc.PREPARED_CONTEXT_MISMATCH
+        return ReasonCode.PREPARED_CONTEXT_MISMATCH
     block = data[start:end]
-    if "sha256:" + hashlib.sha256(block).hexdigest() != claims.get("cd"):
-        return rc.PREPARED_CONTEXT_MISMATCH
+    if "sha256:" + hashlib.sha256(block).hexdigest() != claims.content_digest:
+        return ReasonCode.PREPARED_CONTEXT_MISMATCH
     text = block.decode("utf-8", "surrogatepass")
     if BEGIN_MARKER not in text or END_MARKER not in text or text.index(BEGIN_MARKER) > text.index(END_MARKER):
-        return rc.PREPARED_CONTEXT_MISMATCH  # the trust wrapper is part of what was prepared
-    deps = claims.get("deps") or []
-    if not isinstance(deps, list):
-        return rc.PREPARED_CONTEXT_MISMATCH
-    for dep in deps:
-        if not isinstance(dep, dict):
-            return rc.PREPARED_CONTEXT_MISMATCH
+        return ReasonCode.PREPARED_CONTEXT_MISMATCH  # the trust wrapper is part of what was prepared
+    for dep in claims.dependencies:
         ok = dependency_ok(dep) if dependency_ok is not None else None
         if ok is not True:
-            return rc.PREPARED_CONTEXT_STALE
+            return ReasonCode.PREPARED_CONTEXT_STALE
     return None

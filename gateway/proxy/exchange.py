@@ -1,0 +1,144 @@
+"""One provider call: what is fixed once its request is read, and what happened since.
+
+Owns: `Exchange` (frozen: request id, route, carrier, party, the raw and parsed request,
+the runtime pinned for the whole call, the profile chain, the deadline, the session) and
+`Trail` (append-only typed events: planned, admitted, checked, attempted, buffered,
+decoded, released or refused). Usage records, the access log and attribution are
+projections of the trail once the call is over; the flow writes nothing else.
+Must not: do I/O or decide anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from gateway.auth import Identity
+from gateway.caching import CachePlan
+from gateway.carriers.base import Carrier, ParsedRequest
+from gateway.checks.runner import CheckOutcome
+from gateway.config.runtime import LoadedProfile, Runtime
+from gateway.proxy.upstream import AttemptRecord
+from gateway.vocab import Outcome, Phase
+
+
+@dataclass(frozen=True, slots=True)
+class Exchange:
+    request_id: str
+    route: str
+    carrier: Carrier
+    identity: Identity
+    runtime: Runtime  # one configuration for the whole call, usage projection included
+    raw: bytes  # the received request bytes, never mutated
+    parsed: ParsedRequest
+    chain: tuple[LoadedProfile, ...]  # the primary profile, then usable fallbacks
+    deadline: float  # monotonic: the whole call, buffering included
+    client_headers: Mapping[str, str] = field(repr=False)  # passthrough candidates
+    session: str | None = None
+
+
+# --- events ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Planned:
+    profile_id: str
+    body_bytes: int  # the final upstream body
+    cache: CachePlan
+    usage_injected: bool  # a stream was asked for usage the client did not ask for
+
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    profile_id: str
+    input_estimate: int
+
+
+@dataclass(frozen=True, slots=True)
+class Checked:
+    profile_id: str
+    outcome: CheckOutcome
+
+
+@dataclass(frozen=True, slots=True)
+class Attempted:
+    record: AttemptRecord
+
+
+@dataclass(frozen=True, slots=True)
+class Buffered:
+    profile_id: str
+    status: int
+    stream: bool
+    body_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Decoded:
+    complete: bool
+    usage: Mapping[str, Any] | None  # the provider's usage object, as reported
+    response_id: str | None  # the invocation identity
+    output_estimate: int | None  # only when the profile asks for estimates
+
+
+@dataclass(frozen=True, slots=True)
+class Released:
+    status: int
+    body_bytes: int
+    outcome: Outcome
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    status: int
+    code: str
+    reason_codes: tuple[str, ...]
+    outcome: Outcome
+    in_stream: bool = False  # as the protocol's error event, after heartbeats
+
+
+Event = Planned | Admitted | Checked | Attempted | Buffered | Decoded | Released | Refused
+E = TypeVar("E", Planned, Admitted, Checked, Attempted, Buffered, Decoded, Released, Refused)
+
+
+@dataclass(slots=True)
+class Trail:
+    """Append-only: events are added in the order they happen and never changed."""
+
+    events: list[Event] = field(default_factory=list)
+
+    def add(self, event: Event) -> None:
+        self.events.append(event)
+
+    def of(self, kind: type[E]) -> Iterator[E]:
+        return (e for e in self.events if isinstance(e, kind))
+
+    def last(self, kind: type[E]) -> E | None:
+        for event in reversed(self.events):
+            if isinstance(event, kind):
+                return event
+        return None
+
+    @property
+    def attempts(self) -> list[AttemptRecord]:
+        return [e.record for e in self.of(Attempted)]
+
+    @property
+    def checks(self) -> list[CheckOutcome]:
+        return [e.outcome for e in self.of(Checked)]
+
+    @property
+    def profile_id(self) -> str | None:
+        planned = self.last(Planned)
+        return planned.profile_id if planned is not None else None
+
+    @property
+    def send_allowed(self) -> bool:
+        """A send check allowed what was asked (so its model name is checked text)."""
+        return any(c.phase is Phase.BEFORE_SEND and c.verdict.allowed for c in self.checks)
+
+    @property
+    def final(self) -> Released | Refused | None:
+        end = self.last(Released) or self.last(Refused)
+        return end
