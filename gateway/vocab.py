@@ -102,6 +102,7 @@ class ReasonCode(StrEnum):
     RESPONSE_TOO_LARGE = "response_too_large"
     BUFFER_TIMEOUT = "buffer_timeout"
     CAPACITY_EXCEEDED = "capacity_exceeded"
+    RETENTION_NOT_ALLOWED = "retention_not_allowed"
     NOT_FOUND = "not_found"
     METHOD_NOT_ALLOWED = "method_not_allowed"
     INVALID_REQUEST = "invalid_request"

@@ -143,6 +143,8 @@ async def handle(request: web.Request) -> web.Response:
     loaded = runtime.profiles.get(dto.target_profile)
     if loaded is None or dto.target_profile not in identity.principal.profiles:
         raise errors.forbidden(ReasonCode.FORBIDDEN_PROFILE)
+    if not runtime.policy.retention_ok(loaded.profile):
+        raise errors.forbidden(ReasonCode.RETENTION_NOT_ALLOWED)
     call.profile = loaded.profile.id
     party = Party(identity.principal.id, identity.on_behalf_of, identity.scope, loaded)
     now = time.time()

@@ -357,6 +357,7 @@ def load_policy(
         profile_modes={k: _modes(v) for k, v in file.profile_modes.items()},
         route_modes={k: _modes(v) for k, v in file.route_modes.items()},
         allow_opaque_profiles=frozenset(file.allow_opaque_profiles),
+        retention_required=frozenset(file.retention_required),
         engine=engine,
         secret_value_count=len(values),
     )

@@ -204,3 +204,6 @@ class PolicyFile(_Strict):
     # Profiles whose targets may receive content nobody can inspect (images, files, audio,
     # token arrays, encrypted reasoning). Empty: such content is withheld.
     allow_opaque_profiles: tuple[str, ...] = ()
+    # Content may only go to profiles whose signed `retention` promise (the provider's
+    # data-retention terms, e.g. "zero-data-retention") is one of these. Empty: any.
+    retention_required: tuple[str, ...] = ()

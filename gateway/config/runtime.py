@@ -73,6 +73,11 @@ class Policy:
     allow_opaque_profiles: frozenset[str]
     engine: Engine
     secret_value_count: int
+    retention_required: frozenset[str] = frozenset()
+
+    def retention_ok(self, profile: UpstreamProfile) -> bool:
+        """May content go to this profile under its data-retention promise?"""
+        return not self.retention_required or profile.retention in self.retention_required
 
     def mode(self, phase: Phase, *, profile: str | None, route: str | None) -> Mode:
         """Route override, then profile override, then the policy default."""

@@ -17,9 +17,9 @@ from gateway.vocab import ReasonCode
 PROFILE_HEADER = "x-wiregate-profile"
 
 
-def _usable(loaded: LoadedProfile, short: str, model: str, now: datetime) -> bool:
+def _usable(runtime: Runtime, loaded: LoadedProfile, short: str, model: str, now: datetime) -> bool:
     p = loaded.profile
-    return p.carries(short) and p.serves(model) and loaded.valid_at(now)
+    return p.carries(short) and p.serves(model) and loaded.valid_at(now) and runtime.policy.retention_ok(p)
 
 
 def primary(
@@ -31,13 +31,18 @@ def primary(
         if requested not in principal.profiles or requested not in runtime.profiles:
             raise errors.forbidden(ReasonCode.FORBIDDEN_PROFILE)
         loaded = runtime.profiles[requested]
-        if not _usable(loaded, short, model, now):
+        if not runtime.policy.retention_ok(loaded.profile):
+            raise errors.forbidden(ReasonCode.RETENTION_NOT_ALLOWED)
+        if not _usable(runtime, loaded, short, model, now):
             raise errors.forbidden(ReasonCode.FORBIDDEN_PROFILE)
         return loaded
     matching = [runtime.profiles[pid] for pid in principal.profiles if pid in runtime.profiles]
     matching = [lp for lp in matching if lp.profile.carries(short) and lp.profile.serves(model)]
     if not matching:
         raise errors.forbidden(ReasonCode.FORBIDDEN_MODEL)
+    matching = [lp for lp in matching if runtime.policy.retention_ok(lp.profile)]
+    if not matching:
+        raise errors.forbidden(ReasonCode.RETENTION_NOT_ALLOWED)
     for loaded in matching:
         if loaded.valid_at(now):
             return loaded
@@ -60,7 +65,7 @@ def fallbacks(
         loaded = runtime.profiles.get(pid)
         if loaded is None:
             continue
-        if pid in principal.profiles and _usable(loaded, short, model, now):
+        if pid in principal.profiles and _usable(runtime, loaded, short, model, now):
             chain.append(loaded)
         queue.extend(loaded.profile.fallbacks)
     return chain
