@@ -80,7 +80,7 @@ def test_a_policy_can_require_a_retention_promise(mock: MockProviderServer, make
 
 
 @pytest.mark.parametrize("given", [
-    {"input_tokens": 10, "output_tokens": 5, "cache_read_input_tokens": 90},
+    {"input_tokens": 10, "output_tokens": 5, "cache_read_input_tokens": 90, "cache_creation_input_tokens": 0},
     {"output_tokens": 3},
 ])
 def test_the_check_apis_usage_is_recorded(mock: MockProviderServer, make_env: Any, gateway_for: Any, given: dict[str, int]) -> None:
