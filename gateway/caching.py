@@ -1,7 +1,9 @@
 """Native prompt-cache planning (SPEC §8). PURE: values in, edits out.
 
-Owns: where wiregate puts Anthropic `cache_control` breakpoints and which OpenAI
-`prompt_cache_key` / retention it sets, for one request and one profile.
+Owns: where wiregate puts cache breakpoints (for a carrier that caches at markers:
+Anthropic's `cache_control`) and which cache key and retention it sets (for one that caches
+by key: OpenAI's `prompt_cache_key`), for one request and one profile. The schema itself —
+the prompt's parts in order, how a marker is written — is the carrier's.
 
 Anthropic: candidates in priority order — the last stable turn (the message before the
 newest user message), the end of the newest user message (so the next turn can read the
@@ -21,16 +23,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from gateway.carriers import jsonspan
+from gateway.carriers.base import Carrier, PromptLayout, PromptPart
 from gateway.carriers.jsonspan import Edit
 from gateway.profiles.model import CacheSettings
 
 END_MARKER = "END_POWERCONTEXT_PREPARED_CONTEXT_V1"
-_UNMARKABLE = frozenset({"thinking", "redacted_thinking"})
 
 Estimate = Callable[[str], int]
 
@@ -58,72 +60,28 @@ NOTHING = CachePlan(edits=())
 
 @dataclass(frozen=True, slots=True)
 class _Block:
-    path: tuple[str | int, ...]
-    is_string: bool  # a string system/content (becomes one text block when marked)
-    markable: bool
-    cumulative: int  # estimated tokens of the prefix up to and including this block
-    marker: str | None  # TTL of an existing cache_control ("5m" / "1h")
-    text: str
+    part: PromptPart
+    cumulative: int  # estimated tokens of the prefix up to and including this part
 
 
-def _ttl_of(control: Any) -> str | None:
-    if not isinstance(control, dict):
-        return None
-    return "1h" if control.get("ttl") == "1h" else "5m"
-
-
-def _block_text(block: Any) -> str:
-    if isinstance(block, str):
-        return block
-    if isinstance(block, dict) and isinstance(block.get("text"), str):
-        return str(block["text"])
-    stripped = {k: v for k, v in block.items() if k != "cache_control"} if isinstance(block, dict) else block
-    return json.dumps(stripped, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-
-
-def _blocks(doc: dict[str, Any], estimate: Estimate) -> tuple[list[_Block], dict[str, list[int]]]:
-    """The prompt as Anthropic renders it — tools, system, messages — with running token
-    estimates, and where each region's blocks are (by index into the list)."""
+def _blocks(layout: PromptLayout, estimate: Estimate) -> tuple[list[_Block], dict[str, list[int]]]:
+    """The prompt's parts with running token estimates, and where each region's parts are
+    (by index into the list)."""
     out: list[_Block] = []
     regions: dict[str, list[int]] = {"tools": [], "system": []}
     total = 0
-
-    def add(path: tuple[str | int, ...], value: Any, region: str | None) -> None:
-        nonlocal total
-        text = _block_text(value)
-        total += estimate(text)
-        is_string = isinstance(value, str)
-        kind = value.get("type") if isinstance(value, dict) else "text"
-        markable = kind not in _UNMARKABLE and not (kind == "text" and not text)
-        marker = None if is_string else _ttl_of(value.get("cache_control"))
-        if region is not None:
-            regions.setdefault(region, []).append(len(out))
-        out.append(_Block(path, is_string, markable, total, marker, text))
-
-    for i, tool in enumerate(doc.get("tools") or ()):
-        add(("tools", i), tool, "tools")
-    system = doc.get("system")
-    if isinstance(system, str) and system:
-        add(("system",), system, "system")
-    elif isinstance(system, list):
-        for i, block in enumerate(system):
-            add(("system", i), block, "system")
-    for m, msg in enumerate(doc.get("messages") or ()):
-        content = msg.get("content") if isinstance(msg, dict) else None
-        region = f"message:{m}"
-        if isinstance(content, str):
-            add(("messages", m, "content"), content, region)
-        elif isinstance(content, list):
-            for j, block in enumerate(content):
-                add(("messages", m, "content", j), block, region)
+    for part in layout.parts:
+        total += estimate(part.text)
+        region = part.region if part.region != "message" else f"message:{part.message}"
+        regions.setdefault(region, []).append(len(out))
+        out.append(_Block(part, total))
     return out, regions
 
 
-def _candidates(doc: dict[str, Any], blocks: list[_Block], regions: dict[str, list[int]]) -> list[tuple[str, int]]:
+def _candidates(blocks: list[_Block], regions: dict[str, list[int]]) -> list[tuple[str, int]]:
     """(name, block index) in priority order."""
     found: list[tuple[str, int]] = []
-    messages = doc.get("messages") or []
-    users = [m for m, msg in enumerate(messages) if isinstance(msg, dict) and msg.get("role") == "user"]
+    users = sorted({b.part.message for b in blocks if b.part.role == "user" and b.part.message is not None})
     if users:
         newest = users[-1]
         before = regions.get(f"message:{newest - 1}") if newest >= 1 else None
@@ -136,29 +94,28 @@ def _candidates(doc: dict[str, Any], blocks: list[_Block], regions: dict[str, li
     if regions["tools"]:
         found.append(("tools", regions["tools"][-1]))
     for index, block in enumerate(blocks):
-        if END_MARKER in block.text:
+        if END_MARKER in block.part.text:
             found.append(("prepared_context", index))
             break
     return found
 
 
-def _marker_json(ttl: str) -> str:
-    return '{"type":"ephemeral","ttl":"1h"}' if ttl == "1h" else '{"type":"ephemeral"}'
-
-
-def plan_anthropic(text: str, doc: dict[str, Any], settings: CacheSettings, estimate: Estimate) -> CachePlan:
+def plan_markers(
+    carrier: Carrier, text: str, layout: PromptLayout, settings: CacheSettings, estimate: Estimate
+) -> CachePlan:
+    """Breakpoints for a provider that caches at explicit markers (Anthropic)."""
     if settings.mode != "anthropic-cache-control" or settings.max_breakpoints == 0:
         return NOTHING
-    blocks, regions = _blocks(doc, estimate)
+    blocks, regions = _blocks(layout, estimate)
     if not blocks:
         return NOTHING
-    markers = {i: b.marker for i, b in enumerate(blocks) if b.marker is not None}
-    automatic = _ttl_of(doc.get("cache_control"))
+    markers = {i: b.part.marker for i, b in enumerate(blocks) if b.part.marker is not None}
+    automatic = layout.automatic_marker
     slots = settings.max_breakpoints - len(markers) - (1 if automatic else 0)
     skipped: list[str] = []
     chosen: dict[int, tuple[str, str]] = {}
     stable_ttl = settings.stable_ttl or settings.ttl
-    for name, index in _candidates(doc, blocks, regions):
+    for name, index in _candidates(blocks, regions):
         if index in markers or index in chosen:
             continue  # already a breakpoint (the client's, or ours from a previous plan)
         if name == "tail" and automatic:
@@ -167,7 +124,7 @@ def plan_anthropic(text: str, doc: dict[str, Any], settings: CacheSettings, esti
             skipped.append("no_slots")
             break
         block = blocks[index]
-        if not block.markable:
+        if not block.part.markable:
             skipped.append("unmarkable")
             continue
         if block.cumulative < settings.min_prefix_tokens:
@@ -176,17 +133,7 @@ def plan_anthropic(text: str, doc: dict[str, Any], settings: CacheSettings, esti
         chosen[index] = (name, stable_ttl if name in ("system", "tools", "prepared_context") else settings.ttl)
         slots -= 1
     placed = _order_ttls(chosen, markers, automatic, len(blocks), skipped)
-    edits: list[Edit] = []
-    for index, (_, ttl) in sorted(placed.items()):
-        block = blocks[index]
-        span = jsonspan.locate(text, block.path)
-        if block.is_string:
-            literal = text[span[0] : span[1]]
-            edits.append(
-                (span[0], span[1], f'[{{"type":"text","text":{literal},"cache_control":{_marker_json(ttl)}}}]')
-            )
-        else:
-            edits.append(jsonspan.add_member(text, span, f'"cache_control":{_marker_json(ttl)}'))
+    edits = [carrier.marker_edit(text, blocks[index].part, ttl) for index, (_, ttl) in sorted(placed.items())]
     return CachePlan(
         edits=tuple(edits),
         breakpoints=tuple((name, ttl) for _, (name, ttl) in sorted(placed.items())),
@@ -232,7 +179,8 @@ def cache_key(ctx: CacheContext, boundary: str) -> str:
     return "wg-" + hashlib.sha256(material.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
-def plan_openai(text: str, doc: dict[str, Any], settings: CacheSettings, ctx: CacheContext) -> CachePlan:
+def plan_key(text: str, doc: Mapping[str, Any], settings: CacheSettings, ctx: CacheContext) -> CachePlan:
+    """A cache key (and retention) for a provider that caches by prefix and key (OpenAI)."""
     if settings.mode != "openai-prompt-cache-key":
         return NOTHING
     top = jsonspan.locate(text, ())
@@ -249,16 +197,16 @@ def plan_openai(text: str, doc: dict[str, Any], settings: CacheSettings, ctx: Ca
 
 
 def plan(
-    carrier: str,
+    carrier: Carrier,
     text: str,
-    doc: dict[str, Any],
+    doc: Mapping[str, Any],
     settings: CacheSettings,
     ctx: CacheContext,
     estimate: Estimate,
 ) -> CachePlan:
-    """The cache edits for this body and profile (none when the profile cannot cache)."""
-    if carrier == "anthropic.messages":
-        return plan_anthropic(text, doc, settings, estimate)
-    if carrier in ("openai.chat", "openai.responses"):
-        return plan_openai(text, doc, settings, ctx)
+    """The cache edits for this body and profile (none when the carrier cannot cache)."""
+    if carrier.cache_style == "markers":
+        return plan_markers(carrier, text, carrier.prompt_layout(doc), settings, estimate)
+    if carrier.cache_style == "key":
+        return plan_key(text, doc, settings, ctx)
     return NOTHING

@@ -20,9 +20,8 @@ from gateway.config.runtime import Runtime, RuntimeHolder
 from gateway.ledgers.release import ReleaseLedger
 from gateway.ledgers.usage import UsageLedger
 from gateway.obs.metrics import Metrics
-from gateway.vocab import Dialect, Outcome
-
 from gateway.proxy.upstream import Upstream
+from gateway.vocab import Dialect, Outcome
 
 if TYPE_CHECKING:
     from gateway.auth import Identity

@@ -17,7 +17,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-
 Provenance = Literal["known", "estimated", "unknown"]
 KINDS = (
     "input_total",

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from gateway.carriers import CARRIERS
 from gateway import caching
 from gateway.admission import runes_div4
 from gateway.carriers import jsonspan
@@ -35,7 +36,7 @@ def _conversation(turns: int = 3, *, system: Any = LONG, tools: bool = True) -> 
 
 def _plan(doc: dict[str, Any], settings: CacheSettings = ANTHROPIC, raw: str | None = None) -> tuple[str, caching.CachePlan]:
     text = raw if raw is not None else json.dumps(doc, indent=1)  # unusual spacing on purpose
-    plan = caching.plan("anthropic.messages", text, json.loads(text), settings, CTX, runes_div4)
+    plan = caching.plan(CARRIERS["anthropic.messages"], text, json.loads(text), settings, CTX, runes_div4)
     return jsonspan.apply(text, plan.edits), plan
 
 
@@ -161,26 +162,26 @@ def test_prepared_context_block_gets_a_breakpoint_when_slots_allow() -> None:
 def test_openai_cache_key() -> None:
     body = {"model": "gpt-4.1", "messages": [{"role": "user", "content": "hi"}]}
     text = json.dumps(body)
-    plan = caching.plan("openai.chat", text, body, OPENAI, CTX, runes_div4)
+    plan = caching.plan(CARRIERS["openai.chat"], text, body, OPENAI, CTX, runes_div4)
     planned = json.loads(jsonspan.apply(text, plan.edits))
     assert planned["prompt_cache_key"] == plan.cache_key and plan.cache_key.startswith("wg-")
     assert jsonspan.apply(text, plan.edits).startswith(text[:-1])  # appended: the prefix is unchanged
-    again = caching.plan("openai.chat", text, body, OPENAI, CTX, runes_div4)
+    again = caching.plan(CARRIERS["openai.chat"], text, body, OPENAI, CTX, runes_div4)
     assert again.cache_key == plan.cache_key  # stable, never random
-    other = caching.plan("openai.chat", text, body, OPENAI, caching.CacheContext("bob", "team-a", "prof-1"), runes_div4)
+    other = caching.plan(CARRIERS["openai.chat"], text, body, OPENAI, caching.CacheContext("bob", "team-a", "prof-1"), runes_div4)
     assert other.cache_key != plan.cache_key  # principal boundary by default
     scoped = CacheSettings(mode="openai-prompt-cache-key", sharing_boundary="scope")
-    a = caching.plan("openai.chat", text, body, scoped, CTX, runes_div4).cache_key
-    b = caching.plan("openai.chat", text, body, scoped, caching.CacheContext("bob", "team-a", "prof-1"), runes_div4).cache_key
+    a = caching.plan(CARRIERS["openai.chat"], text, body, scoped, CTX, runes_div4).cache_key
+    b = caching.plan(CARRIERS["openai.chat"], text, body, scoped, caching.CacheContext("bob", "team-a", "prof-1"), runes_div4).cache_key
     assert a == b
-    session = caching.plan("openai.chat", text, body, OPENAI, caching.CacheContext("alice", "team-a", "prof-1", "s-1"), runes_div4)
+    session = caching.plan(CARRIERS["openai.chat"], text, body, OPENAI, caching.CacheContext("alice", "team-a", "prof-1", "s-1"), runes_div4)
     assert session.cache_key != plan.cache_key
     mine = {**body, "prompt_cache_key": "mine"}
-    assert caching.plan("openai.responses", json.dumps(mine), mine, OPENAI, CTX, runes_div4).edits == ()
+    assert caching.plan(CARRIERS["openai.responses"], json.dumps(mine), mine, OPENAI, CTX, runes_div4).edits == ()
     retained = CacheSettings(mode="openai-prompt-cache-key", retention="24h")
-    plan = caching.plan("openai.responses", text, body, retained, CTX, runes_div4)
+    plan = caching.plan(CARRIERS["openai.responses"], text, body, retained, CTX, runes_div4)
     assert json.loads(jsonspan.apply(text, plan.edits))["prompt_cache_retention"] == "24h"
-    assert caching.plan("openai.embeddings", text, body, OPENAI, CTX, runes_div4).edits == ()
+    assert caching.plan(CARRIERS["openai.embeddings"], text, body, OPENAI, CTX, runes_div4).edits == ()
 
 
 @pytest.mark.parametrize("doc,path", [

@@ -16,14 +16,14 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from gateway.carriers import base, common
-from gateway.carriers.base import CarrierLimits, FoldedResponse, ParsedRequest
+from gateway.carriers import base, common, jsonraw, jsonspan
+from gateway.carriers.base import CarrierLimits, FoldedResponse, ParsedRequest, PromptLayout, PromptPart
 from gateway.carriers.jsonraw import JsonError
+from gateway.carriers.jsonspan import Edit
 from gateway.carriers.sse import SSEEvent
-from gateway.usage import Count, all_unknown, get, known, total
-from gateway.vocab import Dialect
 from gateway.units import Path
-from gateway.vocab import ReasonCode
+from gateway.usage import Count, all_unknown, get, known, total
+from gateway.vocab import Dialect, ReasonCode
 
 # A delta field and the content-block field it extends (tool input arrives as JSON text).
 _FOLDED_NAME = {"partial_json": "input"}
@@ -47,6 +47,7 @@ class AnthropicMessages(base.NoEdits):
     short_name = "messages"
     provider: Literal["openai", "anthropic"] = "anthropic"
     dialect = Dialect.ANTHROPIC
+    cache_style: Literal["markers", "key"] | None = "markers"
     path = "/v1/messages"
     route = "/v1/messages"  # the gateway route clients call
 
@@ -110,6 +111,36 @@ class AnthropicMessages(base.NoEdits):
             "reasoning": known(get(usage, "output_tokens_details", "thinking_tokens")),
         }
 
+    def prompt_layout(self, doc: Mapping[str, Any]) -> PromptLayout:
+        """Tools, then system, then messages — the order Anthropic renders (and caches)."""
+        parts: list[PromptPart] = []
+        for i, tool in enumerate(doc.get("tools") or ()):
+            parts.append(_part(("tools", i), tool, "tools", None, None))
+        system = doc.get("system")
+        if isinstance(system, str) and system:
+            parts.append(_part(("system",), system, "system", None, None))
+        elif isinstance(system, list):
+            for i, block in enumerate(system):
+                parts.append(_part(("system", i), block, "system", None, None))
+        for m, msg in enumerate(doc.get("messages") or ()):
+            content = msg.get("content") if isinstance(msg, dict) else None
+            role = msg.get("role") if isinstance(msg, dict) and jsonraw.is_str(msg.get("role")) else None
+            if isinstance(content, str):
+                parts.append(_part(("messages", m, "content"), content, "message", m, role))
+            elif isinstance(content, list):
+                for j, block in enumerate(content):
+                    parts.append(_part(("messages", m, "content", j), block, "message", m, role))
+        return PromptLayout(tuple(parts), _ttl_of(doc.get("cache_control")))
+
+    def marker_edit(self, text: str, part: PromptPart, ttl: str) -> Edit:
+        """A `cache_control` member on a block; a bare string becomes one text block."""
+        marker = '{"type":"ephemeral","ttl":"1h"}' if ttl == "1h" else '{"type":"ephemeral"}'
+        span = jsonspan.locate(text, part.path)
+        if part.is_string:
+            literal = text[span[0] : span[1]]
+            return (span[0], span[1], f'[{{"type":"text","text":{literal},"cache_control":{marker}}}]')
+        return jsonspan.add_member(text, span, f'"cache_control":{marker}')
+
     def fold_stream(self, events: Sequence[SSEEvent], limits: CarrierLimits) -> FoldedResponse:
         decoder = common.EventDecoder(limits)
         pieces: dict[Path, list[str]] = {}
@@ -163,6 +194,35 @@ class AnthropicMessages(base.NoEdits):
             "error": {"type": error_type, "message": message, "code": code, "reason_codes": list(reason_codes)},
         }
         return b"event: error\ndata: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"
+
+
+_UNMARKABLE = frozenset({"thinking", "redacted_thinking"})
+
+
+def _ttl_of(control: Any) -> str | None:
+    if not isinstance(control, dict):
+        return None
+    return "1h" if control.get("ttl") == "1h" else "5m"
+
+
+def _block_text(block: Any) -> str:
+    if isinstance(block, str):
+        return block
+    if isinstance(block, dict) and isinstance(block.get("text"), str):
+        return str(block["text"])
+    stripped = {k: v for k, v in block.items() if k != "cache_control"} if isinstance(block, dict) else block
+    return json.dumps(stripped, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def _part(path: Path, value: Any, region: Any, message: int | None, role: str | None) -> PromptPart:
+    text = _block_text(value)
+    is_string = isinstance(value, str)
+    kind = str(value.get("type")) if isinstance(value, dict) else ("tool" if region == "tools" else "text")
+    if region == "tools":
+        kind = "tool"
+    markable = kind not in _UNMARKABLE and not (kind == "text" and not text)
+    marker = None if is_string else _ttl_of(value.get("cache_control") if isinstance(value, dict) else None)
+    return PromptPart(path, region, message, role, kind, text, is_string, marker, markable)
 
 
 def _texts(blocks: list[Any], where: str, opaque: list[str]) -> list[str]:

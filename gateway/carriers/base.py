@@ -10,9 +10,8 @@ inspection decides what that means.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from collections.abc import Mapping
 from typing import Any, Literal, Protocol
 
 from gateway import units
@@ -20,10 +19,9 @@ from gateway.carriers import jsonraw
 from gateway.carriers.jsonraw import JsonError
 from gateway.carriers.jsonspan import Edit
 from gateway.carriers.sse import SSEEvent
-from gateway.usage import Count
 from gateway.units import Path, TextUnit
-from gateway.vocab import Dialect
-from gateway.vocab import ReasonCode
+from gateway.usage import Count
+from gateway.vocab import Dialect, ReasonCode
 
 # What a unit is, for inspection and attribution. Every unit is inspected the same way;
 # the kind only explains where the text came from.
@@ -79,6 +77,28 @@ class FoldedResponse:
     too_deep: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class PromptPart:
+    """One part of a prompt as the provider renders it, in order: a tool schema, a system
+    block, a message's content block (or its whole string content)."""
+
+    path: Path  # where it sits in the request
+    region: Literal["tools", "system", "message"]
+    message: int | None  # the index of its message
+    role: str | None  # its message's role
+    kind: str  # the block's type ("text", "tool_use", "tool_result", "thinking", ...), or "tool"
+    text: str  # what it says (a non-text block as compact JSON, cache markers left out)
+    is_string: bool  # a bare string (system or content), not a block object
+    marker: str | None = None  # the TTL of a cache marker the client already put here
+    markable: bool = False  # the provider accepts a cache marker here
+
+
+@dataclass(frozen=True, slots=True)
+class PromptLayout:
+    parts: tuple[PromptPart, ...]
+    automatic_marker: str | None = None  # a request-level cache marker (the provider places it)
+
+
 class Carrier(Protocol):
     """One wire schema. Bytes in, values out. Everything wiregate knows about a schema is
     here: its route and names, how a request and a response read, what output a request
@@ -107,6 +127,18 @@ class Carrier(Protocol):
 
     def released_events(self, events: Sequence[SSEEvent], usage_injected: bool) -> list[SSEEvent]:
         """The events the client receives: as sent, less any usage only wiregate asked for."""
+        ...
+
+    # How the provider caches prompt prefixes: explicit markers on parts, a request-level
+    # cache key, or not at all.
+    cache_style: Literal["markers", "key"] | None
+
+    def prompt_layout(self, doc: Mapping[str, Any]) -> PromptLayout:
+        """The prompt's parts in the order the provider renders them."""
+        ...
+
+    def marker_edit(self, text: str, part: PromptPart, ttl: str) -> Edit:
+        """The edit that puts a cache marker with `ttl` on `part` (markers style only)."""
         ...
 
     def parse_request(self, raw: bytes, limits: CarrierLimits) -> ParsedRequest: ...

@@ -5,12 +5,21 @@ Must not: do I/O or know any one provider's schema.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
 from gateway import units
 from gateway.carriers import jsonraw
-from gateway.carriers.base import CarrierLimits, Collected, FoldedResponse, UsageReport, parse_document, units_of
+from gateway.carriers.base import (
+    CarrierLimits,
+    Collected,
+    FoldedResponse,
+    PromptPart,
+    UsageReport,
+    parse_document,
+    units_of,
+)
 from gateway.carriers.jsonraw import JsonError
 from gateway.units import Path
 from gateway.usage import UNKNOWN, Count, all_unknown, get, known, minus
@@ -151,3 +160,35 @@ def openai_usage(usage: Mapping[str, Any] | None, inp: str, out: str, in_details
         "output": known(usage.get(out)),
         "reasoning": known(get(usage.get(out_details), "reasoning_tokens")),
     }
+
+
+def compact(value: Any) -> str:
+    """A JSON value as compact text (for estimates of what a non-text part says)."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def tool_part(path: Path, tool: Any) -> PromptPart:
+    return PromptPart(path, "tools", None, None, "tool", compact(tool), False)
+
+
+def message_parts(path: Path, index: int, msg: Any, field: str) -> list[PromptPart]:
+    """An OpenAI-style message's parts: its string content, or each content part; tool
+    calls and anything else the message holds as one JSON part."""
+    if not isinstance(msg, dict):
+        return []
+    role = msg.get("role") if jsonraw.is_str(msg.get("role")) else None
+    region = "system" if role in ("system", "developer") else "message"
+    content = msg.get(field)
+    parts: list[PromptPart] = []
+    if isinstance(content, str):
+        parts.append(PromptPart((*path, field), region, index, role, "text", content, True))
+    elif isinstance(content, list):
+        for j, part in enumerate(content):
+            kind = str(part.get("type") or "text") if isinstance(part, dict) else "text"
+            text = part["text"] if isinstance(part, dict) and jsonraw.is_str(part.get("text")) else compact(part)
+            parts.append(PromptPart((*path, field, j), region, index, role, kind, text, False))
+    rest = {k: v for k, v in msg.items() if k not in (field, "role")}
+    if rest:
+        kind = "tool_calls" if "tool_calls" in rest else ("tool_result" if role == "tool" else "fields")
+        parts.append(PromptPart(path, region, index, role, kind, compact(rest), False))
+    return parts

@@ -15,14 +15,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from gateway.carriers import base, common, jsonspan
-from gateway.carriers.base import CarrierLimits, FoldedResponse, ParsedRequest
+from gateway.carriers.base import CarrierLimits, FoldedResponse, ParsedRequest, PromptLayout, PromptPart
 from gateway.carriers.jsonraw import JsonError
 from gateway.carriers.jsonspan import Edit
 from gateway.carriers.sse import SSEEvent
-from gateway.usage import Count
-from gateway.vocab import Dialect
 from gateway.units import Path
-from gateway.vocab import ReasonCode
+from gateway.usage import Count
+from gateway.vocab import Dialect, ReasonCode
 
 _OPAQUE_PARTS = frozenset({"image_url", "input_audio", "file"})
 _TOOL_CALLS = frozenset({"tool_calls"})
@@ -35,6 +34,7 @@ class OpenAIChat:
     short_name = "chat"
     provider: Literal["openai", "anthropic"] = "openai"
     dialect = Dialect.OPENAI
+    cache_style: Literal["markers", "key"] | None = "key"
     path = "/chat/completions"
     route = "/v1/chat/completions"  # the gateway route clients call
 
@@ -74,6 +74,16 @@ class OpenAIChat:
             duplicate_keys=tuple(found.dups),
             too_deep=tuple(found.deep),
         )
+
+    def prompt_layout(self, doc: Mapping[str, Any]) -> PromptLayout:
+        """Tools, then messages (OpenAI renders tool definitions ahead of the conversation)."""
+        parts: list[PromptPart] = [common.tool_part(("tools", i), tool) for i, tool in enumerate(doc.get("tools") or ())]
+        for m, msg in enumerate(doc.get("messages") or ()):
+            parts.extend(common.message_parts(("messages", m), m, msg, "content"))
+        return PromptLayout(tuple(parts))
+
+    def marker_edit(self, text: str, part: PromptPart, ttl: str) -> Edit:
+        raise NotImplementedError("OpenAI caches by prefix and key, not by marker")
 
     def parse_response(self, raw: bytes, limits: CarrierLimits) -> FoldedResponse:
         return common.json_response(raw, limits, error_key="error")

@@ -20,12 +20,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from gateway.carriers import base, jsonraw
-from gateway.carriers.base import CarrierLimits, FoldedResponse, ParsedRequest, UsageReport
+from gateway.carriers.base import CarrierLimits, FoldedResponse, ParsedRequest, PromptLayout, PromptPart, UsageReport
 from gateway.carriers.jsonraw import JsonError
+from gateway.carriers.jsonspan import Edit
 from gateway.carriers.sse import SSEEvent
 from gateway.usage import Count, all_unknown, known
-from gateway.vocab import Dialect
-from gateway.vocab import ReasonCode
+from gateway.vocab import Dialect, ReasonCode
 
 
 class OpenAIEmbeddings(base.NoEdits):
@@ -33,6 +33,7 @@ class OpenAIEmbeddings(base.NoEdits):
     short_name = "embeddings"
     provider: Literal["openai", "anthropic"] = "openai"
     dialect = Dialect.OPENAI
+    cache_style: Literal["markers", "key"] | None = None
     path = "/embeddings"
     route = "/v1/embeddings"  # the gateway route clients call
 
@@ -123,6 +124,16 @@ class OpenAIEmbeddings(base.NoEdits):
             "output": zero,
             "reasoning": zero,
         }
+
+    def prompt_layout(self, doc: Mapping[str, Any]) -> PromptLayout:
+        inputs = doc.get("input")
+        texts = [inputs] if isinstance(inputs, str) else [t for t in inputs or () if isinstance(t, str)] \
+            if isinstance(inputs, list) else []
+        return PromptLayout(tuple(PromptPart(("input", i), "message", i, "user", "text", t, True)
+                                  for i, t in enumerate(texts)))
+
+    def marker_edit(self, text: str, part: PromptPart, ttl: str) -> Edit:
+        raise NotImplementedError("embeddings are not cached")
 
     def fold_stream(self, events: Sequence[SSEEvent], limits: CarrierLimits) -> FoldedResponse:
         # Embeddings never stream; a stream here is not something we can vouch for.

@@ -16,13 +16,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from gateway.carriers import base, common
-from gateway.carriers.base import CarrierLimits, FoldedResponse, ParsedRequest
+from gateway.carriers.base import CarrierLimits, FoldedResponse, ParsedRequest, PromptLayout, PromptPart
 from gateway.carriers.jsonraw import JsonError
+from gateway.carriers.jsonspan import Edit
 from gateway.carriers.sse import SSEEvent
-from gateway.usage import Count
-from gateway.vocab import Dialect
 from gateway.units import Path
-from gateway.vocab import ReasonCode
+from gateway.usage import Count
+from gateway.vocab import Dialect, ReasonCode
 
 _OPAQUE_PARTS = frozenset({"input_image", "input_file", "input_audio"})
 _TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed", "error"})
@@ -33,6 +33,7 @@ class OpenAIResponses(base.NoEdits):
     short_name = "responses"
     provider: Literal["openai", "anthropic"] = "openai"
     dialect = Dialect.OPENAI
+    cache_style: Literal["markers", "key"] | None = "key"
     path = "/responses"
     route = "/v1/responses"  # the gateway route clients call
 
@@ -72,6 +73,26 @@ class OpenAIResponses(base.NoEdits):
             duplicate_keys=tuple(found.dups),
             too_deep=tuple(found.deep),
         )
+
+    def prompt_layout(self, doc: Mapping[str, Any]) -> PromptLayout:
+        """Tools, instructions, then the input items in order."""
+        parts: list[PromptPart] = [common.tool_part(("tools", i), tool) for i, tool in enumerate(doc.get("tools") or ())]
+        instructions = doc.get("instructions")
+        if isinstance(instructions, str) and instructions:
+            parts.append(PromptPart(("instructions",), "system", None, "developer", "text", instructions, True))
+        items = doc.get("input")
+        if isinstance(items, str):
+            parts.append(PromptPart(("input",), "message", 0, "user", "text", items, True))
+        for i, item in enumerate(items if isinstance(items, list) else ()):
+            if isinstance(item, dict) and "role" in item:
+                parts.extend(common.message_parts(("input", i), i, item, "content"))
+            elif isinstance(item, dict):  # a function call, its output, reasoning...
+                kind = str(item.get("type") or "item")
+                parts.append(PromptPart(("input", i), "message", i, None, kind, common.compact(item), False))
+        return PromptLayout(tuple(parts))
+
+    def marker_edit(self, text: str, part: PromptPart, ttl: str) -> Edit:
+        raise NotImplementedError("OpenAI caches by prefix and key, not by marker")
 
     def parse_response(self, raw: bytes, limits: CarrierLimits) -> FoldedResponse:
         # A Responses object always has an `error` member (null on success); its status says.

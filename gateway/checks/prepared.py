@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.carriers import jsonraw
+from gateway.carriers.jsonraw import JsonError
 from gateway.checks.bindings import BindingError, KeyRing
 from gateway.checks.claims import ReuseClaims, open_claims
-from gateway.carriers.jsonraw import JsonError
 from gateway.vocab import ReasonCode
 
 BEGIN_MARKER = "BEGIN_POWERCONTEXT_PREPARED_CONTEXT_V1"

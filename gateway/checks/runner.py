@@ -25,8 +25,8 @@ from gateway.checks.bindings import BindingError
 from gateway.checks.claims import ReleaseClaims, SendClaims
 from gateway.checks.destination import Target, destination_ok
 from gateway.config.runtime import LoadedProfile, Runtime
-from gateway.ledgers.release import ReleaseLedger
 from gateway.inspection.verdict import COVERAGE_PROFILE, Coverage, Finding, Verdict, decide, withhold
+from gateway.ledgers.release import ReleaseLedger
 from gateway.obs import logging as log
 from gateway.vocab import Decision, Mode, Phase, ReasonCode
 

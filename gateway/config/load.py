@@ -19,9 +19,9 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from gateway.checks.bindings import KeyRingError, load_keyring
 from gateway.carriers import ROUTES
 from gateway.carriers.base import CarrierLimits
+from gateway.checks.bindings import KeyRingError, load_keyring
 from gateway.config.model import GatewayConfig, ModeOverride, PolicyFile, PrincipalsFile
 from gateway.config.runtime import LoadedProfile, Policy, Principal, Runtime
 from gateway.inspection import literals

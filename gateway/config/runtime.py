@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from gateway.checks.bindings import KeyRing
 from gateway.carriers.base import CarrierLimits
+from gateway.checks.bindings import KeyRing
 from gateway.config.model import GatewayConfig, PrincipalEntry
 from gateway.inspection.engine import Engine
 from gateway.profiles.model import UpstreamProfile

@@ -20,7 +20,7 @@ from gateway.errors import ClientError
 from gateway.vocab import ReasonCode
 
 
-def _timeout() -> GatewayError:
+def _timeout() -> ClientError:
     return ClientError(408, "request_timeout", (ReasonCode.REQUEST_TIMEOUT,), retryable=True)
 
 

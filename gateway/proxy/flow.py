@@ -254,7 +254,7 @@ def plan(
         ctx = caching.CacheContext(
             party.principal, party.scope, profile.id, session, account=profile.account, region=profile.region
         )
-        cache = caching.plan(carrier.name, text, parsed.doc, profile.cache, ctx, estimator.count)
+        cache = caching.plan(carrier, text, parsed.doc, profile.cache, ctx, estimator.count)
         usage_edits, injected = carrier.usage_edits(text, parsed.doc)
         edits = [*cache.edits, *usage_edits]
         if not edits:

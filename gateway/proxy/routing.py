@@ -10,8 +10,8 @@ from __future__ import annotations
 from datetime import datetime
 from fnmatch import fnmatchcase
 
-from gateway.config.runtime import LoadedProfile, Principal, Runtime
 from gateway import errors
+from gateway.config.runtime import LoadedProfile, Principal, Runtime
 from gateway.vocab import ReasonCode
 
 PROFILE_HEADER = "x-wiregate-profile"

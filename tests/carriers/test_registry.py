@@ -1,0 +1,62 @@
+"""What every carrier shares, and the registry routes, names and CLI choices come from: bytes in, values out."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gateway.carriers import CARRIERS, sse
+from gateway.carriers.jsonraw import JsonError
+from tests.carriers.helpers import LIMITS, covers, units
+
+
+@pytest.mark.parametrize("carrier,body", [
+    ("openai.chat", b'{"model":"m"}'),
+    ("openai.chat", b'{"model":"m","messages":[],"stream":"yes"}'),
+    ("anthropic.messages", b'{"model":"m","messages":[1]}'),
+    ("openai.embeddings", b'{"model":"m","input":[{"x":1}]}'),
+    ("openai.embeddings", b'{"model":"m","input":"x","encoding_format":"int8"}'),
+    ("openai.responses", b'{"model":"m","input":5}'),
+])
+def test_unsupported_shapes(carrier: str, body: bytes) -> None:
+    with pytest.raises(JsonError) as info:
+        CARRIERS[carrier].parse_request(body, LIMITS)
+    assert info.value.reason == "unsupported_carrier"
+
+
+@pytest.mark.parametrize("name", ["openai.chat", "openai.responses", "anthropic.messages"])
+def test_stream_error_event_is_valid_sse(name: str) -> None:
+    raw = CARRIERS[name].stream_error_event("response_blocked", ["secret_value"], "blocked", "permission_error")
+    events, clean = sse.parse_all(raw)
+    assert clean and len(events) == 1
+    payload = json.loads(events[0].data)
+    assert "response_blocked" in json.dumps(payload) and "secret_value" in json.dumps(payload)
+
+
+def test_response_with_duplicate_keys_is_flagged() -> None:
+    folded = CARRIERS["openai.chat"].parse_response(b'{"id":"x","id":"y","choices":[]}', LIMITS)
+    assert folded.duplicate_keys == ("",)
+
+
+def test_event_json_with_duplicate_keys_in_tool_args_is_flagged() -> None:
+    args = '{"k":"a","k":"b"}'
+    body = {"model": "m", "messages": [{"role": "assistant", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": args}}]}]}
+    parsed = CARRIERS["openai.chat"].parse_request(json.dumps(body).encode(), LIMITS)
+    assert parsed.duplicate_keys == ("/messages/0/tool_calls/0/function/arguments",)
+    found = units(parsed)
+    assert covers(found, "/messages/0/tool_calls/0/function/arguments", '"k":"a"')
+    assert covers(found, "/messages/0/tool_calls/0/function/arguments", '"k":"b"')
+
+
+def test_routes_short_names_and_cli_choices_come_from_the_registry() -> None:
+    from gateway.carriers import ROUTES, SHORT_NAMES
+    from gateway.cli import build_parser
+
+    assert ROUTES == {c.route: name for name, c in CARRIERS.items()}
+    assert SHORT_NAMES == {c.short_name: name for name, c in CARRIERS.items()}
+    parser = build_parser()
+    args = parser.parse_args(["profiles", "new", "--id", "x", "--provider", "openai", "--base-url", "https://a",
+                              "--models", "m", "--credential", "env:X", "--sign-key", "k", "--carriers", *SHORT_NAMES])
+    assert sorted(args.carriers) == sorted(SHORT_NAMES)
