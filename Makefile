@@ -1,6 +1,7 @@
 # wiregate — everything a fresh machine needs goes through these targets.
 #   make run    create .venv, install, generate .wiregate/ on first run, serve HTTPS + UDS
 #   make test   create .venv, install with test extras, run the whole suite
+#   make lint   ruff (check + format), mypy --strict on the package, import-layer contracts
 PYTHON ?= python3
 VENV   ?= .venv
 WORKDIR ?= .wiregate
@@ -12,7 +13,7 @@ STAMP   = $(VENV)/.installed
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test,dev]'
 	touch $(STAMP)
 
 run: $(STAMP)
@@ -29,9 +30,10 @@ bench: $(STAMP)
 	$(BIN)/python bench/run_all.py
 
 lint: $(STAMP)
-	$(BIN)/python -m pip install --quiet ruff mypy
 	$(BIN)/ruff check gateway tests bench
-	$(BIN)/mypy gateway/carriers gateway/inspection gateway/caching.py gateway/admission.py
+	$(BIN)/ruff format --check gateway tests bench
+	$(BIN)/mypy gateway
+	$(BIN)/lint-imports
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -45,9 +45,10 @@ from typing import Any
 import wire_bench  # bench/ is on sys.path (this script's directory, or run_all's)
 from wire_bench import BenchError, Check, Stats, WorkloadResult, percentile
 
-from gateway.checks import runner as checks
 from gateway.carriers import CARRIERS
 from gateway.carriers.base import CarrierLimits, ParsedRequest
+from gateway.checks import runner as checks
+from gateway.checks.destination import Target
 from gateway.config.load import load_runtime
 from gateway.config.runtime import Runtime
 from gateway.inspection import literals
@@ -55,7 +56,6 @@ from gateway.inspection.build import build_engine
 from gateway.inspection.engine import Engine, Subject
 from gateway.inspection.formats import FormatSet, build_format_set
 from gateway.inspection.verdict import Verdict
-from gateway.checks.destination import Target
 from gateway.vocab import Decision, Mode
 from tests.harness import build_env, mock_profile
 

@@ -89,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
                     else {"authorization": f"Bearer {UPSTREAM_KEY}"}
                 )
                 plain = replay.figures(
-                    provider, run(lambda p, b, h=headers: direct.post(p, json=b, headers=h), provider, session, args.turns)
+                    provider,
+                    run(lambda p, b, h=headers: direct.post(p, json=b, headers=h), provider, session, args.turns),
                 )
                 read_rate = 0.1 if provider == "anthropic" else args.openai_read
                 with_gw = replay.summarise(via, read_rate=read_rate)

@@ -2,8 +2,9 @@
 
 Owns: the named, versioned estimators (`runes/4` v1: ceil(Unicode characters / 4);
 `character:weighted` v1, PowerContext's: an ASCII character counts 1 unit, any other 4,
-tokens = ceil(units / 4)), the input estimate of a parsed request, and the admission rule: estimated input × the profile's safety margin + requested output
-must fit the profile's context window, else the request is withheld (`window_exceeded`) —
+tokens = ceil(units / 4)), the input estimate of a parsed request, and the admission rule:
+estimated input × the profile's safety margin + requested output must fit the profile's
+context window, else the request is withheld (`window_exceeded`) —
 never truncated, never trimmed of tool exchanges, never re-recalled to fit.
 Must not: do I/O.
 """

@@ -32,7 +32,7 @@ from gateway.ledgers.usage import MemoryUsageLedger
 from gateway.obs import logging as log
 from gateway.obs.metrics import Metrics
 from gateway.proxy import projections, release
-from gateway.proxy.upstream import Upstream
+from gateway.proxy.upstream import UPSTREAM, Upstream
 from gateway.state import (
     CALL,
     CAPACITY,
@@ -41,7 +41,6 @@ from gateway.state import (
     PRINCIPAL_CALLS,
     RELEASE_LEDGER,
     RUNTIME,
-    UPSTREAM,
     USAGE_LEDGER,
     Call,
     Capacity,
@@ -90,9 +89,9 @@ async def envelope(request: web.Request, handler: Handler) -> web.StreamResponse
         call.outcome, call.reason_codes, status = Outcome.REFUSED, err.reason_codes, err.status
         return release.refusal(err, call.dialect, call.request_id)
     except web.HTTPException as exc:
-        err = _http_error(exc)
-        call.outcome, call.reason_codes, status = Outcome.REFUSED, err.reason_codes, err.status
-        return release.refusal(err, call.dialect, call.request_id)
+        refusal = _http_error(exc)
+        call.outcome, call.reason_codes, status = Outcome.REFUSED, refusal.reason_codes, refusal.status
+        return release.refusal(refusal, call.dialect, call.request_id)
     except (asyncio.CancelledError, ConnectionResetError):
         call.outcome, status = Outcome.CLIENT_DISCONNECTED, 499
         raise
@@ -185,7 +184,9 @@ async def _ledgers(app: web.Application) -> AsyncIterator[None]:
     yield
 
 
-def create_app(holder: RuntimeHolder, *, config_path: Path | None = None, metrics: Metrics | None = None) -> web.Application:
+def create_app(
+    holder: RuntimeHolder, *, config_path: Path | None = None, metrics: Metrics | None = None
+) -> web.Application:
     app = web.Application(middlewares=[envelope], client_max_size=holder.current.config.limits.request_bytes)
     app[RUNTIME] = holder
     app[METRICS] = metrics or Metrics()

@@ -102,7 +102,7 @@ def _cmd_new_signing_key(args: argparse.Namespace) -> int:
 
 
 def _cmd_rotate(args: argparse.Namespace) -> int:
-    from gateway.checks import bindings
+    from gateway import keyring as bindings
 
     try:
         new_id = bindings.rotate_keyring_file(Path(args.keyring), retire_after=args.retire)

@@ -8,6 +8,7 @@ import json
 import ssl
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
@@ -22,8 +23,8 @@ POLICY = "You are the demo assistant. Follow the house rules carefully. " * 90  
 
 
 async def _call(
-    session: aiohttp.ClientSession, url: str, key: str, ctx: ssl.SSLContext, body: dict
-) -> tuple[int, dict]:
+    session: aiohttp.ClientSession, url: str, key: str, ctx: ssl.SSLContext, body: dict[str, Any]
+) -> tuple[int, dict[str, Any]]:
     async with session.post(url, json=body, headers={"authorization": f"Bearer {key}"}, ssl=ctx) as r:
         return r.status, await r.json()
 
@@ -35,7 +36,7 @@ async def _demo(work: Path) -> None:
             path = work / "profiles" / f"{name}.json"
             doc = json.loads(path.read_text())
             doc["base_url"] = doc["base_url"].replace(f":{devsetup.MOCK_PORT}", f":{mock.port}")
-            key = signing.load_private_key(Path(facts["signing_key"]).read_bytes())
+            key = signing.load_private_key(await asyncio.to_thread(Path(facts["signing_key"]).read_bytes))
             devsetup.write_profile(path, doc, key)
         (work / "secrets" / "secret-values.txt").write_text(SECRET + "\n")
         running = await start(work / "wiregate.toml", https_port=0)

@@ -107,11 +107,25 @@ def profile_document(
         ),
         # Usage figures the target really reports; any other figure is treated as unknown.
         "usage_fields": (
-            ["input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens",
-             "ephemeral_5m_input_tokens", "ephemeral_1h_input_tokens", "thinking_tokens"]
+            [
+                "input_tokens",
+                "output_tokens",
+                "cache_read_input_tokens",
+                "cache_creation_input_tokens",
+                "ephemeral_5m_input_tokens",
+                "ephemeral_1h_input_tokens",
+                "thinking_tokens",
+            ]
             if provider == "anthropic"
-            else ["prompt_tokens", "completion_tokens", "input_tokens", "output_tokens", "cached_tokens",
-                  "cache_write_tokens", "reasoning_tokens"]
+            else [
+                "prompt_tokens",
+                "completion_tokens",
+                "input_tokens",
+                "output_tokens",
+                "cached_tokens",
+                "cache_write_tokens",
+                "reasoning_tokens",
+            ]
         ),
         "context_window": 200000 if provider == "anthropic" else 128000,
     }

@@ -11,6 +11,7 @@ import asyncio
 import gc
 import os
 import signal
+import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,17 +35,20 @@ class RunningGateway:
     uds_path: Path | None = None
     sites: list[web.BaseSite] = field(default_factory=list)
     tls_paths: tuple[Path, Path] | None = None
-    _tls: object | None = None
+    _tls: ssl.SSLContext | None = None
 
     @property
     def app(self) -> web.Application:
         return self.runner.app
 
-    def reload(self) -> bool:
-        """Re-read everything; swap on success, keep the running runtime on failure."""
+    async def reload(self) -> bool:
+        """Re-read everything (off the event loop); swap on success, keep the running runtime
+        on failure."""
         metrics = self.app[METRICS]
         try:
-            runtime = load_runtime(self.config_path, generation=self.holder.current.generation + 1)
+            runtime = await asyncio.to_thread(
+                load_runtime, self.config_path, generation=self.holder.current.generation + 1
+            )
         except ConfigError as exc:
             metrics.reloads.labels("failed").inc()
             log.error("config_reload_failed", reason=str(exc), generation=self.holder.current.generation)
@@ -53,8 +57,8 @@ class RunningGateway:
         _log_warnings(runtime.warnings)
         if self._tls is not None and self.tls_paths is not None:
             try:  # new connections get the new certificate
-                self._tls.load_cert_chain(str(self.tls_paths[0]), str(self.tls_paths[1]))  # type: ignore[attr-defined]
-            except OSError:
+                await asyncio.to_thread(self._tls.load_cert_chain, str(self.tls_paths[0]), str(self.tls_paths[1]))
+            except (OSError, ssl.SSLError):
                 log.error("tls_reload_failed", reason="certificate or key unreadable")
         metrics.reloads.labels("ok").inc()
         log.info(
@@ -68,13 +72,14 @@ class RunningGateway:
     async def stop(self) -> None:
         await self.runner.cleanup()
         if self.uds_path is not None:
-            self.uds_path.unlink(missing_ok=True)
+            await asyncio.to_thread(self.uds_path.unlink, missing_ok=True)
 
 
 async def start(config_path: Path, *, https_port: int | None = None, uds_path: Path | None = None) -> RunningGateway:
-    """Load, build and start listening. Overrides are for tests and benchmarks."""
-    config_path = config_path.resolve()  # noqa: ASYNC240 - once, at start-up, before serving
-    runtime = load_runtime(config_path)
+    """Load, build and start listening. Overrides are for tests and benchmarks. Everything
+    that reads files or compiles runs off the event loop."""
+    config_path = await asyncio.to_thread(config_path.resolve)
+    runtime = await asyncio.to_thread(load_runtime, config_path)
     holder = RuntimeHolder(runtime)
     app = create_app(holder, config_path=config_path)
     cfg = runtime.config
@@ -92,7 +97,7 @@ async def start(config_path: Path, *, https_port: int | None = None, uds_path: P
     try:
         if cfg.server.https is not None:
             cert, key = resolve(base, cfg.server.https.cert), resolve(base, cfg.server.https.key)
-            tls = server_tls_context(cert, key)
+            tls = await asyncio.to_thread(server_tls_context, cert, key)
             port = cfg.server.https.port if https_port is None else https_port
             site: web.BaseSite = TLSSite(
                 runner, cfg.server.https.host, port, ssl_context=tls, handshake_s=cfg.limits.request_head_s
@@ -107,14 +112,14 @@ async def start(config_path: Path, *, https_port: int | None = None, uds_path: P
         if cfg.server.uds is not None:
             path = uds_path or resolve(base, cfg.server.uds.path)
             mode = int(cfg.server.uds.mode, 8)
-            prepare_socket_path(path)
+            await asyncio.to_thread(prepare_socket_path, path)
             old = os.umask(socket_umask(mode))
             try:
                 site = web.UnixSite(runner, str(path))
                 await site.start()
             finally:
                 os.umask(old)
-            os.chmod(path, mode)
+            await asyncio.to_thread(os.chmod, path, mode)
             running.sites.append(site)
             running.uds_path = path
             log.info("listening", listener="uds", address=str(path))
@@ -146,7 +151,14 @@ async def serve(config_path: Path) -> None:
     gc.freeze()
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
-    loop.add_signal_handler(signal.SIGHUP, running.reload)
+    reloads: set[asyncio.Task[bool]] = set()
+
+    def reload() -> None:
+        task = asyncio.create_task(running.reload())
+        reloads.add(task)
+        task.add_done_callback(reloads.discard)
+
+    loop.add_signal_handler(signal.SIGHUP, reload)
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     loop.add_signal_handler(signal.SIGINT, stop.set)
     try:

@@ -20,7 +20,6 @@ from gateway.config.runtime import Runtime, RuntimeHolder
 from gateway.ledgers.release import ReleaseLedger
 from gateway.ledgers.usage import UsageLedger
 from gateway.obs.metrics import Metrics
-from gateway.proxy.upstream import Upstream
 from gateway.vocab import Dialect, Outcome
 
 if TYPE_CHECKING:
@@ -74,7 +73,6 @@ CAPACITY = web.AppKey("wiregate_capacity", Capacity)
 PRINCIPAL_CALLS = web.AppKey("wiregate_principal_calls", PrincipalCalls)
 RELEASE_LEDGER = web.AppKey("wiregate_release_ledger", ReleaseLedger)
 USAGE_LEDGER = web.AppKey("wiregate_usage_ledger", UsageLedger)
-UPSTREAM = web.AppKey("wiregate_upstream", Upstream)  # set by its cleanup context
 CONFIG_PATH = web.AppKey("wiregate_config_path", Path)
 
 

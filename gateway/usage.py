@@ -129,5 +129,3 @@ def with_estimates(
         filled["output"] = Count(output_estimate, "estimated")
         used = True
     return filled, estimator if used else None
-
-

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from blockbuster import blockbuster_ctx
 
 from gateway.listeners import generate_dev_tls
 from gateway.mockprovider import MockProviderServer
@@ -83,6 +84,15 @@ def captured_logs() -> Iterator[LogCapture]:
     assert_nothing_sensitive(sink.text())
     access_lines = sum(1 for r in records if r.get("event") == "request")
     assert access_lines >= SERVED[0], (access_lines, SERVED[0])
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_blocking_calls_in_the_event_loop() -> Iterator[None]:
+    """Any blocking call (file, socket, sleep, subprocess...) that wiregate's code makes on a
+    thread running an event loop raises BlockingError, failing the test that caused it.
+    The bundled mock provider (test infrastructure) is not scanned."""
+    with blockbuster_ctx(scanned_modules=["gateway"], excluded_modules=["gateway.mockprovider"]):
+        yield
 
 
 @pytest.fixture(scope="session")

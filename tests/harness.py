@@ -38,6 +38,8 @@ def sensitive(*values: Any) -> None:
     """Register values (strings, or {"value": ...} secret entries) for the log check."""
     for value in values:
         SENSITIVE.add(value["value"] if isinstance(value, dict) else value)
+
+
 FAST_RETRY = {"attempts": 2, "backoff_initial_ms": 10, "backoff_max_ms": 50, "max_retry_after_s": 5}
 FAST_TIMEOUTS = {"connect_s": 2, "read_s": 5, "total_s": 10}
 
@@ -46,8 +48,12 @@ def mock_profile(pid: str, provider: str, mock_url: str, **extra: Any) -> dict[s
     base = mock_url + ("/v1" if provider != "anthropic" else "")
     models = ["claude-*"] if provider == "anthropic" else ["gpt-*", "text-embedding-*", "o4-*"]
     doc = devsetup.profile_document(
-        id=pid, provider=provider, base_url=base, models=models,
-        credential="file:secrets/upstream.key", loopback_http=True,
+        id=pid,
+        provider=provider,
+        base_url=base,
+        models=models,
+        credential="file:secrets/upstream.key",
+        loopback_http=True,
         extra={"retry": dict(FAST_RETRY), "timeouts": dict(FAST_TIMEOUTS)},
     )
     doc.update(extra)
@@ -99,7 +105,8 @@ ALL_ACTIONS = ["proxy", "context.check", "context.prepare", "context.write", "ob
 def policy_text(*, version: str = "test-1", extra: str = "", engine: str = "hyperscan") -> str:
     # `extra` goes before the [secret_values] table: its top-level keys stay top-level.
     return (
-        f'version = "{version}"\nengine = "{engine}"\n' + extra
+        f'version = "{version}"\nengine = "{engine}"\n'
+        + extra
         + '\n[secret_values]\nsources = ["file:secrets/values.json"]\nmin_length = 8\n'
     )
 
@@ -129,22 +136,24 @@ def build_env(
     devsetup.write_private(directory / "secrets" / "upstream.key", upstream_key.encode())
     env = Env(directory, mock_url, upstream_key, "", skey)
     env.write_secrets(secrets_ or [])
-    docs = profiles if profiles is not None else [
-        mock_profile("mock-openai", "openai", mock_url),
-        mock_profile("mock-anthropic", "anthropic", mock_url),
-    ]
+    docs = (
+        profiles
+        if profiles is not None
+        else [
+            mock_profile("mock-openai", "openai", mock_url),
+            mock_profile("mock-anthropic", "anthropic", mock_url),
+        ]
+    )
     for doc in docs:
         env.write_profile(doc)
     env.profiles = docs
     devsetup.write_private(directory / "principals.toml", b"")
-    env.gateway_key = env.add_principal(
-        "tester", ALL_ACTIONS, principal_profiles or [d["id"] for d in docs]
-    )
+    env.gateway_key = env.add_principal("tester", ALL_ACTIONS, principal_profiles or [d["id"] for d in docs])
     env.write_policy(policy_text(extra=policy_extra))
     (directory / "wiregate.toml").write_text(
         'deployment_id = "test-deploy"\n'
-        "[server.https]\nhost = \"127.0.0.1\"\nport = 0\n"
-        "[server.uds]\npath = \"run/gw.sock\"\n"
+        '[server.https]\nhost = "127.0.0.1"\nport = 0\n'
+        '[server.uds]\npath = "run/gw.sock"\n'
         '[trust]\nprofile_keys = ["keys/profile-signing.pub.json"]\n' + config_extra
     )
     return env
@@ -180,12 +189,7 @@ class GatewayThread:
 
     def reload(self) -> bool:
         assert self.running is not None
-        running = self.running
-
-        async def _reload() -> bool:
-            return running.reload()
-
-        return self.call(_reload())
+        return self.call(self.running.reload())
 
     def pending_tasks(self) -> list[str]:
         """Tasks alive in the gateway's loop, other than the aiohttp server machinery."""
@@ -211,8 +215,15 @@ class GatewayThread:
         from gateway.state import METRICS
 
         registry = self.running.app[METRICS].registry
-        return int(sum(s.value for m in registry.collect() if m.name == "wiregate_requests"
-                       for s in m.samples if s.name == "wiregate_requests_total"))
+        return int(
+            sum(
+                s.value
+                for m in registry.collect()
+                if m.name == "wiregate_requests"
+                for s in m.samples
+                if s.name == "wiregate_requests_total"
+            )
+        )
 
     def stop(self) -> None:
         if self.running is not None:
@@ -232,28 +243,37 @@ class GatewayThread:
 
 # --- official SDK clients ------------------------------------------------------------
 
+
 def _tls(ca: Path) -> ssl.SSLContext:
     return ssl.create_default_context(cafile=str(ca))
 
 
-def openai_client(gw: GatewayThread, env: Env, *, uds: bool = False, key: str | None = None, **kw: Any) -> openai.OpenAI:
+def openai_client(
+    gw: GatewayThread, env: Env, *, uds: bool = False, key: str | None = None, **kw: Any
+) -> openai.OpenAI:
     if uds:
         http = httpx2.Client(transport=httpx2.HTTPTransport(uds=str(gw.uds)), timeout=30)
         base = "http://localhost/v1"
     else:
         http = httpx2.Client(verify=_tls(env.ca), timeout=30)
         base = gw.https_url + "/v1"
-    return openai.OpenAI(base_url=base, api_key=key or env.gateway_key, http_client=http, max_retries=kw.pop("max_retries", 0), **kw)
+    return openai.OpenAI(
+        base_url=base, api_key=key or env.gateway_key, http_client=http, max_retries=kw.pop("max_retries", 0), **kw
+    )
 
 
-def anthropic_client(gw: GatewayThread, env: Env, *, uds: bool = False, key: str | None = None, **kw: Any) -> anthropic.Anthropic:
+def anthropic_client(
+    gw: GatewayThread, env: Env, *, uds: bool = False, key: str | None = None, **kw: Any
+) -> anthropic.Anthropic:
     if uds:
         http = httpx2.Client(transport=httpx2.HTTPTransport(uds=str(gw.uds)), timeout=30)
         base = "http://localhost"
     else:
         http = httpx2.Client(verify=_tls(env.ca), timeout=30)
         base = gw.https_url
-    return anthropic.Anthropic(base_url=base, api_key=key or env.gateway_key, http_client=http, max_retries=kw.pop("max_retries", 0), **kw)
+    return anthropic.Anthropic(
+        base_url=base, api_key=key or env.gateway_key, http_client=http, max_retries=kw.pop("max_retries", 0), **kw
+    )
 
 
 def direct_openai(mock_url: str) -> openai.OpenAI:

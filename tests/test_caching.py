@@ -7,10 +7,9 @@ from typing import Any
 
 import pytest
 
-from gateway.carriers import CARRIERS
 from gateway import caching
 from gateway.admission import runes_div4
-from gateway.carriers import jsonspan
+from gateway.carriers import CARRIERS, jsonspan
 from gateway.profiles.model import CacheSettings
 
 ANTHROPIC = CacheSettings(mode="anthropic-cache-control", max_breakpoints=4, min_prefix_tokens=100, ttl="5m")
@@ -23,18 +22,38 @@ def _conversation(turns: int = 3, *, system: Any = LONG, tools: bool = True) -> 
     messages: list[dict[str, Any]] = []
     for t in range(turns):
         messages.append({"role": "user", "content": f"question {t}: " + "words " * 30})
-        messages.append({"role": "assistant", "content": [
-            {"type": "text", "text": f"answer {t}"},
-            {"type": "tool_use", "id": f"toolu_{t}", "name": "lookup", "input": {"q": f"x{t}", "nested": {"b": 2, "a": 1}}}]})
-        messages.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"toolu_{t}", "content": "result " * 20}]})
+        messages.append(
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "text", "text": f"answer {t}"},
+                    {
+                        "type": "tool_use",
+                        "id": f"toolu_{t}",
+                        "name": "lookup",
+                        "input": {"q": f"x{t}", "nested": {"b": 2, "a": 1}},
+                    },
+                ],
+            }
+        )
+        messages.append(
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": f"toolu_{t}", "content": "result " * 20}],
+            }
+        )
     doc: dict[str, Any] = {"model": "claude-test-model", "max_tokens": 100, "system": system, "messages": messages}
     if tools:
-        doc["tools"] = [{"name": "lookup", "description": "Look things up in the index. " * 20, "input_schema": {"type": "object"}},
-                        {"name": "other", "description": "Another tool", "input_schema": {"type": "object"}}]
+        doc["tools"] = [
+            {"name": "lookup", "description": "Look things up in the index. " * 20, "input_schema": {"type": "object"}},
+            {"name": "other", "description": "Another tool", "input_schema": {"type": "object"}},
+        ]
     return doc
 
 
-def _plan(doc: dict[str, Any], settings: CacheSettings = ANTHROPIC, raw: str | None = None) -> tuple[str, caching.CachePlan]:
+def _plan(
+    doc: dict[str, Any], settings: CacheSettings = ANTHROPIC, raw: str | None = None
+) -> tuple[str, caching.CachePlan]:
     text = raw if raw is not None else json.dumps(doc, indent=1)  # unusual spacing on purpose
     plan = caching.plan(CARRIERS["anthropic.messages"], text, json.loads(text), settings, CTX, runes_div4)
     return jsonspan.apply(text, plan.edits), plan
@@ -108,7 +127,9 @@ def test_planning_is_idempotent_and_deterministic() -> None:
 def test_client_markers_count_and_win() -> None:
     doc = _conversation()
     doc["tools"][0]["cache_control"] = {"type": "ephemeral"}
-    doc["messages"][0]["content"] = [{"type": "text", "text": doc["messages"][0]["content"], "cache_control": {"type": "ephemeral"}}]
+    doc["messages"][0]["content"] = [
+        {"type": "text", "text": doc["messages"][0]["content"], "cache_control": {"type": "ephemeral"}}
+    ]
     planned, _ = _plan(doc)
     after = json.loads(planned)
     marks = _markers(after)
@@ -138,7 +159,12 @@ def test_client_one_hour_marker_after_ours_never_happens() -> None:
 def test_stable_ttl_one_hour_before_five_minutes() -> None:
     settings = CacheSettings(mode="anthropic-cache-control", min_prefix_tokens=100, ttl="5m", stable_ttl="1h")
     planned, _ = _plan(_conversation(), settings)
-    assert _markers(json.loads(planned)) == [("tools/1", "1h"), ("system/0", "1h"), ("messages/7/1", "5m"), ("messages/8/0", "5m")]
+    assert _markers(json.loads(planned)) == [
+        ("tools/1", "1h"),
+        ("system/0", "1h"),
+        ("messages/7/1", "5m"),
+        ("messages/8/0", "5m"),
+    ]
 
 
 def test_below_minimum_and_caching_off() -> None:
@@ -152,9 +178,11 @@ def test_below_minimum_and_caching_off() -> None:
 
 def test_prepared_context_block_gets_a_breakpoint_when_slots_allow() -> None:
     doc = _conversation(tools=False)
-    doc["system"] = [{"type": "text", "text": LONG},
-                     {"type": "text", "text": "BEGIN_POWERCONTEXT_PREPARED_CONTEXT_V1\n{}\nEND_POWERCONTEXT_PREPARED_CONTEXT_V1"},
-                     {"type": "text", "text": "Final instructions."}]
+    doc["system"] = [
+        {"type": "text", "text": LONG},
+        {"type": "text", "text": "BEGIN_POWERCONTEXT_PREPARED_CONTEXT_V1\n{}\nEND_POWERCONTEXT_PREPARED_CONTEXT_V1"},
+        {"type": "text", "text": "Final instructions."},
+    ]
     _, plan = _plan(doc)
     assert [n for n, _ in plan.breakpoints] == ["prepared_context", "system", "last_turn", "tail"]
 
@@ -168,13 +196,24 @@ def test_openai_cache_key() -> None:
     assert jsonspan.apply(text, plan.edits).startswith(text[:-1])  # appended: the prefix is unchanged
     again = caching.plan(CARRIERS["openai.chat"], text, body, OPENAI, CTX, runes_div4)
     assert again.cache_key == plan.cache_key  # stable, never random
-    other = caching.plan(CARRIERS["openai.chat"], text, body, OPENAI, caching.CacheContext("bob", "team-a", "prof-1"), runes_div4)
+    other = caching.plan(
+        CARRIERS["openai.chat"], text, body, OPENAI, caching.CacheContext("bob", "team-a", "prof-1"), runes_div4
+    )
     assert other.cache_key != plan.cache_key  # principal boundary by default
     scoped = CacheSettings(mode="openai-prompt-cache-key", sharing_boundary="scope")
     a = caching.plan(CARRIERS["openai.chat"], text, body, scoped, CTX, runes_div4).cache_key
-    b = caching.plan(CARRIERS["openai.chat"], text, body, scoped, caching.CacheContext("bob", "team-a", "prof-1"), runes_div4).cache_key
+    b = caching.plan(
+        CARRIERS["openai.chat"], text, body, scoped, caching.CacheContext("bob", "team-a", "prof-1"), runes_div4
+    ).cache_key
     assert a == b
-    session = caching.plan(CARRIERS["openai.chat"], text, body, OPENAI, caching.CacheContext("alice", "team-a", "prof-1", "s-1"), runes_div4)
+    session = caching.plan(
+        CARRIERS["openai.chat"],
+        text,
+        body,
+        OPENAI,
+        caching.CacheContext("alice", "team-a", "prof-1", "s-1"),
+        runes_div4,
+    )
     assert session.cache_key != plan.cache_key
     mine = {**body, "prompt_cache_key": "mine"}
     assert caching.plan(CARRIERS["openai.responses"], json.dumps(mine), mine, OPENAI, CTX, runes_div4).edits == ()
@@ -184,11 +223,14 @@ def test_openai_cache_key() -> None:
     assert caching.plan(CARRIERS["openai.embeddings"], text, body, OPENAI, CTX, runes_div4).edits == ()
 
 
-@pytest.mark.parametrize("doc,path", [
-    ({"a": 1, "b": {"c": [1, {"d": "x"}]}}, ("b", "c", 1, "d")),
-    ({"a": "é\\\"q", "b": []}, ("b",)),
-    ([1, [2, 3]], (1, 0)),
-])
+@pytest.mark.parametrize(
+    "doc,path",
+    [
+        ({"a": 1, "b": {"c": [1, {"d": "x"}]}}, ("b", "c", 1, "d")),
+        ({"a": 'é\\"q', "b": []}, ("b",)),
+        ([1, [2, 3]], (1, 0)),
+    ],
+)
 def test_jsonspan_locate(doc: Any, path: tuple[Any, ...]) -> None:
     text = json.dumps(doc, indent=2, ensure_ascii=False)
     start, end = jsonspan.locate(text, path)

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from gateway import keyring
 from gateway.checks import bindings
 from gateway.checks.prepared import BEGIN_MARKER, END_MARKER
 from gateway.mockprovider import MockProviderServer
@@ -21,40 +22,76 @@ SECRET = "sk-check-api-SECRET-42"
 
 
 @pytest.fixture(scope="module")
-def gw(mock: MockProviderServer, shared_tls: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Env, GatewayThread]]:
-    profiles = [mock_profile("mock-openai", "openai", mock.url), mock_profile("mock-anthropic", "anthropic", mock.url),
-                mock_profile("other-openai", "openai", mock.url)]
-    env = build_env(tmp_path_factory.mktemp("check"), mock.url, tls_dir=shared_tls, secrets_=[SECRET], profiles=profiles)
+def gw(
+    mock: MockProviderServer, shared_tls: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Env, GatewayThread]]:
+    profiles = [
+        mock_profile("mock-openai", "openai", mock.url),
+        mock_profile("mock-anthropic", "anthropic", mock.url),
+        mock_profile("other-openai", "openai", mock.url),
+    ]
+    env = build_env(
+        tmp_path_factory.mktemp("check"), mock.url, tls_dir=shared_tls, secrets_=[SECRET], profiles=profiles
+    )
     env.other_key = env.add_principal("other", ["context.check"], ["mock-openai"], ["default", "team-b"])  # type: ignore[attr-defined]
-    env.scoped_key = env.add_principal("multi", ["context.check"], ["mock-openai", "other-openai"], ["default", "team-b"])  # type: ignore[attr-defined]
+    env.scoped_key = env.add_principal(
+        "multi", ["context.check"], ["mock-openai", "other-openai"], ["default", "team-b"]
+    )  # type: ignore[attr-defined]
     with GatewayThread(env.config) as gateway:
         yield env, gateway
 
 
 def _check(env: Env, gateway: GatewayThread, body: dict[str, Any], *, key: str | None = None, uds: bool = True) -> Any:
     r = raw_client(gateway, env, uds=uds).post(
-        "/v1/context/check", json=body, headers={"authorization": f"Bearer {key or env.gateway_key}"})
+        "/v1/context/check", json=body, headers={"authorization": f"Bearer {key or env.gateway_key}"}
+    )
     return r
 
 
 CHAT = {"model": "gpt-4.1", "messages": [{"role": "user", "content": "hello"}]}
-REPLY = {"id": "chatcmpl-1", "object": "chat.completion", "choices": [
-    {"index": 0, "message": {"role": "assistant", "content": "hi there"}, "finish_reason": "stop"}]}
+REPLY = {
+    "id": "chatcmpl-1",
+    "object": "chat.completion",
+    "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi there"}, "finish_reason": "stop"}],
+}
 
 
 def _send(body: Any = CHAT, *, scope: str = "default", profile: str = "mock-openai", **extra: Any) -> dict[str, Any]:
     text = body if isinstance(body, str) else json.dumps(body)
-    return {"scope_id": scope, "phase": "before_send", "target_profile": profile,
-            "payload": {"schema": "powercontext.model-json-payload.v1", "headers": {"content-type": "application/json"},
-                        "body": text}, **extra}
+    return {
+        "scope_id": scope,
+        "phase": "before_send",
+        "target_profile": profile,
+        "payload": {
+            "schema": "powercontext.model-json-payload.v1",
+            "headers": {"content-type": "application/json"},
+            "body": text,
+        },
+        **extra,
+    }
 
 
-def _release(binding: str, body: Any = REPLY, *, scope: str = "default", profile: str = "mock-openai",
-             sse: bool = False, completion: str = "complete", **extra: Any) -> dict[str, Any]:
+def _release(
+    binding: str,
+    body: Any = REPLY,
+    *,
+    scope: str = "default",
+    profile: str = "mock-openai",
+    sse: bool = False,
+    completion: str = "complete",
+    **extra: Any,
+) -> dict[str, Any]:
     text = body if isinstance(body, str) else json.dumps(body)
     schema = "powercontext.model-sse-payload.v1" if sse else "powercontext.model-json-payload.v1"
-    return {"scope_id": scope, "phase": "before_release", "target_profile": profile, "request_binding": binding,
-            "payload": {"schema": schema, "headers": {}, "body": text}, "completion": completion, **extra}
+    return {
+        "scope_id": scope,
+        "phase": "before_release",
+        "target_profile": profile,
+        "request_binding": binding,
+        "payload": {"schema": schema, "headers": {}, "body": text},
+        "completion": completion,
+        **extra,
+    }
 
 
 def _allowed_send(env: Env, gateway: GatewayThread, **kw: Any) -> str:
@@ -69,8 +106,17 @@ def test_round_trip(gw: tuple[Env, GatewayThread]) -> None:
     env, gateway = gw
     r = _check(env, gateway, _send(), uds=False)
     result = r.json()
-    assert set(result) == {"schema", "phase", "decision", "reason_codes", "coverage", "policy_version",
-                           "valid_until", "correlate_until", "binding"}
+    assert set(result) == {
+        "schema",
+        "phase",
+        "decision",
+        "reason_codes",
+        "coverage",
+        "policy_version",
+        "valid_until",
+        "correlate_until",
+        "binding",
+    }
     assert result["schema"] == "powercontext.context-check.v1" and result["phase"] == "before_send"
     assert result["coverage"] == {"profile": "text-and-tools.v1", "complete": True}
     assert result["policy_version"] == "test-1" and result["valid_until"] < result["correlate_until"]
@@ -79,15 +125,18 @@ def test_round_trip(gw: tuple[Env, GatewayThread]) -> None:
     assert "correlate_until" not in rel
 
 
-@pytest.mark.parametrize("mutate", [
-    lambda b: b.update(request_binding="x"),             # a release field in a send
-    lambda b: b.update(completion="complete"),
-    lambda b: b.update(surprise=1),                      # unknown field
-    lambda b: b.update(phase="before_sending"),
-    lambda b: b["payload"].update(schema="powercontext.model-sse-payload.v1"),  # SSE is a release form
-    lambda b: b["payload"].update(extra=True),
-    lambda b: b.pop("target_profile"),
-])
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        lambda b: b.update(request_binding="x"),  # a release field in a send
+        lambda b: b.update(completion="complete"),
+        lambda b: b.update(surprise=1),  # unknown field
+        lambda b: b.update(phase="before_sending"),
+        lambda b: b["payload"].update(schema="powercontext.model-sse-payload.v1"),  # SSE is a release form
+        lambda b: b["payload"].update(extra=True),
+        lambda b: b.pop("target_profile"),
+    ],
+)
 def test_send_dto_is_strict(gw: tuple[Env, GatewayThread], mutate: Any) -> None:
     env, gateway = gw
     body = _send()
@@ -96,12 +145,15 @@ def test_send_dto_is_strict(gw: tuple[Env, GatewayThread], mutate: Any) -> None:
     assert r.status_code == 422 and r.json()["error"]["details"]["reason_codes"] == ["invalid_request"]
 
 
-@pytest.mark.parametrize("mutate", [
-    lambda b: b.update(prepared_contexts=[]),            # a send field in a release
-    lambda b: b.pop("completion"),
-    lambda b: b.update(completion="partial"),
-    lambda b: b.update(usage={"input_tokens": -1}),
-])
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        lambda b: b.update(prepared_contexts=[]),  # a send field in a release
+        lambda b: b.pop("completion"),
+        lambda b: b.update(completion="partial"),
+        lambda b: b.update(usage={"input_tokens": -1}),
+    ],
+)
 def test_release_dto_is_strict(gw: tuple[Env, GatewayThread], mutate: Any) -> None:
     env, gateway = gw
     body = _release("wgb1.x.y")
@@ -118,8 +170,13 @@ def test_secrets_are_decided_the_same_way(gw: tuple[Env, GatewayThread]) -> None
     binding = _allowed_send(env, gateway)
     leaked = {**REPLY, "choices": [{"index": 0, "message": {"role": "assistant", "content": SECRET}}]}
     assert _check(env, gateway, _release(binding, leaked)).json()["reason_codes"] == ["secret_value"]
-    stream = "".join(f'data: {json.dumps({"choices": [{"index": 0, "delta": {"content": SECRET[i:i + 3]}}]})}\n\n'
-                     for i in range(0, len(SECRET), 3)) + "data: [DONE]\n\n"
+    stream = (
+        "".join(
+            f"data: {json.dumps({'choices': [{'index': 0, 'delta': {'content': SECRET[i : i + 3]}}]})}\n\n"
+            for i in range(0, len(SECRET), 3)
+        )
+        + "data: [DONE]\n\n"
+    )
     binding = _allowed_send(env, gateway)
     result = _check(env, gateway, _release(binding, stream, sse=True)).json()
     assert result["decision"] == "block" and result["reason_codes"] == ["secret_value"]
@@ -146,7 +203,7 @@ def test_every_single_byte_flip_is_refused(gw: tuple[Env, GatewayThread]) -> Non
     for i in range(len(binding)):
         for flip in (0x01, 0x20):
             changed = chr(ord(binding[i]) ^ flip)
-            forged = binding[:i] + changed + binding[i + 1:]
+            forged = binding[:i] + changed + binding[i + 1 :]
             if forged == binding:
                 continue
             r = client.post("/v1/context/check", json=_release(forged), headers=headers)
@@ -161,33 +218,52 @@ def _seal(gateway: GatewayThread, **overrides: Any) -> str:
     runtime = gateway.running.holder.current
     profile = runtime.profiles["mock-openai"]
     now = time.time()
-    claims = bindings.new_claims(runtime.keyring, kind="send", audience=runtime.config.deployment_id, now=now,
-                                 ttl_s=60, phase="before_send", sub="tester", dlg=None, scope="default",
-                                 tp="mock-openai", tpd=profile.digest, car="openai.chat", body="0" * 64,
-                                 hdr="0" * 64, pv="test-1", dec="allow", md="enforce", cu=int(now + 600))
+    claims = bindings.new_claims(
+        runtime.keyring,
+        kind="send",
+        audience=runtime.config.deployment_id,
+        now=now,
+        ttl_s=60,
+        phase="before_send",
+        sub="tester",
+        dlg=None,
+        scope="default",
+        tp="mock-openai",
+        tpd=profile.digest,
+        car="openai.chat",
+        body="0" * 64,
+        hdr="0" * 64,
+        pv="test-1",
+        dec="allow",
+        md="enforce",
+        cu=int(now + 600),
+    )
     claims.update(overrides)
     return bindings.seal(runtime.keyring, claims)
 
 
-@pytest.mark.parametrize("overrides,reason", [
-    ({"cu": int(time.time()) - 1}, "binding_expired"),
-    ({"aud": "another-deployment"}, "binding_mismatch"),
-    ({"kind": "release"}, "binding_phase"),
-    ({"kind": "reuse"}, "binding_phase"),
-    ({"sub": "someone-else"}, "binding_mismatch"),
-    ({"scope": "team-b"}, "binding_mismatch"),
-    ({"tp": "other-openai"}, "binding_mismatch"),
-    ({"tpd": "sha256:" + "1" * 64}, "binding_mismatch"),
-    ({"dlg": "delegated-user"}, "binding_mismatch"),
-    # decided under another policy version: the send's decision no longer holds
-    ({"pv": "test-0"}, "binding_mismatch"),
-    # not an allow, and not an observed-only send
-    ({"dec": "block"}, "binding_mismatch"),
-    ({"dec": "withhold", "md": "enforce"}, "binding_mismatch"),
-    # incoherent: expires after its correlation deadline, or before it was issued
-    ({"exp": int(time.time()) + 10_000}, "binding_invalid"),
-    ({"iat": int(time.time()) + 100_000}, "binding_invalid"),
-])
+@pytest.mark.parametrize(
+    "overrides,reason",
+    [
+        ({"cu": int(time.time()) - 1}, "binding_expired"),
+        ({"aud": "another-deployment"}, "binding_mismatch"),
+        ({"kind": "release"}, "binding_phase"),
+        ({"kind": "reuse"}, "binding_phase"),
+        ({"sub": "someone-else"}, "binding_mismatch"),
+        ({"scope": "team-b"}, "binding_mismatch"),
+        ({"tp": "other-openai"}, "binding_mismatch"),
+        ({"tpd": "sha256:" + "1" * 64}, "binding_mismatch"),
+        ({"dlg": "delegated-user"}, "binding_mismatch"),
+        # decided under another policy version: the send's decision no longer holds
+        ({"pv": "test-0"}, "binding_mismatch"),
+        # not an allow, and not an observed-only send
+        ({"dec": "block"}, "binding_mismatch"),
+        ({"dec": "withhold", "md": "enforce"}, "binding_mismatch"),
+        # incoherent: expires after its correlation deadline, or before it was issued
+        ({"exp": int(time.time()) + 10_000}, "binding_invalid"),
+        ({"iat": int(time.time()) + 100_000}, "binding_invalid"),
+    ],
+)
 def test_binding_claims(gw: tuple[Env, GatewayThread], overrides: dict[str, Any], reason: str) -> None:
     env, gateway = gw
     result = _check(env, gateway, _release(_seal(gateway, **overrides))).json()
@@ -200,11 +276,14 @@ def test_an_observed_send_binding_may_be_released(gw: tuple[Env, GatewayThread])
     assert result["decision"] == "allow"
 
 
-@pytest.mark.parametrize("headers", [
-    {"content-type": "application/json", "Authorization": f"Bearer {SECRET}"},
-    {"content-type": "application/json", "x-anything-at-all": f"token {SECRET} here"},
-    {"content-type": "application/json", SECRET: "1"},
-])
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"content-type": "application/json", "Authorization": f"Bearer {SECRET}"},
+        {"content-type": "application/json", "x-anything-at-all": f"token {SECRET} here"},
+        {"content-type": "application/json", SECRET: "1"},
+    ],
+)
 def test_every_supplied_header_is_inspected(gw: tuple[Env, GatewayThread], headers: dict[str, str]) -> None:
     env, gateway = gw
     body = _send()
@@ -252,12 +331,12 @@ def test_rotation_and_retired_keys(gw: tuple[Env, GatewayThread]) -> None:
     env, gateway = gw
     ring = env.dir / "keys" / "bindings-keyring.json"
     old = _allowed_send(env, gateway)
-    bindings.rotate_keyring_file(ring)
+    keyring.rotate_keyring_file(ring)
     assert gateway.reload()
     assert _check(env, gateway, _release(old)).json()["decision"] == "allow"  # still accepted
     newer = _allowed_send(env, gateway)
     assert newer.split(".")[1] != old.split(".")[1]
-    bindings.rotate_keyring_file(ring, retire_after=True)
+    keyring.rotate_keyring_file(ring, retire_after=True)
     assert gateway.reload()
     result = _check(env, gateway, _release(_allowed_send(env, gateway))).json()
     assert result["decision"] == "allow"
@@ -271,15 +350,24 @@ def test_rotation_and_retired_keys(gw: tuple[Env, GatewayThread]) -> None:
 
 # --- prepared context replay -----------------------------------------------------------
 
-BLOCK = f"Trust policy text.\n{BEGIN_MARKER}\n{{\"trust\":\"untrusted_history\",\"items\":[]}}\n{END_MARKER}"
+BLOCK = f'Trust policy text.\n{BEGIN_MARKER}\n{{"trust":"untrusted_history","items":[]}}\n{END_MARKER}'
 
 
 def _reuse(gateway: GatewayThread, content: str, **overrides: Any) -> str:
     assert gateway.running is not None
     runtime = gateway.running.holder.current
-    claims = bindings.new_claims(runtime.keyring, kind="reuse", audience=runtime.config.deployment_id,
-                                 now=time.time(), ttl_s=300, sub="tester", dlg=None, scope="default",
-                                 cd="sha256:" + hashlib.sha256(content.encode()).hexdigest(), deps=[])
+    claims = bindings.new_claims(
+        runtime.keyring,
+        kind="reuse",
+        audience=runtime.config.deployment_id,
+        now=time.time(),
+        ttl_s=300,
+        sub="tester",
+        dlg=None,
+        scope="default",
+        cd="sha256:" + hashlib.sha256(content.encode()).hexdigest(),
+        deps=[],
+    )
     claims.update(overrides)
     return bindings.seal(runtime.keyring, claims)
 
@@ -288,22 +376,29 @@ def _with_context(prefix: str, block: str, suffix: str) -> tuple[dict[str, Any],
     text = prefix + block + suffix
     body = {"model": "gpt-4.1", "messages": [{"role": "system", "content": text}, {"role": "user", "content": "q"}]}
     start = len(prefix.encode())
-    location = {"schema": "powercontext.model-json-text-location.v1", "pointer": "/messages/0/content",
-                "start_byte": start, "end_byte": start + len(block.encode())}
+    location = {
+        "schema": "powercontext.model-json-text-location.v1",
+        "pointer": "/messages/0/content",
+        "start_byte": start,
+        "end_byte": start + len(block.encode()),
+    }
     return body, location
 
 
-@pytest.mark.parametrize("case,reason", [
-    ("ok", None),
-    ("changed", "prepared_context_mismatch"),
-    ("moved", "prepared_context_mismatch"),
-    ("bad_pointer", "prepared_context_mismatch"),
-    ("mid_character", "prepared_context_mismatch"),
-    ("expired", "prepared_context_stale"),
-    ("dependencies", "prepared_context_stale"),
-    ("other_scope", "prepared_context_mismatch"),
-    ("no_wrapper", "prepared_context_mismatch"),
-])
+@pytest.mark.parametrize(
+    "case,reason",
+    [
+        ("ok", None),
+        ("changed", "prepared_context_mismatch"),
+        ("moved", "prepared_context_mismatch"),
+        ("bad_pointer", "prepared_context_mismatch"),
+        ("mid_character", "prepared_context_mismatch"),
+        ("expired", "prepared_context_stale"),
+        ("dependencies", "prepared_context_stale"),
+        ("other_scope", "prepared_context_mismatch"),
+        ("no_wrapper", "prepared_context_mismatch"),
+    ],
+)
 def test_prepared_context_replay(gw: tuple[Env, GatewayThread], case: str, reason: str | None) -> None:
     env, gateway = gw
     block = BLOCK if case != "no_wrapper" else "just some text é"
@@ -317,7 +412,9 @@ def test_prepared_context_replay(gw: tuple[Env, GatewayThread], case: str, reaso
         overrides["scope"] = "team-b"
     binding = _reuse(gateway, block, **overrides)
     if case == "changed":
-        body["messages"][0]["content"] = body["messages"][0]["content"].replace("untrusted_history", "trusted_history!!")
+        body["messages"][0]["content"] = body["messages"][0]["content"].replace(
+            "untrusted_history", "trusted_history!!"
+        )
     if case == "moved":
         location = {**location, "start_byte": location["start_byte"] + 1, "end_byte": location["end_byte"] + 1}
     if case == "bad_pointer":

@@ -20,13 +20,39 @@ VALUE = "zebra-Secret-4711-value"
 
 
 def test_ignorable_class_covers_every_control_and_format_character() -> None:
-    missing = [hex(cp) for cp in range(0x110000) if unicodedata.category(chr(cp)) in ("Cc", "Cf")
-               and not decoders.is_ignorable(chr(cp))]
+    missing = [
+        hex(cp)
+        for cp in range(0x110000)
+        if unicodedata.category(chr(cp)) in ("Cc", "Cf") and not decoders.is_ignorable(chr(cp))
+    ]
     assert missing == []
 
 
-@pytest.mark.parametrize("cp", [0x200E, 0x200F, 0x202A, 0x202E, 0x2066, 0x2069, 0x034F, 0xFE0F, 0xE0100, 0x3164,
-                                0x061C, 0x180B, 0x180F, 0x115F, 0xFFA0, 0x0000, 0x0001, 0x001B, 0x007F, 0x0085])
+@pytest.mark.parametrize(
+    "cp",
+    [
+        0x200E,
+        0x200F,
+        0x202A,
+        0x202E,
+        0x2066,
+        0x2069,
+        0x034F,
+        0xFE0F,
+        0xE0100,
+        0x3164,
+        0x061C,
+        0x180B,
+        0x180F,
+        0x115F,
+        0xFFA0,
+        0x0000,
+        0x0001,
+        0x001B,
+        0x007F,
+        0x0085,
+    ],
+)
 def test_invisible_characters_are_removed(cp: int) -> None:
     assert decoders.normalise(chr(cp).join(VALUE)) == VALUE
 
@@ -54,19 +80,22 @@ def _runs(text: str) -> list[bytes]:
     return out
 
 
-@pytest.mark.parametrize("encoded", [
-    base64.b64encode(VALUE.encode()).decode(),
-    base64.urlsafe_b64encode(VALUE.encode()).decode().rstrip("="),
-    VALUE.encode().hex(),
-    VALUE.encode().hex().upper(),
-    "".join("%%%02x" % b for b in VALUE.encode()),
-    VALUE[:5] + "%2D" + VALUE[6:],
-    "".join(f"&#{ord(c)};" for c in VALUE),
-    "".join(f"&#x{ord(c):X};" for c in VALUE),
-    "".join(f"\\x{ord(c):02x}" for c in VALUE),
-    "".join(f"\\u{ord(c):04x}" for c in VALUE),
-    "".join(f"\\u{{{ord(c):x}}}" for c in VALUE),
-])
+@pytest.mark.parametrize(
+    "encoded",
+    [
+        base64.b64encode(VALUE.encode()).decode(),
+        base64.urlsafe_b64encode(VALUE.encode()).decode().rstrip("="),
+        VALUE.encode().hex(),
+        VALUE.encode().hex().upper(),
+        "".join("%%%02x" % b for b in VALUE.encode()),
+        VALUE[:5] + "%2D" + VALUE[6:],
+        "".join(f"&#{ord(c)};" for c in VALUE),
+        "".join(f"&#x{ord(c):X};" for c in VALUE),
+        "".join(f"\\x{ord(c):02x}" for c in VALUE),
+        "".join(f"\\u{ord(c):04x}" for c in VALUE),
+        "".join(f"\\u{{{ord(c):x}}}" for c in VALUE),
+    ],
+)
 def test_encoded_runs_decode(encoded: str) -> None:
     assert any(VALUE.encode() in d for d in _runs(f"see [{encoded}] here"))
 
@@ -77,9 +106,13 @@ def test_short_runs_are_words_not_encodings() -> None:
 
 # --- through the engine ---------------------------------------------------------------
 
+
 def _engine(decode_budget: float = 4.0) -> Engine:
-    engine = build_engine(secret_values=[VALUE], formats=build_format_set(
-        use_catalogue=True, disable=(), advisory=(), custom=None, detector_modes={}), policy_version="t")
+    engine = build_engine(
+        secret_values=[VALUE],
+        formats=build_format_set(use_catalogue=True, disable=(), advisory=(), custom=None, detector_modes={}),
+        policy_version="t",
+    )
     engine.decode_budget = decode_budget
     return engine
 

@@ -23,14 +23,21 @@ from tests.harness import (
 
 
 @pytest.fixture(scope="module")
-def gw(mock: MockProviderServer, shared_tls: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Env, GatewayThread, dict[str, str]]]:
+def gw(
+    mock: MockProviderServer, shared_tls: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Env, GatewayThread, dict[str, str]]]:
     profiles = [
         mock_profile("mock-openai", "openai", mock.url),
         mock_profile("mock-anthropic", "anthropic", mock.url),
         mock_profile("other-openai", "openai", mock.url),
     ]
-    env = build_env(tmp_path_factory.mktemp("auth"), mock.url, tls_dir=shared_tls, profiles=profiles,
-                    principal_profiles=["mock-openai", "mock-anthropic"])
+    env = build_env(
+        tmp_path_factory.mktemp("auth"),
+        mock.url,
+        tls_dir=shared_tls,
+        profiles=profiles,
+        principal_profiles=["mock-openai", "mock-anthropic"],
+    )
     keys = {
         "no_proxy": env.add_principal("observer", ["observe"], []),
         "openai_only": env.add_principal("narrow", ["proxy"], ["mock-openai"]),
@@ -45,11 +52,13 @@ def test_401_in_each_dialect(gw: tuple[Env, GatewayThread, dict[str, str]], tran
     uds = transport == "uds"
     with pytest.raises(openai.AuthenticationError) as oa:
         openai_client(gateway, env, uds=uds, key="wg-not-a-real-key").chat.completions.create(
-            model="gpt-4.1", messages=[{"role": "user", "content": "hi"}])
+            model="gpt-4.1", messages=[{"role": "user", "content": "hi"}]
+        )
     assert oa.value.body["reason_codes"] == ["unauthenticated"]  # type: ignore[index]
     with pytest.raises(anthropic.AuthenticationError) as an:
         anthropic_client(gateway, env, uds=uds, key="wg-not-a-real-key").messages.create(
-            model="claude-test-model", max_tokens=10, messages=[{"role": "user", "content": "hi"}])
+            model="claude-test-model", max_tokens=10, messages=[{"role": "user", "content": "hi"}]
+        )
     assert an.value.body["type"] == "error"  # type: ignore[index]
     assert an.value.body["error"]["type"] == "authentication_error"  # type: ignore[index]
     r = raw_client(gateway, env, uds=uds).post("/v1/chat/completions", json={"model": "gpt-4.1", "messages": []})
@@ -64,25 +73,32 @@ def test_403_paths(gw: tuple[Env, GatewayThread, dict[str, str]]) -> None:
     assert e1.value.body["reason_codes"] == ["forbidden_action"]  # type: ignore[index]
     with pytest.raises(anthropic.PermissionDeniedError) as e2:
         anthropic_client(gateway, env, key=keys["openai_only"]).messages.create(
-            model="claude-test-model", max_tokens=5, messages=msgs)
+            model="claude-test-model", max_tokens=5, messages=msgs
+        )
     assert e2.value.body["error"]["reason_codes"] == ["forbidden_model"]  # type: ignore[index]
     with pytest.raises(openai.PermissionDeniedError) as e3:
         openai_client(gateway, env, default_headers={"x-wiregate-profile": "other-openai"}).chat.completions.create(
-            model="gpt-4.1", messages=msgs)
+            model="gpt-4.1", messages=msgs
+        )
     assert e3.value.body["reason_codes"] == ["forbidden_profile"]  # type: ignore[index]
     with pytest.raises(openai.PermissionDeniedError) as e4:
         openai_client(gateway, env, default_headers={"x-wiregate-scope": "someone-elses"}).chat.completions.create(
-            model="gpt-4.1", messages=msgs)
+            model="gpt-4.1", messages=msgs
+        )
     assert e4.value.body["reason_codes"] == ["forbidden_action"]  # type: ignore[index]
 
 
-def test_upstream_sees_profile_credential_never_gateway_key(gw: tuple[Env, GatewayThread, dict[str, str]], mock: MockProviderServer) -> None:
+def test_upstream_sees_profile_credential_never_gateway_key(
+    gw: tuple[Env, GatewayThread, dict[str, str]], mock: MockProviderServer
+) -> None:
     env, gateway, _ = gw
     since = mock.state.records()[-1].seq if mock.state.records() else 0
-    openai_client(gateway, env, default_headers={"x-api-key": env.gateway_key, "openai-organization": "org-client"}).chat.completions.create(
-        model="gpt-4.1", messages=[{"role": "user", "content": "hi"}])
-    anthropic_client(gateway, env, default_headers={"authorization": f"Bearer {env.gateway_key}", "anthropic-beta": "x-test-beta"}).messages.create(
-        model="claude-test-model", max_tokens=5, messages=[{"role": "user", "content": "hi"}])
+    openai_client(
+        gateway, env, default_headers={"x-api-key": env.gateway_key, "openai-organization": "org-client"}
+    ).chat.completions.create(model="gpt-4.1", messages=[{"role": "user", "content": "hi"}])
+    anthropic_client(
+        gateway, env, default_headers={"authorization": f"Bearer {env.gateway_key}", "anthropic-beta": "x-test-beta"}
+    ).messages.create(model="claude-test-model", max_tokens=5, messages=[{"role": "user", "content": "hi"}])
     records = [r for r in mock.state.records() if r.seq > since]
     assert [r.path for r in records] == ["/v1/chat/completions", "/v1/messages"]
     oa, an = records
@@ -99,11 +115,17 @@ def test_upstream_sees_profile_credential_never_gateway_key(gw: tuple[Env, Gatew
 def test_either_key_header_works_on_either_route(gw: tuple[Env, GatewayThread, dict[str, str]]) -> None:
     env, gateway, _ = gw
     client = raw_client(gateway, env)
-    r = client.post("/v1/chat/completions", headers={"x-api-key": env.gateway_key},
-                    json={"model": "gpt-4.1", "messages": [{"role": "user", "content": "hi"}]})
+    r = client.post(
+        "/v1/chat/completions",
+        headers={"x-api-key": env.gateway_key},
+        json={"model": "gpt-4.1", "messages": [{"role": "user", "content": "hi"}]},
+    )
     assert r.status_code == 200
-    r = client.post("/v1/messages", headers={"authorization": f"Bearer {env.gateway_key}"},
-                    json={"model": "claude-test-model", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]})
+    r = client.post(
+        "/v1/messages",
+        headers={"authorization": f"Bearer {env.gateway_key}"},
+        json={"model": "claude-test-model", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]},
+    )
     assert r.status_code == 200
 
 

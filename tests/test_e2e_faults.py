@@ -20,17 +20,25 @@ from tests.harness import Env, GatewayThread, build_env, mock_profile, openai_cl
 
 
 @pytest.fixture(scope="module")
-def gw(mock: MockProviderServer, shared_tls: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Env, GatewayThread]]:
+def gw(
+    mock: MockProviderServer, shared_tls: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Env, GatewayThread]]:
     profiles = [
         mock_profile("primary", "openai", mock.url, fallbacks=["backup"]),
         mock_profile("backup", "openai", mock.url),
-        mock_profile("hangy", "openai", mock.url, retry={"attempts": 0},
-                     timeouts={"connect_s": 1, "read_s": 0.5, "total_s": 1.5}),
+        mock_profile(
+            "hangy", "openai", mock.url, retry={"attempts": 0}, timeouts={"connect_s": 1, "read_s": 0.5, "total_s": 1.5}
+        ),
         mock_profile("mock-anthropic", "anthropic", mock.url),
     ]
-    env = build_env(tmp_path_factory.mktemp("faults"), mock.url, tls_dir=shared_tls, profiles=profiles,
-                    secrets_=["sk-faults-secret-99"],
-                    policy_extra='allow_opaque_profiles = ["primary"]\n')
+    env = build_env(
+        tmp_path_factory.mktemp("faults"),
+        mock.url,
+        tls_dir=shared_tls,
+        profiles=profiles,
+        secrets_=["sk-faults-secret-99"],
+        policy_extra='allow_opaque_profiles = ["primary"]\n',
+    )
     with GatewayThread(env.config) as gateway:
         yield env, gateway
 
@@ -45,8 +53,15 @@ def _records(mock: MockProviderServer, sid: str) -> list[Any]:
     return [r for r in mock.state.records() if r.scenario == sid]
 
 
-def _post(env: Env, gateway: GatewayThread, body: dict[str, Any], *, headers: dict[str, str] | None = None,
-          path: str = "/v1/chat/completions", timeout: float = 30) -> httpx2.Response:
+def _post(
+    env: Env,
+    gateway: GatewayThread,
+    body: dict[str, Any],
+    *,
+    headers: dict[str, str] | None = None,
+    path: str = "/v1/chat/completions",
+    timeout: float = 30,
+) -> httpx2.Response:
     client = raw_client(gateway, env)
     client.timeout = httpx2.Timeout(timeout)
     return client.post(path, json=body, headers={"authorization": f"Bearer {env.gateway_key}", **(headers or {})})
@@ -56,13 +71,19 @@ def _chat(sid: str, stream: bool = False) -> dict[str, Any]:
     return {"model": "gpt-4.1", "stream": stream, "messages": [{"role": "user", "content": f"mock-scenario:{sid}"}]}
 
 
-def test_strict_stream_first_byte_after_upstream_last_byte(gw: tuple[Env, GatewayThread], mock: MockProviderServer) -> None:
+def test_strict_stream_first_byte_after_upstream_last_byte(
+    gw: tuple[Env, GatewayThread], mock: MockProviderServer
+) -> None:
     env, gateway = gw
     sid = _sid(mock, {"text": "a slow, dripping answer", "chunk_size": 2, "drip_ms": 40})
     client = raw_client(gateway, env)
     started = time.monotonic()
-    with client.stream("POST", "/v1/chat/completions", json=_chat(sid, stream=True),
-                       headers={"authorization": f"Bearer {env.gateway_key}"}) as response:
+    with client.stream(
+        "POST",
+        "/v1/chat/completions",
+        json=_chat(sid, stream=True),
+        headers={"authorization": f"Bearer {env.gateway_key}"},
+    ) as response:
         first_byte = None
         chunks = []
         for chunk in response.iter_raw():
@@ -79,12 +100,17 @@ def test_strict_stream_first_byte_after_upstream_last_byte(gw: tuple[Env, Gatewa
     assert b"data: [DONE]" in b"".join(chunks)
 
 
-@pytest.mark.parametrize("fault_step", [
-    {"text": "x" * 400, "chunk_size": 1, "drip_ms": 20},  # slow stream, disconnect mid-buffering
-    {"fault": "hang_after_headers"},
-    {"fault": "hang"},
-])
-def test_client_disconnect_cancels_upstream(gw: tuple[Env, GatewayThread], mock: MockProviderServer, fault_step: dict[str, Any]) -> None:
+@pytest.mark.parametrize(
+    "fault_step",
+    [
+        {"text": "x" * 400, "chunk_size": 1, "drip_ms": 20},  # slow stream, disconnect mid-buffering
+        {"fault": "hang_after_headers"},
+        {"fault": "hang"},
+    ],
+)
+def test_client_disconnect_cancels_upstream(
+    gw: tuple[Env, GatewayThread], mock: MockProviderServer, fault_step: dict[str, Any]
+) -> None:
     env, gateway = gw
     sid = _sid(mock, fault_step)
     with pytest.raises(httpx2.TimeoutException):
@@ -124,9 +150,18 @@ def test_fallback_target_is_checked_again(gw: tuple[Env, GatewayThread], mock: M
     the primary fails, before_send runs again for the fallback and withholds."""
     env, gateway = gw
     sid = _sid(mock, {"status": 500})
-    body = {"model": "gpt-4.1", "messages": [{"role": "user", "content": [
-        {"type": "text", "text": f"describe mock-scenario:{sid}"},
-        {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]}]}
+    body = {
+        "model": "gpt-4.1",
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": f"describe mock-scenario:{sid}"},
+                    {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}},
+                ],
+            }
+        ],
+    }
     r = _post(env, gateway, body)
     assert r.status_code == 422
     assert r.json()["error"]["reason_codes"] == ["opaque_content"]
@@ -135,7 +170,9 @@ def test_fallback_target_is_checked_again(gw: tuple[Env, GatewayThread], mock: M
 
 @pytest.mark.parametrize("stream", [False, True])
 @pytest.mark.parametrize("fault", ["reset_mid_stream", "truncated_json"])
-def test_broken_upstream_releases_nothing_partial(gw: tuple[Env, GatewayThread], mock: MockProviderServer, stream: bool, fault: str) -> None:
+def test_broken_upstream_releases_nothing_partial(
+    gw: tuple[Env, GatewayThread], mock: MockProviderServer, stream: bool, fault: str
+) -> None:
     env, gateway = gw
     sid = _sid(mock, {"text": "partial answer that never completes", "fault": fault, "chunk_size": 4})
     r = _post(env, gateway, _chat(sid, stream=stream))
@@ -167,7 +204,9 @@ def test_hang_hits_the_time_limit(gw: tuple[Env, GatewayThread], mock: MockProvi
     assert mock.state.wait_for(lambda recs: any(x.scenario == sid and x.cancelled for x in recs), timeout=5)
 
 
-def test_concurrency_limit_refuses_instead_of_queueing(mock: MockProviderServer, make_env: Any, gateway_for: Any) -> None:
+def test_concurrency_limit_refuses_instead_of_queueing(
+    mock: MockProviderServer, make_env: Any, gateway_for: Any
+) -> None:
     env = make_env(config_extra="[limits]\nconcurrent_buffered_responses = 1\n")
     gateway = gateway_for(env)
     sid = _sid(mock, {"text": "slow one", "chunk_size": 1, "drip_ms": 60})

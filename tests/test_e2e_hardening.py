@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from gateway.checks.bindings import KeyRing, RingKey
 from gateway.carriers import sse
 from gateway.config.load import ConfigError, load_runtime
+from gateway.keyring import KeyRing, RingKey
 from gateway.mockprovider import MockProviderServer
 from tests.harness import UPSTREAM_KEY, Env, GatewayThread, build_env, policy_text, raw_client
 
@@ -28,8 +28,12 @@ MSGS = "/v1/messages"
 
 
 @pytest.fixture(scope="module")
-def gw(mock: MockProviderServer, shared_tls: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Env, GatewayThread]]:
-    env = build_env(tmp_path_factory.mktemp("hardening"), mock.url, tls_dir=shared_tls, secrets_=[SECRET], config_extra=BEATS)
+def gw(
+    mock: MockProviderServer, shared_tls: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Env, GatewayThread]]:
+    env = build_env(
+        tmp_path_factory.mktemp("hardening"), mock.url, tls_dir=shared_tls, secrets_=[SECRET], config_extra=BEATS
+    )
     with GatewayThread(env.config) as gateway:
         yield env, gateway
 
@@ -50,6 +54,7 @@ def _headers(env: Env) -> dict[str, str]:
 
 # --- the provider credential ----------------------------------------------------------
 
+
 def test_a_client_cannot_send_the_provider_credential(gw: tuple[Env, GatewayThread], mock: MockProviderServer) -> None:
     env, gateway = gw
     before = len(mock.state.records())
@@ -59,11 +64,29 @@ def test_a_client_cannot_send_the_provider_credential(gw: tuple[Env, GatewayThre
 
 
 @pytest.mark.parametrize("status", [200, 400, 500])
-def test_an_echoed_provider_credential_is_never_released(gw: tuple[Env, GatewayThread], mock: MockProviderServer, status: int) -> None:
+def test_an_echoed_provider_credential_is_never_released(
+    gw: tuple[Env, GatewayThread], mock: MockProviderServer, status: int
+) -> None:
     env, gateway = gw
-    body = json.dumps({"id": "c", "object": "chat.completion", "choices": [{"index": 0, "finish_reason": "stop",
-                       "message": {"role": "assistant", "content": f"your key is {UPSTREAM_KEY}"}}]}) if status == 200 \
-        else json.dumps({"error": {"message": f"Incorrect API key provided: {UPSTREAM_KEY}", "type": "invalid_request_error"}})
+    body = (
+        json.dumps(
+            {
+                "id": "c",
+                "object": "chat.completion",
+                "choices": [
+                    {
+                        "index": 0,
+                        "finish_reason": "stop",
+                        "message": {"role": "assistant", "content": f"your key is {UPSTREAM_KEY}"},
+                    }
+                ],
+            }
+        )
+        if status == 200
+        else json.dumps(
+            {"error": {"message": f"Incorrect API key provided: {UPSTREAM_KEY}", "type": "invalid_request_error"}}
+        )
+    )
     sid = _scenario(mock, status=status, raw_body=body, content_type="application/json")
     r = raw_client(gateway, env).post(CHAT, json=_chat(sid), headers=_headers(env))
     assert r.status_code == 403 and UPSTREAM_KEY not in r.text
@@ -72,14 +95,21 @@ def test_an_echoed_provider_credential_is_never_released(gw: tuple[Env, GatewayT
 
 # --- released headers ---------------------------------------------------------------------
 
-def test_response_header_names_and_values_are_held_to_known_forms(gw: tuple[Env, GatewayThread], mock: MockProviderServer) -> None:
+
+def test_response_header_names_and_values_are_held_to_known_forms(
+    gw: tuple[Env, GatewayThread], mock: MockProviderServer
+) -> None:
     env, gateway = gw
-    sid = _scenario(mock, text="fine", headers={
-        "x-ratelimit-limit-requests": "500",
-        "x-ratelimit-reset-tokens": "6m0s",
-        "x-ratelimit-Carries_Any.Text!": "1",  # a valid HTTP name, but not of that family's form
-        "x-ratelimit-remaining-requests": "value with \"quotes\" and {json}",  # not a value of that form
-    })
+    sid = _scenario(
+        mock,
+        text="fine",
+        headers={
+            "x-ratelimit-limit-requests": "500",
+            "x-ratelimit-reset-tokens": "6m0s",
+            "x-ratelimit-Carries_Any.Text!": "1",  # a valid HTTP name, but not of that family's form
+            "x-ratelimit-remaining-requests": 'value with "quotes" and {json}',  # not a value of that form
+        },
+    )
     r = raw_client(gateway, env).post(CHAT, json=_chat(sid), headers=_headers(env))
     assert r.status_code == 200
     assert r.headers["x-ratelimit-limit-requests"] == "500" and r.headers["x-ratelimit-reset-tokens"] == "6m0s"
@@ -87,7 +117,9 @@ def test_response_header_names_and_values_are_held_to_known_forms(gw: tuple[Env,
     assert not any("carries" in name.lower() for name in r.headers)
 
 
-def test_a_secret_in_a_released_header_name_or_value_is_refused(gw: tuple[Env, GatewayThread], mock: MockProviderServer) -> None:
+def test_a_secret_in_a_released_header_name_or_value_is_refused(
+    gw: tuple[Env, GatewayThread], mock: MockProviderServer
+) -> None:
     env, gateway = gw
     for headers in ({f"x-ratelimit-{SECRET.lower()}": "1"}, {"x-request-id": SECRET}):
         sid = _scenario(mock, text="fine", headers=headers)
@@ -100,14 +132,20 @@ def test_a_secret_in_a_released_header_name_or_value_is_refused(gw: tuple[Env, G
 
 def test_the_content_type_is_ours(gw: tuple[Env, GatewayThread], mock: MockProviderServer) -> None:
     env, gateway = gw
-    body = json.dumps({"id": "c", "object": "chat.completion",
-                       "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "ok"}}]})
+    body = json.dumps(
+        {
+            "id": "c",
+            "object": "chat.completion",
+            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "ok"}}],
+        }
+    )
     sid = _scenario(mock, raw_body=body, content_type=f"application/json; profile={SECRET}")
     r = raw_client(gateway, env).post(CHAT, json=_chat(sid), headers=_headers(env))
     assert r.status_code == 200 and r.headers["content-type"] == "application/json"
 
 
 # --- failures after heartbeats ----------------------------------------------------------------
+
 
 class _BreaksOnOpen(KeyRing):
     """A key ring that seals but raises a TypeError when a binding is opened: a bug of
@@ -118,16 +156,25 @@ class _BreaksOnOpen(KeyRing):
 
 
 @pytest.mark.parametrize("route", [CHAT, MSGS])
-def test_any_failure_after_heartbeats_is_the_protocols_error_event(mock: MockProviderServer, make_env: Any, gateway_for: Any, route: str) -> None:
+def test_any_failure_after_heartbeats_is_the_protocols_error_event(
+    mock: MockProviderServer, make_env: Any, gateway_for: Any, route: str
+) -> None:
     env = make_env(config_extra=BEATS)
     gateway = gateway_for(env)
     holder = gateway.running.holder
     ring = holder.current.keyring
     holder.swap(dataclasses.replace(holder.current, keyring=_BreaksOnOpen(ring.active, ring.keys)))
     sid = _scenario(mock, text="a fine answer, slowly", chunk_size=2, drip_ms=30)
-    body = _chat(sid, stream=True) if route == CHAT else {
-        "model": "claude-test-model", "max_tokens": 20, "stream": True,
-        "messages": [{"role": "user", "content": f"mock-scenario:{sid}"}]}
+    body = (
+        _chat(sid, stream=True)
+        if route == CHAT
+        else {
+            "model": "claude-test-model",
+            "max_tokens": 20,
+            "stream": True,
+            "messages": [{"role": "user", "content": f"mock-scenario:{sid}"}],
+        }
+    )
     r = raw_client(gateway, env).post(route, json=body, headers=_headers(env))
     assert r.status_code == 200 and r.content.startswith(sse.HEARTBEAT)
     assert b"HTTP/1.1" not in r.content and b"a fine answer" not in r.content
@@ -139,12 +186,21 @@ def test_any_failure_after_heartbeats_is_the_protocols_error_event(mock: MockPro
 
 
 @pytest.mark.parametrize("route,expected", [(CHAT, "server_error"), (MSGS, "api_error")])
-def test_an_incomplete_stream_event_is_not_a_permission_error(gw: tuple[Env, GatewayThread], mock: MockProviderServer, route: str, expected: str) -> None:
+def test_an_incomplete_stream_event_is_not_a_permission_error(
+    gw: tuple[Env, GatewayThread], mock: MockProviderServer, route: str, expected: str
+) -> None:
     env, gateway = gw
     sid = _scenario(mock, text="x" * 40, chunk_size=2, drip_ms=30, fault="reset_mid_stream")
-    body = _chat(sid, stream=True) if route == CHAT else {
-        "model": "claude-test-model", "max_tokens": 20, "stream": True,
-        "messages": [{"role": "user", "content": f"mock-scenario:{sid}"}]}
+    body = (
+        _chat(sid, stream=True)
+        if route == CHAT
+        else {
+            "model": "claude-test-model",
+            "max_tokens": 20,
+            "stream": True,
+            "messages": [{"role": "user", "content": f"mock-scenario:{sid}"}],
+        }
+    )
     r = raw_client(gateway, env).post(route, json=body, headers=_headers(env))
     events, _ = sse.parse_all(r.content)
     error = json.loads(events[0].data)["error"]
@@ -152,6 +208,7 @@ def test_an_incomplete_stream_event_is_not_a_permission_error(gw: tuple[Env, Gat
 
 
 # --- bindings in every mode; the policy's routes ----------------------------------------------
+
 
 class _GrantsNothing(KeyRing):
     """Seals, but no key is usable to open: every binding is invalid on release."""
@@ -161,7 +218,9 @@ class _GrantsNothing(KeyRing):
 
 
 @pytest.mark.parametrize("mode", ["off", "observe"])
-def test_the_send_binding_is_verified_whatever_the_release_mode(mock: MockProviderServer, make_env: Any, gateway_for: Any, mode: str) -> None:
+def test_the_send_binding_is_verified_whatever_the_release_mode(
+    mock: MockProviderServer, make_env: Any, gateway_for: Any, mode: str
+) -> None:
     env = make_env(policy_extra=f'[modes]\nbefore_release = "{mode}"\n')
     gateway = gateway_for(env)
     holder = gateway.running.holder

@@ -27,9 +27,12 @@ TRANSPORTS = ["https", "uds"]
 
 
 @pytest.fixture(scope="module")
-def gw(mock: MockProviderServer, shared_tls: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Env, GatewayThread]]:
-    env = build_env(tmp_path_factory.mktemp("sdk"), mock.url, tls_dir=shared_tls,
-                    secrets_=["never-matches-anything-0001"])
+def gw(
+    mock: MockProviderServer, shared_tls: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Env, GatewayThread]]:
+    env = build_env(
+        tmp_path_factory.mktemp("sdk"), mock.url, tls_dir=shared_tls, secrets_=["never-matches-anything-0001"]
+    )
     with GatewayThread(env.config) as gateway:
         yield env, gateway
 
@@ -48,7 +51,9 @@ TOOL_ARGS_B = '{"sku":"A-1","qty":3}'
 def test_chat_non_stream(gw: tuple[Env, GatewayThread], mock: MockProviderServer, transport: str) -> None:
     env, gateway = gw
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there"}]
-    via = openai_client(gateway, env, uds=transport == "uds").chat.completions.create(model="gpt-4.1", messages=messages)
+    via = openai_client(gateway, env, uds=transport == "uds").chat.completions.create(
+        model="gpt-4.1", messages=messages
+    )
     direct = direct_openai(mock.url).chat.completions.create(model="gpt-4.1", messages=messages)
     assert via.model_dump() == direct.model_dump()
     assert via.choices[0].message.content and via.usage is not None
@@ -57,8 +62,11 @@ def test_chat_non_stream(gw: tuple[Env, GatewayThread], mock: MockProviderServer
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_chat_stream_with_tool_calls(gw: tuple[Env, GatewayThread], mock: MockProviderServer, transport: str) -> None:
     env, gateway = gw
-    sid = _scenario(mock, tool_calls=[{"name": "weather", "arguments": TOOL_ARGS_A},
-                                      {"name": "price", "arguments": TOOL_ARGS_B}], chunk_size=3)
+    sid = _scenario(
+        mock,
+        tool_calls=[{"name": "weather", "arguments": TOOL_ARGS_A}, {"name": "price", "arguments": TOOL_ARGS_B}],
+        chunk_size=3,
+    )
     messages = [{"role": "user", "content": f"weather and price please mock-scenario:{sid}"}]
 
     def run(client: object) -> list[tuple[str, str]]:
@@ -72,24 +80,34 @@ def test_chat_stream_with_tool_calls(gw: tuple[Env, GatewayThread], mock: MockPr
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
-def test_chat_stream_chunks_equal_direct(gw: tuple[Env, GatewayThread], mock: MockProviderServer, transport: str) -> None:
+def test_chat_stream_chunks_equal_direct(
+    gw: tuple[Env, GatewayThread], mock: MockProviderServer, transport: str
+) -> None:
     env, gateway = gw
     messages = [{"role": "user", "content": "count to three"}]
     kwargs = {"model": "gpt-4.1", "messages": messages, "stream": True, "stream_options": {"include_usage": True}}
-    via = [c.model_dump() for c in openai_client(gateway, env, uds=transport == "uds").chat.completions.create(**kwargs)]
+    via = [
+        c.model_dump() for c in openai_client(gateway, env, uds=transport == "uds").chat.completions.create(**kwargs)
+    ]
     direct = [c.model_dump() for c in direct_openai(mock.url).chat.completions.create(**kwargs)]
     assert via == direct
     assert via[-1]["usage"]["prompt_tokens"] > 0
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
-def test_responses_non_stream_and_stream(gw: tuple[Env, GatewayThread], mock: MockProviderServer, transport: str) -> None:
+def test_responses_non_stream_and_stream(
+    gw: tuple[Env, GatewayThread], mock: MockProviderServer, transport: str
+) -> None:
     env, gateway = gw
     client = openai_client(gateway, env, uds=transport == "uds")
     # The Responses API echoes prompt_cache_key; wiregate sets one when the client does not
     # (cache planning), and never overrides the client's: with one set, results are equal.
-    args = {"model": "gpt-5", "instructions": "Reply in one sentence.", "input": "Weather in Oslo?",
-            "prompt_cache_key": "client-chosen-key"}
+    args = {
+        "model": "gpt-5",
+        "instructions": "Reply in one sentence.",
+        "input": "Weather in Oslo?",
+        "prompt_cache_key": "client-chosen-key",
+    }
     via = client.responses.create(**args)
     direct = direct_openai(mock.url).responses.create(**args)
     assert via.model_dump() == direct.model_dump()
@@ -97,7 +115,9 @@ def test_responses_non_stream_and_stream(gw: tuple[Env, GatewayThread], mock: Mo
     planned = client.responses.create(**{k: v for k, v in args.items() if k != "prompt_cache_key"})
     assert planned.prompt_cache_key is not None and planned.prompt_cache_key.startswith("wg-")
 
-    sid = _scenario(mock, text="Sunny, 4 °C — nice ☀", tool_calls=[{"name": "lookup", "arguments": TOOL_ARGS_B}], chunk_size=2)
+    sid = _scenario(
+        mock, text="Sunny, 4 °C — nice ☀", tool_calls=[{"name": "lookup", "arguments": TOOL_ARGS_B}], chunk_size=2
+    )
     stream_args = {**args, "input": f"Weather? mock-scenario:{sid}"}
     with client.responses.stream(**stream_args) as stream:
         final = stream.get_final_response()
@@ -110,7 +130,9 @@ def test_responses_non_stream_and_stream(gw: tuple[Env, GatewayThread], mock: Mo
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
 @pytest.mark.parametrize("encoding", ["float", "base64", None])
-def test_embeddings(gw: tuple[Env, GatewayThread], mock: MockProviderServer, transport: str, encoding: str | None) -> None:
+def test_embeddings(
+    gw: tuple[Env, GatewayThread], mock: MockProviderServer, transport: str, encoding: str | None
+) -> None:
     env, gateway = gw
     kwargs: dict[str, object] = {"model": "text-embedding-3-small", "input": ["alpha", "beta gamma"]}
     if encoding is not None:
@@ -134,12 +156,18 @@ def test_embeddings(gw: tuple[Env, GatewayThread], mock: MockProviderServer, tra
 def test_anthropic_messages(gw: tuple[Env, GatewayThread], mock: MockProviderServer, transport: str) -> None:
     env, gateway = gw
     client = anthropic_client(gateway, env, uds=transport == "uds")
-    args = {"model": "claude-test-model", "max_tokens": 100, "system": "Be brief.",
-            "messages": [{"role": "user", "content": "Hi"}]}
+    args = {
+        "model": "claude-test-model",
+        "max_tokens": 100,
+        "system": "Be brief.",
+        "messages": [{"role": "user", "content": "Hi"}],
+    }
     via = client.messages.create(**args)
     assert via.model_dump() == direct_anthropic(mock.url).messages.create(**args).model_dump()
 
-    sid = _scenario(mock, text="Let me check.", tool_calls=[{"name": "get_order", "arguments": TOOL_ARGS_A}], chunk_size=4)
+    sid = _scenario(
+        mock, text="Let me check.", tool_calls=[{"name": "get_order", "arguments": TOOL_ARGS_A}], chunk_size=4
+    )
     stream_args = {**args, "messages": [{"role": "user", "content": f"order? mock-scenario:{sid}"}]}
     with client.messages.stream(**stream_args) as stream:
         final = stream.get_final_message()

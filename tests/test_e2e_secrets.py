@@ -44,7 +44,9 @@ def _last_seq(mock: MockProviderServer) -> int:
 
 
 @pytest.fixture(scope="module")
-def gw(mock: MockProviderServer, shared_tls: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Env, GatewayThread]]:
+def gw(
+    mock: MockProviderServer, shared_tls: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Env, GatewayThread]]:
     env = build_env(tmp_path_factory.mktemp("secrets"), mock.url, tls_dir=shared_tls, secrets_=[SECRET, SECRET_2])
     with GatewayThread(env.config) as gateway:
         yield env, gateway
@@ -52,25 +54,50 @@ def gw(mock: MockProviderServer, shared_tls: Path, tmp_path_factory: pytest.Temp
 
 OPENAI_REQUESTS: dict[str, dict[str, Any]] = {
     "message_text": {"messages": [{"role": "user", "content": f"my key is {SECRET} ok"}]},
-    "system_prompt": {"messages": [{"role": "system", "content": f"use {SECRET_2}"}, {"role": "user", "content": "hi"}]},
-    "tool_call_arguments": {"messages": [
-        {"role": "user", "content": "hi"},
-        {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function",
-         "function": {"name": "f", "arguments": json.dumps({"token": SECRET_2})}}]},
-        {"role": "tool", "tool_call_id": "call_1", "content": "done"}]},
-    "tool_result": {"messages": [
-        {"role": "user", "content": "hi"},
-        {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function",
-         "function": {"name": "f", "arguments": "{}"}}]},
-        {"role": "tool", "tool_call_id": "call_1", "content": json.dumps({"out": f"x{SECRET}y"})}]},
-    "split_across_parts": {"messages": [{"role": "user", "content": [
-        {"type": "text", "text": SECRET[:9]}, {"type": "text", "text": SECRET[9:]}]}]},
+    "system_prompt": {
+        "messages": [{"role": "system", "content": f"use {SECRET_2}"}, {"role": "user", "content": "hi"}]
+    },
+    "tool_call_arguments": {
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "call_1",
+                        "type": "function",
+                        "function": {"name": "f", "arguments": json.dumps({"token": SECRET_2})},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": "call_1", "content": "done"},
+        ]
+    },
+    "tool_result": {
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
+            },
+            {"role": "tool", "tool_call_id": "call_1", "content": json.dumps({"out": f"x{SECRET}y"})},
+        ]
+    },
+    "split_across_parts": {
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": SECRET[:9]}, {"type": "text", "text": SECRET[9:]}]}
+        ]
+    },
 }
 
 
 @pytest.mark.parametrize("where", sorted(OPENAI_REQUESTS))
 @pytest.mark.parametrize("transport", ["https", "uds"])
-def test_openai_chat_request_secret_never_sent(gw: tuple[Env, GatewayThread], mock: MockProviderServer, where: str, transport: str) -> None:
+def test_openai_chat_request_secret_never_sent(
+    gw: tuple[Env, GatewayThread], mock: MockProviderServer, where: str, transport: str
+) -> None:
     env, gateway = gw
     since = _last_seq(mock)
     client = openai_client(gateway, env, uds=transport == "uds")
@@ -86,25 +113,38 @@ def test_openai_chat_request_secret_never_sent(gw: tuple[Env, GatewayThread], mo
 
 
 ANTHROPIC_REQUESTS: dict[str, dict[str, Any]] = {
-    "system": {"system": [{"type": "text", "text": f"policy {SECRET}"}], "messages": [{"role": "user", "content": "hi"}]},
+    "system": {
+        "system": [{"type": "text", "text": f"policy {SECRET}"}],
+        "messages": [{"role": "user", "content": "hi"}],
+    },
     "text": {"messages": [{"role": "user", "content": [{"type": "text", "text": f"{SECRET_2}"}]}]},
-    "tool_use_input": {"messages": [
-        {"role": "user", "content": "hi"},
-        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {"k": SECRET}}]},
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "ok"}]}]},
-    "tool_result": {"messages": [
-        {"role": "user", "content": "hi"},
-        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {}}]},
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": f"r={SECRET_2}"}]}]},
+    "tool_use_input": {
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {"k": SECRET}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "ok"}]},
+        ]
+    },
+    "tool_result": {
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": f"r={SECRET_2}"}]},
+        ]
+    },
 }
 
 
 @pytest.mark.parametrize("where", sorted(ANTHROPIC_REQUESTS))
-def test_anthropic_request_secret_never_sent(gw: tuple[Env, GatewayThread], mock: MockProviderServer, where: str) -> None:
+def test_anthropic_request_secret_never_sent(
+    gw: tuple[Env, GatewayThread], mock: MockProviderServer, where: str
+) -> None:
     env, gateway = gw
     since = _last_seq(mock)
     with pytest.raises(anthropic.PermissionDeniedError) as info:
-        anthropic_client(gateway, env).messages.create(model="claude-test-model", max_tokens=50, **ANTHROPIC_REQUESTS[where])
+        anthropic_client(gateway, env).messages.create(
+            model="claude-test-model", max_tokens=50, **ANTHROPIC_REQUESTS[where]
+        )
     body = info.value.body
     assert isinstance(body, dict) and body["error"]["code"] == "request_blocked"
     assert body["error"]["reason_codes"] == ["secret_value"]
@@ -112,14 +152,18 @@ def test_anthropic_request_secret_never_sent(gw: tuple[Env, GatewayThread], mock
     assert _last_seq(mock) == since
 
 
-def test_responses_and_embeddings_request_secret_never_sent(gw: tuple[Env, GatewayThread], mock: MockProviderServer) -> None:
+def test_responses_and_embeddings_request_secret_never_sent(
+    gw: tuple[Env, GatewayThread], mock: MockProviderServer
+) -> None:
     env, gateway = gw
     since = _last_seq(mock)
     client = openai_client(gateway, env)
     with pytest.raises(openai.PermissionDeniedError):
         client.responses.create(model="gpt-5", instructions=f"keep {SECRET}", input="hi")
     with pytest.raises(openai.PermissionDeniedError):
-        client.responses.create(model="gpt-5", input=[{"type": "function_call_output", "call_id": "c", "output": SECRET_2}])
+        client.responses.create(
+            model="gpt-5", input=[{"type": "function_call_output", "call_id": "c", "output": SECRET_2}]
+        )
     with pytest.raises(openai.PermissionDeniedError):
         client.embeddings.create(model="text-embedding-3-small", input=["fine", f"not {SECRET}"])
     assert _last_seq(mock) == since
@@ -135,7 +179,10 @@ RESPONSE_STEPS: dict[str, dict[str, Any]] = {
     "text": {"text": f"Sure, the key is {SECRET}."},
     "tool_arguments": {"tool_calls": [{"name": "send", "arguments": json.dumps({"value": SECRET_2})}]},
     "split_across_events": {"text": f"here: {SECRET} done", "chunk_size": 2},
-    "split_tool_args_events": {"tool_calls": [{"name": "send", "arguments": json.dumps({"v": SECRET})}], "chunk_size": 1},
+    "split_tool_args_events": {
+        "tool_calls": [{"name": "send", "arguments": json.dumps({"v": SECRET})}],
+        "chunk_size": 1,
+    },
     "split_tcp_reads": {"text": f"bytes {SECRET_2}", "chunk_size": 3, "split_bytes": 5},
 }
 
@@ -146,7 +193,9 @@ def _client_saw(text: str) -> bool:
 
 @pytest.mark.parametrize("where", sorted(RESPONSE_STEPS))
 @pytest.mark.parametrize("stream", [False, True])
-def test_openai_chat_response_secret_never_released(gw: tuple[Env, GatewayThread], mock: MockProviderServer, where: str, stream: bool) -> None:
+def test_openai_chat_response_secret_never_released(
+    gw: tuple[Env, GatewayThread], mock: MockProviderServer, where: str, stream: bool
+) -> None:
     env, gateway = gw
     sid = _scenario(mock, **RESPONSE_STEPS[where])
     client = raw_client(gateway, env)
@@ -167,30 +216,41 @@ def test_sdk_sees_response_blocked(gw: tuple[Env, GatewayThread], mock: MockProv
     sid = _scenario(mock, text=f"leak {SECRET}", chunk_size=4)
     with pytest.raises(openai.PermissionDeniedError) as info:
         result = openai_client(gateway, env).chat.completions.create(
-            model="gpt-4.1", stream=stream, messages=[{"role": "user", "content": f"mock-scenario:{sid}"}])
+            model="gpt-4.1", stream=stream, messages=[{"role": "user", "content": f"mock-scenario:{sid}"}]
+        )
         if stream:
             list(result)
     assert info.value.body["code"] == "response_blocked"  # type: ignore[index]
     sid = _scenario(mock, tool_calls=[{"name": "f", "arguments": json.dumps({"k": SECRET})}], chunk_size=2)
-    with pytest.raises(anthropic.PermissionDeniedError) as ainfo:
-        with anthropic_client(gateway, env).messages.stream(
+    with (
+        pytest.raises(anthropic.PermissionDeniedError) as ainfo,
+        anthropic_client(gateway, env).messages.stream(
             model="claude-test-model", max_tokens=50, messages=[{"role": "user", "content": f"mock-scenario:{sid}"}]
-        ) as s:
-            s.get_final_message()
+        ) as s,
+    ):
+        s.get_final_message()
     assert ainfo.value.body["error"]["code"] == "response_blocked"  # type: ignore[index]
 
 
-@pytest.mark.parametrize("route,payload", [
-    ("/v1/responses", {"model": "gpt-5", "input": "x"}),
-    ("/v1/messages", {"model": "claude-test-model", "max_tokens": 20, "messages": [{"role": "user", "content": "x"}]}),
-])
+@pytest.mark.parametrize(
+    "route,payload",
+    [
+        ("/v1/responses", {"model": "gpt-5", "input": "x"}),
+        (
+            "/v1/messages",
+            {"model": "claude-test-model", "max_tokens": 20, "messages": [{"role": "user", "content": "x"}]},
+        ),
+    ],
+)
 @pytest.mark.parametrize("stream", [False, True])
 def test_other_carriers_response_secret_never_released(
     gw: tuple[Env, GatewayThread], mock: MockProviderServer, route: str, payload: dict[str, Any], stream: bool
 ) -> None:
     env, gateway = gw
-    for step in ({"text": f"a {SECRET} b", "chunk_size": 3},
-                 {"tool_calls": [{"name": "f", "arguments": json.dumps({"k": SECRET_2})}], "chunk_size": 2}):
+    for step in (
+        {"text": f"a {SECRET} b", "chunk_size": 3},
+        {"tool_calls": [{"name": "f", "arguments": json.dumps({"k": SECRET_2})}], "chunk_size": 2},
+    ):
         sid = _scenario(mock, **step)
         body = json.loads(json.dumps(payload))
         body["stream"] = stream
@@ -208,50 +268,82 @@ def test_error_body_from_provider_is_inspected(gw: tuple[Env, GatewayThread], mo
     env, gateway = gw
     sid = _scenario(mock, status=400, error_message=f"bad input near {SECRET}")
     r = raw_client(gateway, env).post(
-        "/v1/chat/completions", json={"model": "gpt-4.1", "messages": [{"role": "user", "content": f"mock-scenario:{sid}"}]},
-        headers={"authorization": f"Bearer {env.gateway_key}"})
+        "/v1/chat/completions",
+        json={"model": "gpt-4.1", "messages": [{"role": "user", "content": f"mock-scenario:{sid}"}]},
+        headers={"authorization": f"Bearer {env.gateway_key}"},
+    )
     assert r.status_code == 403 and not _client_saw(r.text)
     sid = _scenario(mock, status=400, error_message="plain provider complaint")
     r = raw_client(gateway, env).post(
-        "/v1/chat/completions", json={"model": "gpt-4.1", "messages": [{"role": "user", "content": f"mock-scenario:{sid}"}]},
-        headers={"authorization": f"Bearer {env.gateway_key}"})
+        "/v1/chat/completions",
+        json={"model": "gpt-4.1", "messages": [{"role": "user", "content": f"mock-scenario:{sid}"}]},
+        headers={"authorization": f"Bearer {env.gateway_key}"},
+    )
     assert r.status_code == 400 and "plain provider complaint" in r.text  # released as the provider sent it
 
 
 @pytest.fixture(scope="module")
-def observe_gw(mock: MockProviderServer, shared_tls: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Env, GatewayThread]]:
-    env = build_env(tmp_path_factory.mktemp("observe"), mock.url, tls_dir=shared_tls, secrets_=[SECRET],
-                    policy_extra='[modes]\nbefore_send = "enforce"\nbefore_release = "observe"\n')
+def observe_gw(
+    mock: MockProviderServer, shared_tls: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Env, GatewayThread]]:
+    env = build_env(
+        tmp_path_factory.mktemp("observe"),
+        mock.url,
+        tls_dir=shared_tls,
+        secrets_=[SECRET],
+        policy_extra='[modes]\nbefore_send = "enforce"\nbefore_release = "observe"\n',
+    )
     with GatewayThread(env.config) as gateway:
         yield env, gateway
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_observe_mode_passes_and_records(observe_gw: tuple[Env, GatewayThread], mock: MockProviderServer, captured_logs: Any, stream: bool) -> None:
+def test_observe_mode_passes_and_records(
+    observe_gw: tuple[Env, GatewayThread], mock: MockProviderServer, captured_logs: Any, stream: bool
+) -> None:
     env, gateway = observe_gw
     sid = _scenario(mock, text=f"observed {SECRET} here", chunk_size=5)
     client = raw_client(gateway, env)
-    r = client.post("/v1/chat/completions", headers={"authorization": f"Bearer {env.gateway_key}"},
-                    json={"model": "gpt-4.1", "stream": stream, "messages": [{"role": "user", "content": f"mock-scenario:{sid}"}]})
+    r = client.post(
+        "/v1/chat/completions",
+        headers={"authorization": f"Bearer {env.gateway_key}"},
+        json={"model": "gpt-4.1", "stream": stream, "messages": [{"role": "user", "content": f"mock-scenario:{sid}"}]},
+    )
     assert r.status_code == 200
-    assert SECRET in (r.text if not stream else "".join(
-        json.loads(line[6:])["choices"][0]["delta"].get("content") or ""
-        for line in r.text.splitlines() if line.startswith("data: {") and json.loads(line[6:])["choices"]))
+    assert SECRET in (
+        r.text
+        if not stream
+        else "".join(
+            json.loads(line[6:])["choices"][0]["delta"].get("content") or ""
+            for line in r.text.splitlines()
+            if line.startswith("data: {") and json.loads(line[6:])["choices"]
+        )
+    )
     rid = r.headers["x-powercontext-request-id"]
-    decisions = [rec for rec in captured_logs.records() if rec.get("event") == "decision" and rec.get("request_id") == rid]
+    decisions = [
+        rec for rec in captured_logs.records() if rec.get("event") == "decision" and rec.get("request_id") == rid
+    ]
     assert decisions and decisions[-1]["mode"] == "observe" and decisions[-1]["decision"] == "block"
     assert decisions[-1]["observed"] is True and decisions[-1]["reason_codes"] == ["secret_value"]
     metrics = client.get("/metrics", headers={"authorization": f"Bearer {env.gateway_key}"}).text
-    assert 'wiregate_decisions_total{decision="block",mode="observe",phase="before_release",reason="secret_value"}' in metrics
+    assert (
+        'wiregate_decisions_total{decision="block",mode="observe",phase="before_release",reason="secret_value"}'
+        in metrics
+    )
     # before_send stays enforced in this policy
     with pytest.raises(openai.PermissionDeniedError):
-        openai_client(gateway, env).chat.completions.create(model="gpt-4.1", messages=[{"role": "user", "content": SECRET}])
+        openai_client(gateway, env).chat.completions.create(
+            model="gpt-4.1", messages=[{"role": "user", "content": SECRET}]
+        )
 
 
 def test_a_secret_in_the_model_field_is_not_logged(gw: tuple[Env, GatewayThread], captured_logs: Any) -> None:
     env, gateway = gw
-    r = raw_client(gateway, env).post("/v1/chat/completions", headers={"authorization": f"Bearer {env.gateway_key}"},
-                                      json={"model": f"gpt-{SECRET}", "messages": [{"role": "user", "content": "hi"}]})
+    r = raw_client(gateway, env).post(
+        "/v1/chat/completions",
+        headers={"authorization": f"Bearer {env.gateway_key}"},
+        json={"model": f"gpt-{SECRET}", "messages": [{"role": "user", "content": "hi"}]},
+    )
     assert r.status_code in (403, 422)
     assert SECRET not in captured_logs.text()
 
@@ -259,11 +351,18 @@ def test_a_secret_in_the_model_field_is_not_logged(gw: tuple[Env, GatewayThread]
 def test_observe_per_profile_and_per_route(mock: MockProviderServer, make_env: Any, gateway_for: Any) -> None:
     from tests.harness import mock_profile
 
-    profiles = [mock_profile("mock-openai", "openai", mock.url), mock_profile("watched", "openai", mock.url),
-                mock_profile("mock-anthropic", "anthropic", mock.url)]
-    env = make_env(secrets_=[SECRET], profiles=profiles, policy_extra=(
-        '[profile_modes.watched]\nbefore_send = "observe"\n'
-        '[route_modes."/v1/messages"]\nbefore_send = "observe"\n'))
+    profiles = [
+        mock_profile("mock-openai", "openai", mock.url),
+        mock_profile("watched", "openai", mock.url),
+        mock_profile("mock-anthropic", "anthropic", mock.url),
+    ]
+    env = make_env(
+        secrets_=[SECRET],
+        profiles=profiles,
+        policy_extra=(
+            '[profile_modes.watched]\nbefore_send = "observe"\n[route_modes."/v1/messages"]\nbefore_send = "observe"\n'
+        ),
+    )
     gateway = gateway_for(env)
     client = raw_client(gateway, env)
     headers = {"authorization": f"Bearer {env.gateway_key}"}

@@ -20,16 +20,24 @@ SYSTEM = "You are a careful assistant who follows the policy below. " * 120  # >
 
 
 @pytest.fixture(scope="module")
-def gw(mock: MockProviderServer, shared_tls: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Env, GatewayThread]]:
+def gw(
+    mock: MockProviderServer, shared_tls: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Env, GatewayThread]]:
     profiles = [
         mock_profile("mock-openai", "openai", mock.url),
         mock_profile("mock-anthropic", "anthropic", mock.url, fallbacks=["anthropic-backup"]),
-        mock_profile("anthropic-backup", "anthropic", mock.url,
-                     cache={"mode": "anthropic-cache-control", "min_prefix_tokens": 1024, "ttl": "5m", "stable_ttl": "1h"}),
+        mock_profile(
+            "anthropic-backup",
+            "anthropic",
+            mock.url,
+            cache={"mode": "anthropic-cache-control", "min_prefix_tokens": 1024, "ttl": "5m", "stable_ttl": "1h"},
+        ),
         mock_profile("estimating", "openai", mock.url, estimator={"name": "runes/4", "fill_missing": True}),
         mock_profile("small-window", "openai", mock.url, context_window=300, max_output_tokens=100),
     ]
-    env = build_env(tmp_path_factory.mktemp("usage"), mock.url, tls_dir=shared_tls, profiles=profiles, secrets_=[SECRET])
+    env = build_env(
+        tmp_path_factory.mktemp("usage"), mock.url, tls_dir=shared_tls, profiles=profiles, secrets_=[SECRET]
+    )
     with GatewayThread(env.config) as gateway:
         yield env, gateway
 
@@ -41,11 +49,15 @@ def _sid(mock: MockProviderServer, *steps: dict[str, Any]) -> str:
 
 
 def _post(env: Env, gateway: GatewayThread, path: str, body: dict[str, Any], **headers: str) -> Any:
-    return raw_client(gateway, env).post(path, json=body, headers={"authorization": f"Bearer {env.gateway_key}", **headers})
+    return raw_client(gateway, env).post(
+        path, json=body, headers={"authorization": f"Bearer {env.gateway_key}", **headers}
+    )
 
 
 def _records(env: Env, gateway: GatewayThread, request_id: str) -> list[dict[str, Any]]:
-    report = raw_client(gateway, env).get("/v1/usage/report", headers={"authorization": f"Bearer {env.gateway_key}"}).json()
+    report = (
+        raw_client(gateway, env).get("/v1/usage/report", headers={"authorization": f"Bearer {env.gateway_key}"}).json()
+    )
     return [r for r in report["recent"] if r["request_id"] == request_id]
 
 
@@ -74,15 +86,27 @@ def _client_usage(route: str, stream: bool, r: Any) -> dict[str, Any]:
 
 
 CASES = [
-    ("/v1/chat/completions", {"model": "gpt-4.1", "messages": [{"role": "user", "content": "count the words here please"}]}),
+    (
+        "/v1/chat/completions",
+        {"model": "gpt-4.1", "messages": [{"role": "user", "content": "count the words here please"}]},
+    ),
     ("/v1/responses", {"model": "gpt-5", "input": "count the words here please"}),
-    ("/v1/messages", {"model": "claude-test-model", "max_tokens": 50, "messages": [{"role": "user", "content": "count the words here please"}]}),
+    (
+        "/v1/messages",
+        {
+            "model": "claude-test-model",
+            "max_tokens": 50,
+            "messages": [{"role": "user", "content": "count the words here please"}],
+        },
+    ),
 ]
 
 
 @pytest.mark.parametrize("stream", [False, True])
 @pytest.mark.parametrize("route,body", CASES, ids=["chat", "responses", "messages"])
-def test_records_match_the_providers_figures(gw: tuple[Env, GatewayThread], route: str, body: dict[str, Any], stream: bool) -> None:
+def test_records_match_the_providers_figures(
+    gw: tuple[Env, GatewayThread], route: str, body: dict[str, Any], stream: bool
+) -> None:
     env, gateway = gw
     payload = {**body, "stream": stream}
     if route == "/v1/chat/completions" and stream:
@@ -95,8 +119,14 @@ def test_records_match_the_providers_figures(gw: tuple[Env, GatewayThread], rout
     assert record["outcome"] == "released" and record["status"] == 200
     if route == "/v1/messages":
         assert got["input_uncached"] == seen["input_tokens"] and got["output"] == seen["output_tokens"]
-        assert got["cache_read"] == seen["cache_read_input_tokens"] and got["cache_write"] == seen["cache_creation_input_tokens"]
-        assert got["input_total"] == seen["input_tokens"] + seen["cache_read_input_tokens"] + seen["cache_creation_input_tokens"]
+        assert (
+            got["cache_read"] == seen["cache_read_input_tokens"]
+            and got["cache_write"] == seen["cache_creation_input_tokens"]
+        )
+        assert (
+            got["input_total"]
+            == seen["input_tokens"] + seen["cache_read_input_tokens"] + seen["cache_creation_input_tokens"]
+        )
     elif route == "/v1/responses":
         assert got["input_total"] == seen["input_tokens"] and got["output"] == seen["output_tokens"]
         assert got["cache_read"] == seen["input_tokens_details"]["cached_tokens"]
@@ -104,8 +134,15 @@ def test_records_match_the_providers_figures(gw: tuple[Env, GatewayThread], rout
     else:
         assert got["input_total"] == seen["prompt_tokens"] and got["output"] == seen["completion_tokens"]
         assert got["cache_read"] == seen["prompt_tokens_details"]["cached_tokens"]
-        assert got["input_uncached"] == seen["prompt_tokens"] - seen["prompt_tokens_details"]["cached_tokens"] - seen["prompt_tokens_details"]["cache_write_tokens"]
-    assert all(v["provenance"] == "known" for k, v in record.items() if isinstance(v, dict) and v.get("value") is not None)
+        assert (
+            got["input_uncached"]
+            == seen["prompt_tokens"]
+            - seen["prompt_tokens_details"]["cached_tokens"]
+            - seen["prompt_tokens_details"]["cache_write_tokens"]
+        )
+    assert all(
+        v["provenance"] == "known" for k, v in record.items() if isinstance(v, dict) and v.get("value") is not None
+    )
 
 
 def test_embeddings_record(gw: tuple[Env, GatewayThread]) -> None:
@@ -128,8 +165,11 @@ def test_chat_stream_usage_the_client_did_not_ask_for(gw: tuple[Env, GatewayThre
 
     from tests.harness import UPSTREAM_KEY
 
-    direct = httpx2.post(mock.url + "/v1/chat/completions", json={**body, "prompt_cache_key": upstream["prompt_cache_key"]},
-                         headers={"authorization": f"Bearer {UPSTREAM_KEY}"})
+    direct = httpx2.post(
+        mock.url + "/v1/chat/completions",
+        json={**body, "prompt_cache_key": upstream["prompt_cache_key"]},
+        headers={"authorization": f"Bearer {UPSTREAM_KEY}"},
+    )
     direct_events, _ = sse.parse_all(direct.content)
     assert [e.data for e in events] == [e.data for e in direct_events]  # byte for byte what it asked for
     [record] = _records(env, gateway, r.headers["x-powercontext-request-id"])
@@ -140,9 +180,13 @@ def test_missing_usage_is_unknown_never_zero(gw: tuple[Env, GatewayThread], mock
     env, gateway = gw
     for profile, expected in (("mock-openai", "unknown"), ("estimating", "estimated")):
         sid = _sid(mock, {"text": "no usage reported here", "omit_usage": True})
-        r = _post(env, gateway, "/v1/chat/completions",
-                  {"model": "gpt-4.1", "messages": [{"role": "user", "content": f"mock-scenario:{sid}"}]},
-                  **{"x-wiregate-profile": profile})
+        r = _post(
+            env,
+            gateway,
+            "/v1/chat/completions",
+            {"model": "gpt-4.1", "messages": [{"role": "user", "content": f"mock-scenario:{sid}"}]},
+            **{"x-wiregate-profile": profile},
+        )
         assert r.status_code == 200 and "usage" not in r.json()
         [record] = _records(env, gateway, r.headers["x-powercontext-request-id"])
         assert record["input_total"]["provenance"] == expected and record["output"]["provenance"] == expected
@@ -157,7 +201,12 @@ def test_missing_usage_is_unknown_never_zero(gw: tuple[Env, GatewayThread], mock
 def test_retry_yields_two_attempt_records(gw: tuple[Env, GatewayThread], mock: MockProviderServer) -> None:
     env, gateway = gw
     sid = _sid(mock, {"status": 429, "headers": {"retry-after-ms": "10"}}, {"text": "ok"})
-    r = _post(env, gateway, "/v1/chat/completions", {"model": "gpt-4.1", "messages": [{"role": "user", "content": f"mock-scenario:{sid}"}]})
+    r = _post(
+        env,
+        gateway,
+        "/v1/chat/completions",
+        {"model": "gpt-4.1", "messages": [{"role": "user", "content": f"mock-scenario:{sid}"}]},
+    )
     assert r.status_code == 200
     first, second = _records(env, gateway, r.headers["x-powercontext-request-id"])
     assert (first["attempt"], first["outcome"], first["status"]) == (0, "retry", 429)
@@ -168,7 +217,12 @@ def test_retry_yields_two_attempt_records(gw: tuple[Env, GatewayThread], mock: M
 def test_withheld_response_is_recorded(gw: tuple[Env, GatewayThread], mock: MockProviderServer) -> None:
     env, gateway = gw
     sid = _sid(mock, {"text": f"leak {SECRET}"})
-    r = _post(env, gateway, "/v1/chat/completions", {"model": "gpt-4.1", "messages": [{"role": "user", "content": f"mock-scenario:{sid}"}]})
+    r = _post(
+        env,
+        gateway,
+        "/v1/chat/completions",
+        {"model": "gpt-4.1", "messages": [{"role": "user", "content": f"mock-scenario:{sid}"}]},
+    )
     assert r.status_code == 403
     [record] = _records(env, gateway, r.headers["x-powercontext-request-id"])
     assert record["outcome"] == "blocked" and record["output"]["provenance"] == "known"  # the provider billed it
@@ -177,25 +231,42 @@ def test_withheld_response_is_recorded(gw: tuple[Env, GatewayThread], mock: Mock
 def test_window_exceeded_reaches_no_upstream(gw: tuple[Env, GatewayThread], mock: MockProviderServer) -> None:
     env, gateway = gw
     before = len(mock.state.records())
-    r = _post(env, gateway, "/v1/chat/completions", {"model": "gpt-4.1", "messages": [{"role": "user", "content": "word " * 400}]},
-              **{"x-wiregate-profile": "small-window"})
+    r = _post(
+        env,
+        gateway,
+        "/v1/chat/completions",
+        {"model": "gpt-4.1", "messages": [{"role": "user", "content": "word " * 400}]},
+        **{"x-wiregate-profile": "small-window"},
+    )
     assert r.status_code == 422 and r.json()["error"]["reason_codes"] == ["window_exceeded"]
     assert len(mock.state.records()) == before
-    r = _post(env, gateway, "/v1/chat/completions", {"model": "gpt-4.1", "max_completion_tokens": 280,
-                                                      "messages": [{"role": "user", "content": "short"}]},
-              **{"x-wiregate-profile": "small-window"})
+    r = _post(
+        env,
+        gateway,
+        "/v1/chat/completions",
+        {"model": "gpt-4.1", "max_completion_tokens": 280, "messages": [{"role": "user", "content": "short"}]},
+        **{"x-wiregate-profile": "small-window"},
+    )
     assert r.status_code == 422  # the requested output counts too
-    r = _post(env, gateway, "/v1/chat/completions", {"model": "gpt-4.1", "max_completion_tokens": 50,
-                                                      "messages": [{"role": "user", "content": "short"}]},
-              **{"x-wiregate-profile": "small-window"})
+    r = _post(
+        env,
+        gateway,
+        "/v1/chat/completions",
+        {"model": "gpt-4.1", "max_completion_tokens": 50, "messages": [{"role": "user", "content": "short"}]},
+        **{"x-wiregate-profile": "small-window"},
+    )
     assert r.status_code == 200
 
 
 def test_planned_body_is_what_gets_checked(gw: tuple[Env, GatewayThread], mock: MockProviderServer) -> None:
     env, gateway = gw
     before = len(mock.state.records())
-    body = {"model": "claude-test-model", "max_tokens": 20, "system": SYSTEM + SECRET,
-            "messages": [{"role": "user", "content": "hi"}]}
+    body = {
+        "model": "claude-test-model",
+        "max_tokens": 20,
+        "system": SYSTEM + SECRET,
+        "messages": [{"role": "user", "content": "hi"}],
+    }
     r = _post(env, gateway, "/v1/messages", body)
     assert r.status_code == 403 and len(mock.state.records()) == before
     ok = _post(env, gateway, "/v1/messages", {**body, "system": SYSTEM})
@@ -207,12 +278,18 @@ def test_planned_body_is_what_gets_checked(gw: tuple[Env, GatewayThread], mock: 
 def test_fallback_is_replanned_for_its_profile(gw: tuple[Env, GatewayThread], mock: MockProviderServer) -> None:
     env, gateway = gw
     sid = _sid(mock, {"status": 500}, {"status": 500}, {"status": 500}, {"text": "from backup"})
-    body = {"model": "claude-test-model", "max_tokens": 20, "system": SYSTEM,
-            "messages": [{"role": "user", "content": f"hi mock-scenario:{sid}"}]}
+    body = {
+        "model": "claude-test-model",
+        "max_tokens": 20,
+        "system": SYSTEM,
+        "messages": [{"role": "user", "content": f"hi mock-scenario:{sid}"}],
+    }
     r = _post(env, gateway, "/v1/messages", body)
     assert r.status_code == 200
     sent = [x.json for x in mock.state.records() if x.scenario == sid]
-    assert [s["system"][0]["cache_control"] for s in sent] == [{"type": "ephemeral"}] * 3 + [{"type": "ephemeral", "ttl": "1h"}]
+    assert [s["system"][0]["cache_control"] for s in sent] == [{"type": "ephemeral"}] * 3 + [
+        {"type": "ephemeral", "ttl": "1h"}
+    ]
     records = _records(env, gateway, r.headers["x-powercontext-request-id"])
     assert [x["profile"] for x in records] == ["mock-anthropic"] * 3 + ["anthropic-backup"]
 
@@ -223,20 +300,34 @@ def test_client_markers_are_forwarded_exactly(gw: tuple[Env, GatewayThread], moc
     env, gateway = gw
     marker = {"type": "ephemeral"}
     blocks = [{"type": "text", "text": SYSTEM[:2000] + str(i), "cache_control": marker} for i in range(4)]
-    body = {"model": "claude-test-model", "max_tokens": 20, "system": blocks,
-            "messages": [{"role": "user", "content": "hi"}]}
+    body = {
+        "model": "claude-test-model",
+        "max_tokens": 20,
+        "system": blocks,
+        "messages": [{"role": "user", "content": "hi"}],
+    }
     raw = json.dumps(body, indent=2).encode()  # the client's own formatting
-    r = raw_client(gateway, env).post("/v1/messages", content=raw,
-                                      headers={"authorization": f"Bearer {env.gateway_key}", "content-type": "application/json"})
+    r = raw_client(gateway, env).post(
+        "/v1/messages",
+        content=raw,
+        headers={"authorization": f"Bearer {env.gateway_key}", "content-type": "application/json"},
+    )
     assert r.status_code == 200
     assert mock.state.records()[-1].body == raw
-    two = {**body, "system": blocks[:2] + [{"type": "text", "text": SYSTEM}],
-           "messages": [{"role": "user", "content": "first " * 50}, {"role": "assistant", "content": "ok"},
-                        {"role": "user", "content": "second"}]}
+    two = {
+        **body,
+        "system": blocks[:2] + [{"type": "text", "text": SYSTEM}],
+        "messages": [
+            {"role": "user", "content": "first " * 50},
+            {"role": "assistant", "content": "ok"},
+            {"role": "user", "content": "second"},
+        ],
+    }
     r = _post(env, gateway, "/v1/messages", two)
     assert r.status_code == 200
     sent = mock.state.records()[-1].json
     count = sum(1 for b in sent["system"] if "cache_control" in b) + sum(
-        1 for m in sent["messages"] if isinstance(m["content"], list) for b in m["content"] if "cache_control" in b)
+        1 for m in sent["messages"] if isinstance(m["content"], list) for b in m["content"] if "cache_control" in b
+    )
     assert count == 4
     assert sent["system"][0]["cache_control"] == marker and sent["system"][1]["cache_control"] == marker

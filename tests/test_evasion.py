@@ -28,9 +28,18 @@ LITERALS = [
 NUMBER_LITERAL = "31415926535897932384626"  # leaks as a number's lexical form
 CASELESS = "Project-Nightingale-Codename"  # configured with ignore_case
 FORMAT_RULES = [
-    "aws-access-key-id", "github-pat", "openai-project-key", "anthropic-api-key",
-    "stripe-live-secret-key", "private-key-rsa", "jwt", "postgres-connection-uri",
-    "slack-bot-token", "google-api-key", "slack-webhook-url", "gitlab-pat",
+    "aws-access-key-id",
+    "github-pat",
+    "openai-project-key",
+    "anthropic-api-key",
+    "stripe-live-secret-key",
+    "private-key-rsa",
+    "jwt",
+    "postgres-connection-uri",
+    "slack-bot-token",
+    "google-api-key",
+    "slack-webhook-url",
+    "gitlab-pat",
 ]
 FORMAT_SECRETS = [true_positives(rule, n=1, seed=1234)[0] for rule in FORMAT_RULES]
 SECRETS = LITERALS + FORMAT_SECRETS
@@ -40,14 +49,21 @@ PH1, PH2 = "@@PART1@@", "@@PART2@@"
 
 
 @pytest.fixture(scope="module")
-def gw(mock: MockProviderServer, shared_tls: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Env, GatewayThread]]:
-    env = build_env(tmp_path_factory.mktemp("evasion"), mock.url, tls_dir=shared_tls,
-                    secrets_=[*LITERALS, NUMBER_LITERAL, {"value": CASELESS, "ignore_case": True}])
+def gw(
+    mock: MockProviderServer, shared_tls: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Env, GatewayThread]]:
+    env = build_env(
+        tmp_path_factory.mktemp("evasion"),
+        mock.url,
+        tls_dir=shared_tls,
+        secrets_=[*LITERALS, NUMBER_LITERAL, {"value": CASELESS, "ignore_case": True}],
+    )
     with GatewayThread(env.config) as gateway:
         yield env, gateway
 
 
 # --- encodings of the secret inside a JSON string literal ------------------------------
+
 
 def _u_escape(text: str, every: int = 1) -> str:
     out = []
@@ -56,7 +72,7 @@ def _u_escape(text: str, every: int = 1) -> str:
             out.append(json.dumps(ch)[1:-1])
             continue
         encoded = ch.encode("utf-16-be")
-        out.extend("\\u%04x" % int.from_bytes(encoded[j:j + 2], "big") for j in range(0, len(encoded), 2))
+        out.extend("\\u%04x" % int.from_bytes(encoded[j : j + 2], "big") for j in range(0, len(encoded), 2))
     return "".join(out)
 
 
@@ -66,9 +82,11 @@ def _fullwidth(text: str) -> str:
 
 def _interleave(marks: str) -> Callable[[str], str]:
     """The value with one of `marks` (cycling) after every character, as JSON text."""
+
     def encode(s: str) -> str:
         out = "".join(ch + marks[i % len(marks)] for i, ch in enumerate(s))
         return json.dumps(out, ensure_ascii=False)[1:-1]
+
     return encode
 
 
@@ -92,7 +110,7 @@ def _backslash_x(s: str) -> str:
 def _percent_one(s: str) -> str:
     """Only the middle character percent-encoded: the classic way past a literal match."""
     mid = len(s) // 2
-    return _text(s[:mid] + "".join("%%%02X" % b for b in s[mid].encode()) + s[mid + 1:])
+    return _text(s[:mid] + "".join("%%%02X" % b for b in s[mid].encode()) + s[mid + 1 :])
 
 
 ENCODINGS: dict[str, Callable[[str], str]] = {
@@ -139,6 +157,7 @@ def _at_depth(encoded: str, depth: int) -> str:
 
 # --- placements: (carrier path, body with placeholders, depth of the placeholder) ------
 
+
 def _chat(**extra: Any) -> dict[str, Any]:
     return {"model": "gpt-4.1", "messages": [{"role": "user", "content": "hello"}], **extra}
 
@@ -160,51 +179,190 @@ PLACEMENTS: dict[str, Placement] = {
     "chat.user_text": _p(CHAT, _chat(messages=[{"role": "user", "content": f"x {PH} y"}])),
     "chat.system": _p(CHAT, _chat(messages=[{"role": "system", "content": PH}, {"role": "user", "content": "hi"}])),
     "chat.developer": _p(CHAT, _chat(messages=[{"role": "developer", "content": [{"type": "text", "text": PH}]}])),
-    "chat.tool_description": _p(CHAT, _chat(tools=[{"type": "function", "function": {
-        "name": "f", "description": f"use {PH}", "parameters": {"type": "object"}}}])),
-    "chat.tool_schema_key": _p(CHAT, _chat(tools=[{"type": "function", "function": {
-        "name": "f", "parameters": {"type": "object", "properties": {PH: {"type": "string"}}}}}])),
-    "chat.tool_call_args": _p(CHAT, _chat(messages=[{"role": "assistant", "tool_calls": [{"id": "c", "type": "function",
-        "function": {"name": "f", "arguments": _args({"token": PH})}}]}]), depth=2),
-    "chat.tool_call_args_double": _p(CHAT, _chat(messages=[{"role": "assistant", "tool_calls": [{"id": "c", "type": "function",
-        "function": {"name": "f", "arguments": _args({"payload": _args({"k": PH})})}}]}]), depth=3),
+    "chat.tool_description": _p(
+        CHAT,
+        _chat(
+            tools=[
+                {
+                    "type": "function",
+                    "function": {"name": "f", "description": f"use {PH}", "parameters": {"type": "object"}},
+                }
+            ]
+        ),
+    ),
+    "chat.tool_schema_key": _p(
+        CHAT,
+        _chat(
+            tools=[
+                {
+                    "type": "function",
+                    "function": {"name": "f", "parameters": {"type": "object", "properties": {PH: {"type": "string"}}}},
+                }
+            ]
+        ),
+    ),
+    "chat.tool_call_args": _p(
+        CHAT,
+        _chat(
+            messages=[
+                {
+                    "role": "assistant",
+                    "tool_calls": [
+                        {"id": "c", "type": "function", "function": {"name": "f", "arguments": _args({"token": PH})}}
+                    ],
+                }
+            ]
+        ),
+        depth=2,
+    ),
+    "chat.tool_call_args_double": _p(
+        CHAT,
+        _chat(
+            messages=[
+                {
+                    "role": "assistant",
+                    "tool_calls": [
+                        {
+                            "id": "c",
+                            "type": "function",
+                            "function": {"name": "f", "arguments": _args({"payload": _args({"k": PH})})},
+                        }
+                    ],
+                }
+            ]
+        ),
+        depth=3,
+    ),
     "chat.tool_result": _p(CHAT, _chat(messages=[{"role": "tool", "tool_call_id": "c", "content": f"result {PH}"}])),
-    "chat.tool_result_json": _p(CHAT, _chat(messages=[{"role": "tool", "tool_call_id": "c", "content": _args({"out": PH})}]), depth=2),
+    "chat.tool_result_json": _p(
+        CHAT, _chat(messages=[{"role": "tool", "tool_call_id": "c", "content": _args({"out": PH})}]), depth=2
+    ),
     "chat.metadata": _p(CHAT, _chat(metadata={"note": PH})),
     "chat.user_field": _p(CHAT, _chat(user=PH)),
     "chat.unknown_field": _p(CHAT, _chat(x_vendor_extension={"deep": [{"deeper": PH}]})),
     "chat.object_key": _p(CHAT, _chat(metadata={PH: "v"})),
-    "chat.split_parts": _p(CHAT, _chat(messages=[{"role": "user", "content": [
-        {"type": "text", "text": PH1}, {"type": "text", "text": PH2}]}])),
+    "chat.split_parts": _p(
+        CHAT,
+        _chat(messages=[{"role": "user", "content": [{"type": "text", "text": PH1}, {"type": "text", "text": PH2}]}]),
+    ),
     "responses.instructions": _p(RESP, {"model": "gpt-5", "instructions": PH, "input": "hi"}),
     "responses.input_string": _p(RESP, {"model": "gpt-5", "input": f"see {PH}"}),
-    "responses.input_text": _p(RESP, {"model": "gpt-5", "input": [{"role": "user", "content": [{"type": "input_text", "text": PH}]}]}),
-    "responses.function_call": _p(RESP, {"model": "gpt-5", "input": [{"type": "function_call", "call_id": "c", "name": "f",
-                                                                       "arguments": _args({"a": PH})}]}, depth=2),
-    "responses.function_output": _p(RESP, {"model": "gpt-5", "input": [{"type": "function_call_output", "call_id": "c", "output": PH}]}),
-    "responses.tool_description": _p(RESP, {"model": "gpt-5", "input": "hi", "tools": [{"type": "function", "name": "f",
-                                                                                          "description": PH, "parameters": {}}]}),
-    "responses.split_parts": _p(RESP, {"model": "gpt-5", "input": [{"role": "user", "content": [
-        {"type": "input_text", "text": PH1}, {"type": "input_text", "text": PH2}]}]}),
-    "messages.system_string": _p(MSGS, {"model": "claude-test-model", "max_tokens": 9, "system": PH,
-                                        "messages": [{"role": "user", "content": "hi"}]}),
-    "messages.system_blocks": _p(MSGS, {"model": "claude-test-model", "max_tokens": 9,
-                                        "system": [{"type": "text", "text": PH1}, {"type": "text", "text": PH2}],
-                                        "messages": [{"role": "user", "content": "hi"}]}),
-    "messages.text_block": _p(MSGS, {"model": "claude-test-model", "max_tokens": 9,
-                                     "messages": [{"role": "user", "content": [{"type": "text", "text": PH}]}]}),
-    "messages.document_text": _p(MSGS, {"model": "claude-test-model", "max_tokens": 9, "messages": [{"role": "user", "content": [
-        {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": PH}}]}]}),
-    "messages.tool_use_input": _p(MSGS, {"model": "claude-test-model", "max_tokens": 9, "messages": [
-        {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {"q": PH}}]}]}),
-    "messages.tool_result": _p(MSGS, {"model": "claude-test-model", "max_tokens": 9, "messages": [
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": [{"type": "text", "text": PH}]}]}]}),
-    "messages.tools": _p(MSGS, {"model": "claude-test-model", "max_tokens": 9, "messages": [{"role": "user", "content": "hi"}],
-                                "tools": [{"name": "f", "description": PH, "input_schema": {"type": "object"}}]}),
-    "messages.metadata_user": _p(MSGS, {"model": "claude-test-model", "max_tokens": 9, "metadata": {"user_id": PH},
-                                        "messages": [{"role": "user", "content": "hi"}]}),
-    "messages.split_parts": _p(MSGS, {"model": "claude-test-model", "max_tokens": 9, "messages": [{"role": "user", "content": [
-        {"type": "text", "text": PH1}, {"type": "text", "text": PH2}]}]}),
+    "responses.input_text": _p(
+        RESP, {"model": "gpt-5", "input": [{"role": "user", "content": [{"type": "input_text", "text": PH}]}]}
+    ),
+    "responses.function_call": _p(
+        RESP,
+        {
+            "model": "gpt-5",
+            "input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": _args({"a": PH})}],
+        },
+        depth=2,
+    ),
+    "responses.function_output": _p(
+        RESP, {"model": "gpt-5", "input": [{"type": "function_call_output", "call_id": "c", "output": PH}]}
+    ),
+    "responses.tool_description": _p(
+        RESP,
+        {
+            "model": "gpt-5",
+            "input": "hi",
+            "tools": [{"type": "function", "name": "f", "description": PH, "parameters": {}}],
+        },
+    ),
+    "responses.split_parts": _p(
+        RESP,
+        {
+            "model": "gpt-5",
+            "input": [
+                {"role": "user", "content": [{"type": "input_text", "text": PH1}, {"type": "input_text", "text": PH2}]}
+            ],
+        },
+    ),
+    "messages.system_string": _p(
+        MSGS,
+        {"model": "claude-test-model", "max_tokens": 9, "system": PH, "messages": [{"role": "user", "content": "hi"}]},
+    ),
+    "messages.system_blocks": _p(
+        MSGS,
+        {
+            "model": "claude-test-model",
+            "max_tokens": 9,
+            "system": [{"type": "text", "text": PH1}, {"type": "text", "text": PH2}],
+            "messages": [{"role": "user", "content": "hi"}],
+        },
+    ),
+    "messages.text_block": _p(
+        MSGS,
+        {
+            "model": "claude-test-model",
+            "max_tokens": 9,
+            "messages": [{"role": "user", "content": [{"type": "text", "text": PH}]}],
+        },
+    ),
+    "messages.document_text": _p(
+        MSGS,
+        {
+            "model": "claude-test-model",
+            "max_tokens": 9,
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": PH}}
+                    ],
+                }
+            ],
+        },
+    ),
+    "messages.tool_use_input": _p(
+        MSGS,
+        {
+            "model": "claude-test-model",
+            "max_tokens": 9,
+            "messages": [
+                {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {"q": PH}}]}
+            ],
+        },
+    ),
+    "messages.tool_result": _p(
+        MSGS,
+        {
+            "model": "claude-test-model",
+            "max_tokens": 9,
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [{"type": "tool_result", "tool_use_id": "t", "content": [{"type": "text", "text": PH}]}],
+                }
+            ],
+        },
+    ),
+    "messages.tools": _p(
+        MSGS,
+        {
+            "model": "claude-test-model",
+            "max_tokens": 9,
+            "messages": [{"role": "user", "content": "hi"}],
+            "tools": [{"name": "f", "description": PH, "input_schema": {"type": "object"}}],
+        },
+    ),
+    "messages.metadata_user": _p(
+        MSGS,
+        {
+            "model": "claude-test-model",
+            "max_tokens": 9,
+            "metadata": {"user_id": PH},
+            "messages": [{"role": "user", "content": "hi"}],
+        },
+    ),
+    "messages.split_parts": _p(
+        MSGS,
+        {
+            "model": "claude-test-model",
+            "max_tokens": 9,
+            "messages": [{"role": "user", "content": [{"type": "text", "text": PH1}, {"type": "text", "text": PH2}]}],
+        },
+    ),
     "embeddings.input": _p(EMB, {"model": "text-embedding-3-small", "input": ["fine", PH]}),
 }
 
@@ -221,15 +379,18 @@ def _render(placement: Placement, secret: str, encode: Callable[[str], str], nam
     first, second = encode(secret[:half]), encode(secret[half:])
     if name in WHOLE_RUN:
         whole = encode(secret)
-        first, second = whole[: len(whole) // 2], whole[len(whole) // 2:]
-    raw = (text.replace(PH, _at_depth(encode(secret), depth))
-               .replace(PH1, _at_depth(first, depth))
-               .replace(PH2, _at_depth(second, depth)))
+        first, second = whole[: len(whole) // 2], whole[len(whole) // 2 :]
+    raw = (
+        text.replace(PH, _at_depth(encode(secret), depth))
+        .replace(PH1, _at_depth(first, depth))
+        .replace(PH2, _at_depth(second, depth))
+    )
     return route, raw.encode("utf-8", "surrogatepass")
 
 
-def _send_all(env: Env, gateway: GatewayThread, mock: MockProviderServer,
-              bodies: list[tuple[str, str, bytes]]) -> list[str]:
+def _send_all(
+    env: Env, gateway: GatewayThread, mock: MockProviderServer, bodies: list[tuple[str, str, bytes]]
+) -> list[str]:
     """Send every body; return descriptions of any that were not refused or that reached
     the mock provider."""
     client = raw_client(gateway, env, uds=True)
@@ -263,9 +424,13 @@ def test_duplicate_key_either_side(gw: tuple[Env, GatewayThread], mock: MockProv
     for i, secret in enumerate(SECRETS):
         enc = json.dumps(secret)
         for first, second in ((enc, '"benign"'), ('"benign"', enc)):
-            raw = ('{"model":"gpt-4.1","messages":[{"role":"user","content":%s,"content":%s}]}' % (first, second)).encode()
+            raw = (
+                '{"model":"gpt-4.1","messages":[{"role":"user","content":%s,"content":%s}]}' % (first, second)
+            ).encode()
             bodies.append((f"dup/{i}", CHAT, raw))
-            raw = ('{"model":"gpt-4.1","messages":[],"metadata":{"k":%s},"metadata":{"k":%s}}' % (first, second)).encode()
+            raw = (
+                '{"model":"gpt-4.1","messages":[],"metadata":{"k":%s},"metadata":{"k":%s}}' % (first, second)
+            ).encode()
             bodies.append((f"dup-object/{i}", CHAT, raw))
     assert _send_all(env, gateway, mock, bodies) == []
 
@@ -275,17 +440,19 @@ def test_number_lexical_form(gw: tuple[Env, GatewayThread], mock: MockProviderSe
     raws = [
         '{"model":"gpt-4.1","messages":[],"seed":%s}' % NUMBER_LITERAL,
         '{"model":"gpt-4.1","messages":[],"metadata":{"n":-%s.5e3}}' % NUMBER_LITERAL,
-        '{"model":"gpt-4.1","messages":[{"role":"assistant","tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{\\"n\\": %s}"}}]}]}' % NUMBER_LITERAL,
+        '{"model":"gpt-4.1","messages":[{"role":"assistant","tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{\\"n\\": %s}"}}]}]}'
+        % NUMBER_LITERAL,
     ]
     assert _send_all(env, gateway, mock, [(f"num/{i}", CHAT, r.encode()) for i, r in enumerate(raws)]) == []
 
 
 # --- responses: the model emits it ----------------------------------------------------
 
+
 def _chunks(text: str) -> list[str]:
     """Small pieces (a secret is never whole in one event), at most ~24 of them."""
     size = max(3, len(text) // 24)
-    return [text[i:i + size] for i in range(0, len(text), size)]
+    return [text[i : i + size] for i in range(0, len(text), size)]
 
 
 def _chat_events(pieces: list[str], tool: bool) -> list[str]:
@@ -301,40 +468,74 @@ def _chat_events(pieces: list[str], tool: bool) -> list[str]:
         else:
             delta = '{"content":"%s"}' % piece
         events.append("data: " + head % delta + "\n\n")
-    events.append('data: {"id":"c1","object":"chat.completion.chunk","created":1,"model":"gpt-4.1","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n')
+    events.append(
+        'data: {"id":"c1","object":"chat.completion.chunk","created":1,"model":"gpt-4.1","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n'
+    )
     events.append("data: [DONE]\n\n")
     return events
 
 
 def _responses_events(pieces: list[str], tool: bool) -> list[str]:
     kind = "response.function_call_arguments.delta" if tool else "response.output_text.delta"
-    events = ['event: response.created\ndata: {"type":"response.created","response":{"id":"r1","status":"in_progress","output":[]}}\n\n']
+    events = [
+        'event: response.created\ndata: {"type":"response.created","response":{"id":"r1","status":"in_progress","output":[]}}\n\n'
+    ]
     for piece in pieces:
-        events.append('event: %s\ndata: {"type":"%s","item_id":"i1","output_index":0,"content_index":0,"delta":"%s"}\n\n'
-                      % (kind, kind, piece))
-    events.append('event: response.completed\ndata: {"type":"response.completed","response":{"id":"r1","status":"completed","output":[]}}\n\n')
+        events.append(
+            'event: %s\ndata: {"type":"%s","item_id":"i1","output_index":0,"content_index":0,"delta":"%s"}\n\n'
+            % (kind, kind, piece)
+        )
+    events.append(
+        'event: response.completed\ndata: {"type":"response.completed","response":{"id":"r1","status":"completed","output":[]}}\n\n'
+    )
     return events
 
 
 def _anthropic_events(pieces: list[str], tool: bool) -> list[str]:
     block = '{"type":"tool_use","id":"t1","name":"f","input":{}}' if tool else '{"type":"text","text":""}'
     dtype, field = ("input_json_delta", "partial_json") if tool else ("text_delta", "text")
-    events = ['event: message_start\ndata: {"type":"message_start","message":{"id":"m1","type":"message","role":"assistant","content":[],"model":"c","usage":{"input_tokens":1,"output_tokens":1}}}\n\n',
-              'event: content_block_start\ndata: {"type":"content_block_start","index":0,"content_block":%s}\n\n' % block]
+    events = [
+        'event: message_start\ndata: {"type":"message_start","message":{"id":"m1","type":"message","role":"assistant","content":[],"model":"c","usage":{"input_tokens":1,"output_tokens":1}}}\n\n',
+        'event: content_block_start\ndata: {"type":"content_block_start","index":0,"content_block":%s}\n\n' % block,
+    ]
     for piece in pieces:
-        events.append('event: content_block_delta\ndata: {"type":"content_block_delta","index":0,"delta":{"type":"%s","%s":"%s"}}\n\n'
-                      % (dtype, field, piece))
-    events += ['event: content_block_stop\ndata: {"type":"content_block_stop","index":0}\n\n',
-               'event: message_delta\ndata: {"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":5}}\n\n',
-               'event: message_stop\ndata: {"type":"message_stop"}\n\n']
+        events.append(
+            'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,"delta":{"type":"%s","%s":"%s"}}\n\n'
+            % (dtype, field, piece)
+        )
+    events += [
+        'event: content_block_stop\ndata: {"type":"content_block_stop","index":0}\n\n',
+        'event: message_delta\ndata: {"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":5}}\n\n',
+        'event: message_stop\ndata: {"type":"message_stop"}\n\n',
+    ]
     return events
 
 
 STREAMS = {
-    "chat": (CHAT, _chat_events, lambda sid: {"model": "gpt-4.1", "stream": True, "messages": [{"role": "user", "content": f"mock-scenario:{sid}"}]}),
-    "responses": (RESP, _responses_events, lambda sid: {"model": "gpt-5", "stream": True, "input": f"mock-scenario:{sid}"}),
-    "messages": (MSGS, _anthropic_events, lambda sid: {"model": "claude-test-model", "max_tokens": 9, "stream": True,
-                                                        "messages": [{"role": "user", "content": f"mock-scenario:{sid}"}]}),
+    "chat": (
+        CHAT,
+        _chat_events,
+        lambda sid: {
+            "model": "gpt-4.1",
+            "stream": True,
+            "messages": [{"role": "user", "content": f"mock-scenario:{sid}"}],
+        },
+    ),
+    "responses": (
+        RESP,
+        _responses_events,
+        lambda sid: {"model": "gpt-5", "stream": True, "input": f"mock-scenario:{sid}"},
+    ),
+    "messages": (
+        MSGS,
+        _anthropic_events,
+        lambda sid: {
+            "model": "claude-test-model",
+            "max_tokens": 9,
+            "stream": True,
+            "messages": [{"role": "user", "content": f"mock-scenario:{sid}"}],
+        },
+    ),
 }
 
 
@@ -351,7 +552,9 @@ def _client_saw(body: bytes, secret: str) -> bool:
 
 @pytest.mark.parametrize("carrier", sorted(STREAMS))
 @pytest.mark.parametrize("tool", [False, True], ids=["text", "tool_args"])
-def test_stream_response_evasion(gw: tuple[Env, GatewayThread], mock: MockProviderServer, carrier: str, tool: bool) -> None:
+def test_stream_response_evasion(
+    gw: tuple[Env, GatewayThread], mock: MockProviderServer, carrier: str, tool: bool
+) -> None:
     env, gateway = gw
     route, make_events, make_body = STREAMS[carrier]
     client = raw_client(gateway, env, uds=True)
@@ -364,8 +567,15 @@ def test_stream_response_evasion(gw: tuple[Env, GatewayThread], mock: MockProvid
             # the text is split into pieces, each JSON-escaped on its own (raw is never whole)
             pieces = [encode(p) if not tool else _at_depth(encode(p), 1) for p in _chunks(content)]
             if enc_name in ("zero_width", "fullwidth") and tool:
-                pieces = [json.dumps(p, ensure_ascii=False)[1:-1] for p in _chunks(
-                    json.dumps({"value": "\u200b".join(secret) if enc_name == "zero_width" else _fullwidth(secret)}, ensure_ascii=False))]
+                pieces = [
+                    json.dumps(p, ensure_ascii=False)[1:-1]
+                    for p in _chunks(
+                        json.dumps(
+                            {"value": "\u200b".join(secret) if enc_name == "zero_width" else _fullwidth(secret)},
+                            ensure_ascii=False,
+                        )
+                    )
+                ]
             sid = "e" + uuid.uuid4().hex[:12]
             # every third stream also arrives in odd-sized TCP writes, splitting events and
             # multi-byte characters across reads
@@ -389,15 +599,29 @@ def test_non_stream_response_evasion(gw: tuple[Env, GatewayThread], mock: MockPr
             if carrier == "chat":
                 base = '{"id":"c","object":"chat.completion","created":1,"model":"gpt-4.1","choices":[{"index":0,"finish_reason":"stop","message":{"role":"assistant",%s}}]}'
                 bodies.append(base % ('"content":"%s"' % encode(secret)))
-                bodies.append(base % ('"content":null,"tool_calls":[{"id":"x","type":"function","function":{"name":"f","arguments":"%s"}}]'
-                                      % _at_depth(json.dumps({"k": "@@"}).replace("@@", encode(secret)), 2)))
+                bodies.append(
+                    base
+                    % (
+                        '"content":null,"tool_calls":[{"id":"x","type":"function","function":{"name":"f","arguments":"%s"}}]'
+                        % _at_depth(json.dumps({"k": "@@"}).replace("@@", encode(secret)), 2)
+                    )
+                )
                 bodies.append(base % ('"content":"%s","content":"fine"' % encode(secret)))  # duplicate key
                 route, body = CHAT, {"model": "gpt-4.1", "messages": [{"role": "user", "content": "mock-scenario:%s"}]}
             else:
                 base = '{"id":"m","type":"message","role":"assistant","model":"c","content":[%s],"stop_reason":"end_turn","usage":{"input_tokens":1,"output_tokens":1}}'
                 bodies.append(base % ('{"type":"text","text":"%s"}' % encode(secret)))
-                bodies.append(base % ('{"type":"tool_use","id":"t","name":"f","input":{"%s":1}}' % encode(secret)))  # as a key
-                route, body = MSGS, {"model": "claude-test-model", "max_tokens": 9, "messages": [{"role": "user", "content": "mock-scenario:%s"}]}
+                bodies.append(
+                    base % ('{"type":"tool_use","id":"t","name":"f","input":{"%s":1}}' % encode(secret))
+                )  # as a key
+                route, body = (
+                    MSGS,
+                    {
+                        "model": "claude-test-model",
+                        "max_tokens": 9,
+                        "messages": [{"role": "user", "content": "mock-scenario:%s"}],
+                    },
+                )
             for raw in bodies:
                 sid = "n" + uuid.uuid4().hex[:12]
                 mock.state.add_scenario(sid, [{"raw_body": raw, "content_type": "application/json"}])
@@ -409,6 +633,7 @@ def test_non_stream_response_evasion(gw: tuple[Env, GatewayThread], mock: MockPr
 
 
 # --- controls: the same bodies with harmless text go through ----------------------------
+
 
 def test_control_requests_pass(gw: tuple[Env, GatewayThread], mock: MockProviderServer) -> None:
     """Every placement renders a valid request that is sent when it holds nothing secret:
@@ -428,15 +653,18 @@ def test_control_requests_pass(gw: tuple[Env, GatewayThread], mock: MockProvider
 
 @pytest.mark.parametrize("carrier", sorted(STREAMS))
 @pytest.mark.parametrize("tool", [False, True], ids=["text", "tool_args"])
-def test_control_streams_pass(gw: tuple[Env, GatewayThread], mock: MockProviderServer, carrier: str, tool: bool) -> None:
+def test_control_streams_pass(
+    gw: tuple[Env, GatewayThread], mock: MockProviderServer, carrier: str, tool: bool
+) -> None:
     env, gateway = gw
     route, make_events, make_body = STREAMS[carrier]
     content = json.dumps({"value": "all good, nothing to see"}) if tool else "here: all good é 日本 end"
     pieces = [ENCODINGS["u_some"](p) for p in _chunks(content)]
     sid = "c" + uuid.uuid4().hex[:12]
     mock.state.add_scenario(sid, [{"raw_events": make_events(pieces, tool), "split_bytes": 61}])
-    r = raw_client(gateway, env, uds=True).post(route, json=make_body(sid),
-                                                 headers={"authorization": f"Bearer {env.gateway_key}"})
+    r = raw_client(gateway, env, uds=True).post(
+        route, json=make_body(sid), headers={"authorization": f"Bearer {env.gateway_key}"}
+    )
     assert r.status_code == 200
     events, clean = sse.parse_all(r.content)
     assert clean and len(events) == len(make_events(pieces, tool))
@@ -445,21 +673,54 @@ def test_control_streams_pass(gw: tuple[Env, GatewayThread], mock: MockProviderS
 # --- configured literals split across parts, joined in document order ------------------
 
 LITERAL_SPLITS: dict[str, Placement] = {
-    "chat.two_messages": _p(CHAT, _chat(messages=[{"role": "user", "content": PH1},
-                                                  {"role": "assistant", "content": PH2}])),
+    "chat.two_messages": _p(
+        CHAT, _chat(messages=[{"role": "user", "content": PH1}, {"role": "assistant", "content": PH2}])
+    ),
     "chat.name_then_content": _p(CHAT, _chat(messages=[{"role": "user", "name": PH1, "content": PH2}])),
-    "chat.system_then_user": _p(CHAT, _chat(messages=[{"role": "system", "content": f"rules {PH1}"},
-                                                      {"role": "user", "content": f"{PH2} please"}])),
-    "chat.tool_args_across_calls": _p(CHAT, _chat(messages=[{"role": "assistant", "tool_calls": [
-        {"id": "a", "type": "function", "function": {"name": "f", "arguments": PH1}},
-        {"id": "b", "type": "function", "function": {"name": "f", "arguments": PH2}}]}])),
-    "responses.two_items": _p(RESP, {"model": "gpt-5", "input": [
-        {"role": "user", "content": [{"type": "input_text", "text": PH1}]},
-        {"role": "user", "content": [{"type": "input_text", "text": PH2}]}]}),
-    "messages.system_then_message": _p(MSGS, {"model": "claude-test-model", "max_tokens": 9, "system": PH1,
-                                              "messages": [{"role": "user", "content": PH2}]}),
-    "messages.two_turns": _p(MSGS, {"model": "claude-test-model", "max_tokens": 9, "messages": [
-        {"role": "user", "content": PH1}, {"role": "assistant", "content": PH2}, {"role": "user", "content": "ok"}]}),
+    "chat.system_then_user": _p(
+        CHAT,
+        _chat(messages=[{"role": "system", "content": f"rules {PH1}"}, {"role": "user", "content": f"{PH2} please"}]),
+    ),
+    "chat.tool_args_across_calls": _p(
+        CHAT,
+        _chat(
+            messages=[
+                {
+                    "role": "assistant",
+                    "tool_calls": [
+                        {"id": "a", "type": "function", "function": {"name": "f", "arguments": PH1}},
+                        {"id": "b", "type": "function", "function": {"name": "f", "arguments": PH2}},
+                    ],
+                }
+            ]
+        ),
+    ),
+    "responses.two_items": _p(
+        RESP,
+        {
+            "model": "gpt-5",
+            "input": [
+                {"role": "user", "content": [{"type": "input_text", "text": PH1}]},
+                {"role": "user", "content": [{"type": "input_text", "text": PH2}]},
+            ],
+        },
+    ),
+    "messages.system_then_message": _p(
+        MSGS,
+        {"model": "claude-test-model", "max_tokens": 9, "system": PH1, "messages": [{"role": "user", "content": PH2}]},
+    ),
+    "messages.two_turns": _p(
+        MSGS,
+        {
+            "model": "claude-test-model",
+            "max_tokens": 9,
+            "messages": [
+                {"role": "user", "content": PH1},
+                {"role": "assistant", "content": PH2},
+                {"role": "user", "content": "ok"},
+            ],
+        },
+    ),
     "embeddings.two_inputs": _p(EMB, {"model": "text-embedding-3-small", "input": [PH1, PH2]}),
 }
 LITERAL_ENCODINGS: dict[str, Callable[[str], str]] = {
@@ -472,7 +733,9 @@ LITERAL_ENCODINGS: dict[str, Callable[[str], str]] = {
 
 
 @pytest.mark.parametrize("encoding", sorted(LITERAL_ENCODINGS))
-def test_configured_literals_split_across_parts(gw: tuple[Env, GatewayThread], mock: MockProviderServer, encoding: str) -> None:
+def test_configured_literals_split_across_parts(
+    gw: tuple[Env, GatewayThread], mock: MockProviderServer, encoding: str
+) -> None:
     env, gateway = gw
     bodies = []
     for pname, placement in LITERAL_SPLITS.items():
@@ -484,8 +747,10 @@ def test_configured_literals_split_across_parts(gw: tuple[Env, GatewayThread], m
 
 def test_case_insensitive_literal_is_an_option(gw: tuple[Env, GatewayThread], mock: MockProviderServer) -> None:
     env, gateway = gw
-    refused = [(f"caseless/{v}", CHAT, json.dumps(_chat(user=v)).encode())
-               for v in (CASELESS, CASELESS.lower(), CASELESS.upper(), "pROJECT-nIGHTINGALE-cODENAME")]
+    refused = [
+        (f"caseless/{v}", CHAT, json.dumps(_chat(user=v)).encode())
+        for v in (CASELESS, CASELESS.lower(), CASELESS.upper(), "pROJECT-nIGHTINGALE-cODENAME")
+    ]
     assert _send_all(env, gateway, mock, refused) == []
     # the others stay case-sensitive (the default): a change of case is not the value
     client = raw_client(gateway, env, uds=True)
@@ -510,6 +775,7 @@ def test_controls_split_parts_pass(gw: tuple[Env, GatewayThread]) -> None:
 
 # --- JSON inside strings ------------------------------------------------------------------
 
+
 def _nested(value: Any, levels: int) -> str:
     for _ in range(levels):
         value = json.dumps({"k": value})
@@ -522,8 +788,12 @@ def test_json_in_embeddings_input_is_read(gw: tuple[Env, GatewayThread], mock: M
     bodies = []
     for i, secret in enumerate(SECRETS):
         inner = _nested(secret, levels)  # json.dumps escapes: the secret is never verbatim past level 1
-        bodies.append((f"emb/{levels}/{i}", EMB, json.dumps({"model": "text-embedding-3-small", "input": [inner]}).encode()))
-        bodies.append((f"emb-str/{levels}/{i}", EMB, json.dumps({"model": "text-embedding-3-small", "input": inner}).encode()))
+        bodies.append(
+            (f"emb/{levels}/{i}", EMB, json.dumps({"model": "text-embedding-3-small", "input": [inner]}).encode())
+        )
+        bodies.append(
+            (f"emb-str/{levels}/{i}", EMB, json.dumps({"model": "text-embedding-3-small", "input": inner}).encode())
+        )
     assert _send_all(env, gateway, mock, bodies) == []
 
 
@@ -546,15 +816,20 @@ def test_json_nested_past_the_budget_is_withheld(gw: tuple[Env, GatewayThread], 
     before = len(mock.state.records())
     for value in (LITERALS[3], "nothing secret, just deep"):
         secret = value == LITERALS[3]
-        for route, body in ((CHAT, _chat(metadata={"x": _escaped_deep(value, 4)})),
-                            (CHAT, _chat(user=_escaped_deep(value, 5))),
-                            (EMB, {"model": "text-embedding-3-small", "input": [_escaped_deep(value, 4)]})):
+        for route, body in (
+            (CHAT, _chat(metadata={"x": _escaped_deep(value, 4)})),
+            (CHAT, _chat(user=_escaped_deep(value, 5))),
+            (EMB, {"model": "text-embedding-3-small", "input": [_escaped_deep(value, 4)]}),
+        ):
             r = client.post(route, json=body, headers=headers)
             reasons = r.json()["error"]["reason_codes"]
             # the backslash-escape decoder may still see the secret: blocked, and too deep besides
             assert "too_deep" in reasons, r.text
-            assert (r.status_code, reasons) in ((422, ["too_deep"]), (403, ["secret_value", "too_deep"])) if secret \
+            assert (
+                (r.status_code, reasons) in ((422, ["too_deep"]), (403, ["secret_value", "too_deep"]))
+                if secret
                 else (r.status_code, reasons) == (422, ["too_deep"])
+            )
     r = client.post(CHAT, json=_chat(metadata={"x": _escaped_deep(LITERALS[3], 3)}), headers=headers)
     assert r.status_code == 403 and r.json()["error"]["reason_codes"] == ["secret_value"]
     assert len(mock.state.records()) == before
@@ -605,12 +880,22 @@ def test_stream_shapes_fold_every_field(gw: tuple[Env, GatewayThread], mock: Moc
 
 # --- non-stream responses of the Responses and embeddings carriers ---------------------------
 
+
 def _responses_bodies(secret_json: str) -> list[str]:
     base = '{"id":"r","object":"response","status":"completed","error":null,"model":"gpt-5","output":[%s],"usage":{"input_tokens":1,"output_tokens":1,"total_tokens":2}}'
     return [
-        base % ('{"type":"message","id":"m","role":"assistant","status":"completed","content":[{"type":"output_text","text":"%s","annotations":[]}]}' % secret_json),
-        base % ('{"type":"function_call","id":"f","call_id":"c","name":"f","arguments":"%s","status":"completed"}'
-                % json.dumps(json.dumps({"k": "@@"}))[1:-1].replace("@@", secret_json.replace("\\", "\\\\").replace('"', '\\"'))),
+        base
+        % (
+            '{"type":"message","id":"m","role":"assistant","status":"completed","content":[{"type":"output_text","text":"%s","annotations":[]}]}'
+            % secret_json
+        ),
+        base
+        % (
+            '{"type":"function_call","id":"f","call_id":"c","name":"f","arguments":"%s","status":"completed"}'
+            % json.dumps(json.dumps({"k": "@@"}))[1:-1].replace(
+                "@@", secret_json.replace("\\", "\\\\").replace('"', '\\"')
+            )
+        ),
         base % ('{"type":"reasoning","id":"x","summary":[{"type":"summary_text","text":"%s"}]}' % secret_json),
     ]
 
@@ -620,14 +905,19 @@ def _embeddings_bodies(secret_json: str) -> list[str]:
     return [
         '{"object":"list","model":"e","data":"%s",%s}' % (secret_json, usage),  # data as a string
         '{"object":"list","model":"e","data":{"note":"%s"},%s}' % (secret_json, usage),  # data as an object
-        '{"object":"list","model":"e","data":[{"object":"embedding","index":0,"embedding":"%s"}],%s}' % (secret_json, usage),
-        '{"object":"list","model":"e","data":[{"object":"embedding","index":0,"embedding":{"v":"%s"}}],%s}' % (secret_json, usage),
-        '{"object":"list","model":"e","data":[{"object":"embedding","index":0,"embedding":[0.1,"%s"]}],%s}' % (secret_json, usage),
+        '{"object":"list","model":"e","data":[{"object":"embedding","index":0,"embedding":"%s"}],%s}'
+        % (secret_json, usage),
+        '{"object":"list","model":"e","data":[{"object":"embedding","index":0,"embedding":{"v":"%s"}}],%s}'
+        % (secret_json, usage),
+        '{"object":"list","model":"e","data":[{"object":"embedding","index":0,"embedding":[0.1,"%s"]}],%s}'
+        % (secret_json, usage),
     ]
 
 
 @pytest.mark.parametrize("carrier", ["responses", "embeddings"])
-def test_non_stream_response_evasion_more_carriers(gw: tuple[Env, GatewayThread], mock: MockProviderServer, carrier: str) -> None:
+def test_non_stream_response_evasion_more_carriers(
+    gw: tuple[Env, GatewayThread], mock: MockProviderServer, carrier: str
+) -> None:
     env, gateway = gw
     client = raw_client(gateway, env, uds=True)
     headers = {"authorization": f"Bearer {env.gateway_key}"}
@@ -654,6 +944,7 @@ def test_well_formed_embeddings_are_released(gw: tuple[Env, GatewayThread], mock
     client = raw_client(gateway, env, uds=True)
     headers = {"authorization": f"Bearer {env.gateway_key}"}
     for fmt in ("float", "base64"):
-        r = client.post(EMB, json={"model": "text-embedding-3-small", "input": ["a", "b"], "encoding_format": fmt},
-                        headers=headers)
+        r = client.post(
+            EMB, json={"model": "text-embedding-3-small", "input": ["a", "b"], "encoding_format": fmt}, headers=headers
+        )
         assert r.status_code == 200 and len(r.json()["data"]) == 2

@@ -22,17 +22,31 @@ BEATS = "[streaming]\nheartbeat_after_s = 0.1\nheartbeat_every_s = 0.1\n"
 
 
 @pytest.fixture(scope="module")
-def gw(mock: MockProviderServer, shared_tls: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Env, GatewayThread]]:
-    env = build_env(tmp_path_factory.mktemp("beats"), mock.url, tls_dir=shared_tls, secrets_=[SECRET], config_extra=BEATS)
+def gw(
+    mock: MockProviderServer, shared_tls: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Env, GatewayThread]]:
+    env = build_env(
+        tmp_path_factory.mktemp("beats"), mock.url, tls_dir=shared_tls, secrets_=[SECRET], config_extra=BEATS
+    )
     with GatewayThread(env.config) as gateway:
         yield env, gateway
 
 
 ROUTES = {
-    "chat": ("/v1/chat/completions", lambda c: {"model": "gpt-4.1", "stream": True, "messages": [{"role": "user", "content": c}]}),
+    "chat": (
+        "/v1/chat/completions",
+        lambda c: {"model": "gpt-4.1", "stream": True, "messages": [{"role": "user", "content": c}]},
+    ),
     "responses": ("/v1/responses", lambda c: {"model": "gpt-5", "stream": True, "input": c}),
-    "messages": ("/v1/messages", lambda c: {"model": "claude-test-model", "max_tokens": 50, "stream": True,
-                                            "messages": [{"role": "user", "content": c}]}),
+    "messages": (
+        "/v1/messages",
+        lambda c: {
+            "model": "claude-test-model",
+            "max_tokens": 50,
+            "stream": True,
+            "messages": [{"role": "user", "content": c}],
+        },
+    ),
 }
 
 
@@ -44,13 +58,16 @@ def _slow(mock: MockProviderServer, **step: Any) -> str:
 
 def _stream(env: Env, gateway: GatewayThread, route: str, sid: str) -> tuple[int, bytes]:
     path, body = ROUTES[route]
-    r = raw_client(gateway, env).post(path, json=body(f"mock-scenario:{sid}"),
-                                      headers={"authorization": f"Bearer {env.gateway_key}"})
+    r = raw_client(gateway, env).post(
+        path, json=body(f"mock-scenario:{sid}"), headers={"authorization": f"Bearer {env.gateway_key}"}
+    )
     return r.status_code, r.content
 
 
 @pytest.mark.parametrize("route", sorted(ROUTES))
-def test_heartbeats_then_the_checked_stream(gw: tuple[Env, GatewayThread], mock: MockProviderServer, route: str) -> None:
+def test_heartbeats_then_the_checked_stream(
+    gw: tuple[Env, GatewayThread], mock: MockProviderServer, route: str
+) -> None:
     env, gateway = gw
     status, body = _stream(env, gateway, route, _slow(mock, text="a perfectly fine answer"))
     assert status == 200
@@ -59,16 +76,24 @@ def test_heartbeats_then_the_checked_stream(gw: tuple[Env, GatewayThread], mock:
     assert clean and events
     assert "error" not in (events[-1].event or "")
     folded_text = "".join(
-        (json.loads(e.data).get("delta") or {}).get("text", "") if route == "messages" else
-        (json.loads(e.data).get("delta", "") if route == "responses" and e.event == "response.output_text.delta" else
-         "".join((ch.get("delta") or {}).get("content") or "" for ch in json.loads(e.data).get("choices", []))
-         if route == "chat" and e.data != "[DONE]" else "")
-        for e in events)
+        (json.loads(e.data).get("delta") or {}).get("text", "")
+        if route == "messages"
+        else (
+            json.loads(e.data).get("delta", "")
+            if route == "responses" and e.event == "response.output_text.delta"
+            else "".join((ch.get("delta") or {}).get("content") or "" for ch in json.loads(e.data).get("choices", []))
+            if route == "chat" and e.data != "[DONE]"
+            else ""
+        )
+        for e in events
+    )
     assert folded_text == "a perfectly fine answer"
 
 
 @pytest.mark.parametrize("route", sorted(ROUTES))
-def test_block_after_headers_is_an_error_event(gw: tuple[Env, GatewayThread], mock: MockProviderServer, route: str) -> None:
+def test_block_after_headers_is_an_error_event(
+    gw: tuple[Env, GatewayThread], mock: MockProviderServer, route: str
+) -> None:
     env, gateway = gw
     status, body = _stream(env, gateway, route, _slow(mock, text=f"leaking {SECRET} now"))
     assert status == 200  # headers went out with the first heartbeat
@@ -82,7 +107,9 @@ def test_block_after_headers_is_an_error_event(gw: tuple[Env, GatewayThread], mo
 
 
 @pytest.mark.parametrize("route", sorted(ROUTES))
-def test_broken_upstream_after_headers_is_an_error_event(gw: tuple[Env, GatewayThread], mock: MockProviderServer, route: str) -> None:
+def test_broken_upstream_after_headers_is_an_error_event(
+    gw: tuple[Env, GatewayThread], mock: MockProviderServer, route: str
+) -> None:
     env, gateway = gw
     status, body = _stream(env, gateway, route, _slow(mock, text="x" * 40, fault="reset_mid_stream"))
     assert status == 200
@@ -95,7 +122,8 @@ def test_sdks_raise_on_the_error_event(gw: tuple[Env, GatewayThread], mock: Mock
     sid = _slow(mock, text=f"leaking {SECRET}")
     with pytest.raises(openai.APIError) as info:
         for _ in openai_client(gateway, env).chat.completions.create(
-                model="gpt-4.1", stream=True, messages=[{"role": "user", "content": f"mock-scenario:{sid}"}]):
+            model="gpt-4.1", stream=True, messages=[{"role": "user", "content": f"mock-scenario:{sid}"}]
+        ):
             pass
     assert "response_blocked" in json.dumps(info.value.body)
     sid = _slow(mock, text=f"leaking {SECRET}")
@@ -103,10 +131,13 @@ def test_sdks_raise_on_the_error_event(gw: tuple[Env, GatewayThread], mock: Mock
         with openai_client(gateway, env).responses.stream(model="gpt-5", input=f"mock-scenario:{sid}") as s:
             s.get_final_response()
     sid = _slow(mock, text=f"leaking {SECRET}")
-    with pytest.raises(anthropic.APIStatusError) as ainfo:
-        with anthropic_client(gateway, env).messages.stream(
-                model="claude-test-model", max_tokens=20, messages=[{"role": "user", "content": f"mock-scenario:{sid}"}]) as s:
-            s.get_final_message()
+    with (
+        pytest.raises(anthropic.APIStatusError) as ainfo,
+        anthropic_client(gateway, env).messages.stream(
+            model="claude-test-model", max_tokens=20, messages=[{"role": "user", "content": f"mock-scenario:{sid}"}]
+        ) as s,
+    ):
+        s.get_final_message()
     assert "response_blocked" in json.dumps(ainfo.value.body)
 
 

@@ -31,13 +31,23 @@ ALL_DETECTORS = {"email": "required", "phone": "advisory", "card": "required", "
 
 
 def _formats(detector_modes: dict[str, str] | None = None, **kw: Any) -> FormatSet:
-    return build_format_set(use_catalogue=True, disable=kw.get("disable", ()), advisory=kw.get("advisory", ()),
-                            custom=kw.get("custom"), detector_modes=detector_modes or {})
+    return build_format_set(
+        use_catalogue=True,
+        disable=kw.get("disable", ()),
+        advisory=kw.get("advisory", ()),
+        custom=kw.get("custom"),
+        detector_modes=detector_modes or {},
+    )
 
 
 def _engine(kind: str = "hyperscan", detector_modes: dict[str, str] | None = None, **kw: Any) -> Engine:
-    return build_engine(secret_values=kw.pop("values", LITERALS), formats=_formats(detector_modes, **kw),
-                        policy_version="t", engine=kind, max_matches=kw.pop("max_matches", 100_000))
+    return build_engine(
+        secret_values=kw.pop("values", LITERALS),
+        formats=_formats(detector_modes, **kw),
+        policy_version="t",
+        engine=kind,
+        max_matches=kw.pop("max_matches", 100_000),
+    )
 
 
 def _chat_subject(text: str) -> Subject:
@@ -52,8 +62,16 @@ PY = _engine("python")
 
 def _documents() -> list[str]:
     docs = [p.read_text() for p in sorted(CORPUS.iterdir())]
-    for rule in ("aws-access-key-id", "github-pat", "jwt", "private-key-ec", "stripe-live-secret-key",
-                 "postgres-connection-uri", "slack-webhook-url", "generic-api-key"):
+    for rule in (
+        "aws-access-key-id",
+        "github-pat",
+        "jwt",
+        "private-key-ec",
+        "stripe-live-secret-key",
+        "postgres-connection-uri",
+        "slack-webhook-url",
+        "generic-api-key",
+    ):
         for sample in true_positives(rule, n=3, seed=99):
             docs.append(f"Here is some context.\n{sample}\nand more text")
     docs += [f"literal {LITERALS[0]} inside", f"escaped {LITERALS[1]}"]
@@ -66,7 +84,8 @@ def test_hyperscan_and_slow_engine_agree(doc: str) -> None:
     a, b = HS.inspect(subject), PY.inspect(subject)
     assert (a.decision, a.reason_codes) == (b.decision, b.reason_codes)
     assert sorted((f.reason, f.pointer or "", f.advisory) for f in a.findings) == sorted(
-        (f.reason, f.pointer or "", f.advisory) for f in b.findings)
+        (f.reason, f.pointer or "", f.advisory) for f in b.findings
+    )
 
 
 @pytest.mark.parametrize("path", sorted(CORPUS.iterdir()), ids=lambda p: p.name)
@@ -97,34 +116,51 @@ def test_advisory_rule_alone_never_blocks() -> None:
 
 
 def test_custom_rule_from_policy() -> None:
-    custom = json.dumps({"version": "acme-1", "rules": [{
-        "id": "acme-internal-token", "description": "ACME internal service token",
-        "keywords": ["acme_"], "pattern": "acme_[a-z0-9]{24}", "min_entropy": 3.0}]}).encode()
+    custom = json.dumps(
+        {
+            "version": "acme-1",
+            "rules": [
+                {
+                    "id": "acme-internal-token",
+                    "description": "ACME internal service token",
+                    "keywords": ["acme_"],
+                    "pattern": "acme_[a-z0-9]{24}",
+                    "min_entropy": 3.0,
+                }
+            ],
+        }
+    ).encode()
     engine = _engine(custom=custom)
     verdict = engine.inspect(_chat_subject("token acme_k3j4h5g6f7d8s9a0q1w2e3r4 here"))
     assert verdict.reason_codes == ("secret_format:acme-internal-token",)
 
 
-@pytest.mark.parametrize("text,reason", [
-    ("mail me at jane.doe+test@example.co.uk please", "pii:email"),
-    ("card 4111 1111 1111 1111 exp 12/29", "pii:card"),
-    ("card 5500-0000-0000-0004", "pii:card"),
-    ("IBAN GB82 WEST 1234 5698 7654 32 thanks", "pii:iban"),
-    ("ssn 078-05-1120", "pii:us_ssn"),
-])
+@pytest.mark.parametrize(
+    "text,reason",
+    [
+        ("mail me at jane.doe+test@example.co.uk please", "pii:email"),
+        ("card 4111 1111 1111 1111 exp 12/29", "pii:card"),
+        ("card 5500-0000-0000-0004", "pii:card"),
+        ("IBAN GB82 WEST 1234 5698 7654 32 thanks", "pii:iban"),
+        ("ssn 078-05-1120", "pii:us_ssn"),
+    ],
+)
 def test_required_detectors_block(text: str, reason: str) -> None:
     engine = _engine(detector_modes=ALL_DETECTORS)
     verdict = engine.inspect(_chat_subject(text))
     assert verdict.decision is Decision.BLOCK and reason in verdict.reason_codes
 
 
-@pytest.mark.parametrize("text", [
-    "order 4111 1111 1111 1112",  # fails Luhn
-    "GB82 WEST 1234 5698 7654 33",  # fails mod 97
-    "ssn 000-12-3456 or 666-12-3456",  # never issued
-    "version 1.2.3 and uuid 123e4567-e89b-12d3-a456-426614174000",
-    "user@localhost has no domain",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "order 4111 1111 1111 1112",  # fails Luhn
+        "GB82 WEST 1234 5698 7654 33",  # fails mod 97
+        "ssn 000-12-3456 or 666-12-3456",  # never issued
+        "version 1.2.3 and uuid 123e4567-e89b-12d3-a456-426614174000",
+        "user@localhost has no domain",
+    ],
+)
 def test_detectors_ignore_near_misses(text: str) -> None:
     engine = _engine(detector_modes=ALL_DETECTORS)
     verdict = engine.inspect(_chat_subject(text))
@@ -158,8 +194,9 @@ def test_match_cap_fails_closed_and_both_engines_agree(kind: str) -> None:
 def test_candidate_guard_bounds_confirmation_work() -> None:
     """Many candidates that never confirm (low-entropy look-alikes): the Hyperscan engine
     stops after `max_candidates` raw candidates and withholds instead of confirming them all."""
-    engine = build_engine(secret_values=LITERALS, formats=_formats(), policy_version="t", max_matches=100,
-                          max_candidates=50)
+    engine = build_engine(
+        secret_values=LITERALS, formats=_formats(), policy_version="t", max_matches=100, max_candidates=50
+    )
     text = " ".join(f"ghp_{'a' * 30}{i:06d}" for i in range(200))
     verdict = engine.inspect(_chat_subject(text))
     assert not verdict.allowed and "match_limit" in verdict.reason_codes
@@ -201,7 +238,9 @@ def test_a_rule_that_raises_withholds_in_checks(make_env: Any) -> None:
     assert outcome.phase is Phase.BEFORE_SEND
     assert outcome.verdict.decision is Decision.WITHHOLD and outcome.verdict.reason_codes == ("inspection_error",)
     assert outcome.binding is None
-    detector_broken = build_engine(secret_values=[], formats=_Raising(b"", detectors.DetectorFailure("card")), policy_version="t")
+    detector_broken = build_engine(
+        secret_values=[], formats=_Raising(b"", detectors.DetectorFailure("card")), policy_version="t"
+    )
     runtime = dataclasses.replace(runtime, policy=dataclasses.replace(runtime.policy, engine=detector_broken))
     outcome = runner.before_send(runtime, given, route=None)
     assert outcome.verdict.reason_codes == ("detector_unavailable",)
@@ -214,7 +253,9 @@ def test_missing_hyperscan_is_loud_not_silent(make_env: Any, monkeypatch: pytest
     env = make_env()
     with pytest.raises(ConfigError, match="hyperscan"):
         load_runtime(env.config)
-    (env.dir / "policy.toml").write_text((env.dir / "policy.toml").read_text().replace('engine = "hyperscan"', 'engine = "python"'))
+    (env.dir / "policy.toml").write_text(
+        (env.dir / "policy.toml").read_text().replace('engine = "hyperscan"', 'engine = "python"')
+    )
     runtime = load_runtime(env.config)  # the documented slow engine, chosen explicitly
     assert runtime.policy.engine.matcher.engine == "python"
 
@@ -233,15 +274,25 @@ def test_a_rule_that_raises_releases_nothing_end_to_end(make_env: Any, gateway_f
     client = raw_client(gateway, env)
     headers = {"authorization": f"Bearer {env.gateway_key}"}
     before = len(mock.state.records())
-    r = client.post("/v1/chat/completions", headers=headers,
-                    json={"model": "gpt-4.1", "messages": [{"role": "user", "content": "BOOM-1234"}]})
+    r = client.post(
+        "/v1/chat/completions",
+        headers=headers,
+        json={"model": "gpt-4.1", "messages": [{"role": "user", "content": "BOOM-1234"}]},
+    )
     assert r.status_code == 503 and r.json()["error"]["reason_codes"] == ["inspection_error"]
     assert len(mock.state.records()) == before  # nothing sent
     for stream in (False, True):
         sid = "x" + uuid.uuid4().hex[:10]
         mock.state.add_scenario(sid, [{"text": "the model says BOOM-9876 here"}])
-        r = client.post("/v1/chat/completions", headers=headers,
-                        json={"model": "gpt-4.1", "stream": stream, "messages": [{"role": "user", "content": f"mock-scenario:{sid}"}]})
+        r = client.post(
+            "/v1/chat/completions",
+            headers=headers,
+            json={
+                "model": "gpt-4.1",
+                "stream": stream,
+                "messages": [{"role": "user", "content": f"mock-scenario:{sid}"}],
+            },
+        )
         assert r.status_code == 503 and r.json()["error"]["code"] == "response_withheld"
         assert "BOOM" not in r.text and "the model says" not in r.text
 

@@ -27,20 +27,26 @@ def test_exact_numbers() -> None:
     assert doc["i"] == 123456789012345678901234567890
     assert isinstance(doc["f"], JsonFloat) and doc["f"] == "1.10000000000000000001"
     assert {t for _, t, k in jsonraw.walk(doc) if k == "number"} == {
-        "123456789012345678901234567890", "1.10000000000000000001", "1E+5"}
+        "123456789012345678901234567890",
+        "1.10000000000000000001",
+        "1E+5",
+    }
 
 
-@pytest.mark.parametrize("raw,reason", [
-    (b'{"a": NaN}', "json_invalid"),
-    (b'{"a": -Infinity}', "json_invalid"),
-    (b'{"a": "\\udc00"}', "json_invalid"),
-    (b'{"\\ud800": 1}', "json_invalid"),
-    (b'{"a": "\xc3"}', "json_invalid"),
-    (b'\xef\xbb\xbf{}', "json_invalid"),
-    (b'{"a": 1} trailing', "json_invalid"),
-    (b"[" * 10 + b"]" * 10, "too_deep"),
-    (b"[" * 100000 + b"]" * 100000, "too_deep"),
-])
+@pytest.mark.parametrize(
+    "raw,reason",
+    [
+        (b'{"a": NaN}', "json_invalid"),
+        (b'{"a": -Infinity}', "json_invalid"),
+        (b'{"a": "\\udc00"}', "json_invalid"),
+        (b'{"\\ud800": 1}', "json_invalid"),
+        (b'{"a": "\xc3"}', "json_invalid"),
+        (b"\xef\xbb\xbf{}", "json_invalid"),
+        (b'{"a": 1} trailing', "json_invalid"),
+        (b"[" * 10 + b"]" * 10, "too_deep"),
+        (b"[" * 100000 + b"]" * 100000, "too_deep"),
+    ],
+)
 def test_refusals(raw: bytes, reason: str) -> None:
     with pytest.raises(JsonError) as info:
         jsonraw.loads(raw, max_depth=8)
@@ -88,9 +94,9 @@ def test_every_string_is_walked(value: object) -> None:
 # --- SSE ---------------------------------------------------------------------------
 
 STREAM = (
-    "event: message_start\r\ndata: {\"type\":\"message_start\"}\r\n\r\n"
+    'event: message_start\r\ndata: {"type":"message_start"}\r\n\r\n'
     ": keep-alive comment\n\n"
-    "data: {\"text\":\"naïve 日本 🎉\"}\n\n"
+    'data: {"text":"naïve 日本 🎉"}\n\n'
     "event: multi\ndata: line one\ndata: line two\n\n"
     "data:no-space\rid: 7\r\r"
     "data: [DONE]\n\n"
@@ -125,9 +131,9 @@ def test_any_split_gives_the_same_events(cuts: list[int]) -> None:
 
 
 def test_cut_stream_is_not_clean() -> None:
-    _, clean = sse.parse_all(b"data: {\"a\":1}\n\ndata: {\"b\"")
+    _, clean = sse.parse_all(b'data: {"a":1}\n\ndata: {"b"')
     assert not clean
-    _, clean = sse.parse_all(b"data: {\"a\":1}\n")  # fields without the blank line
+    _, clean = sse.parse_all(b'data: {"a":1}\n')  # fields without the blank line
     assert not clean
 
 
@@ -137,9 +143,19 @@ def test_invalid_utf8_in_stream() -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.one_of(st.none(), st.text(alphabet="abcdefg._", min_size=1, max_size=8)),
-                          st.text(alphabet=st.characters(blacklist_characters="\r\n\x00", blacklist_categories=("Cs",)), min_size=1, max_size=20)),
-                max_size=6))
+@given(
+    st.lists(
+        st.tuples(
+            st.one_of(st.none(), st.text(alphabet="abcdefg._", min_size=1, max_size=8)),
+            st.text(
+                alphabet=st.characters(blacklist_characters="\r\n\x00", blacklist_categories=("Cs",)),
+                min_size=1,
+                max_size=20,
+            ),
+        ),
+        max_size=6,
+    )
+)
 def test_frame_roundtrip(items: list[tuple[str | None, str]]) -> None:
     events = [sse.SSEEvent(name, data) for name, data in items]
     parsed, clean = sse.parse_all(sse.frame(events))

@@ -34,7 +34,9 @@ def test_init_keeps_the_signing_key_outside_the_served_tree(initialised: tuple[P
     assert load_runtime(work / "wiregate.toml").profiles  # and the gateway loads
 
 
-def test_a_trusted_private_key_inside_the_served_tree_refuses_the_load(initialised: tuple[Path, dict[str, Any]]) -> None:
+def test_a_trusted_private_key_inside_the_served_tree_refuses_the_load(
+    initialised: tuple[Path, dict[str, Any]],
+) -> None:
     work, facts = initialised
     shutil.copy(facts["signing_key"], work / "secrets" / "oops.pem")
     with pytest.raises(ConfigError, match="private key of trusted profile-signing key"):
@@ -62,9 +64,11 @@ def test_the_dev_ca_is_name_constrained_and_its_key_discarded(initialised: tuple
 @pytest.mark.parametrize("which", ["keyring", "credential", "secret_values"])
 def test_secret_files_others_can_read_refuse_the_load(initialised: tuple[Path, dict[str, Any]], which: str) -> None:
     work, _ = initialised
-    path = {"keyring": work / "keys" / "bindings-keyring.json",
-            "credential": work / "secrets" / "mock-upstream.key",
-            "secret_values": work / "secrets" / "secret-values.txt"}[which]
+    path = {
+        "keyring": work / "keys" / "bindings-keyring.json",
+        "credential": work / "secrets" / "mock-upstream.key",
+        "secret_values": work / "secrets" / "secret-values.txt",
+    }[which]
     os.chmod(path, 0o644)
     with pytest.raises(ConfigError, match="readable by others"):
         load_runtime(work / "wiregate.toml")

@@ -26,7 +26,9 @@ json_depth = 16
 
 
 @pytest.fixture(scope="module")
-def gw(mock: MockProviderServer, shared_tls: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Env, GatewayThread]]:
+def gw(
+    mock: MockProviderServer, shared_tls: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Env, GatewayThread]]:
     env = build_env(tmp_path_factory.mktemp("limits"), mock.url, tls_dir=shared_tls, config_extra=LIMITS)
     with GatewayThread(env.config) as gateway:
         yield env, gateway
@@ -54,7 +56,7 @@ def test_request_too_large(gw: tuple[Env, GatewayThread], mock: MockProviderServ
 
     def chunks() -> Iterator[bytes]:  # no content-length: chunked transfer
         for i in range(0, len(big), 1000):
-            yield big[i:i + 1000]
+            yield big[i : i + 1000]
 
     r = client.post("/v1/chat/completions", content=chunks(), headers=_headers(env))
     assert r.status_code == 413
@@ -72,7 +74,9 @@ def test_gzip_bodies(gw: tuple[Env, GatewayThread], mock: MockProviderServer) ->
     assert len(bomb) < 4096
     r = client.post("/v1/chat/completions", content=bomb, headers=_headers(env, **{"content-encoding": "gzip"}))
     assert r.status_code == 413
-    r = client.post("/v1/chat/completions", content=b"\x1f\x8b not gzip", headers=_headers(env, **{"content-encoding": "gzip"}))
+    r = client.post(
+        "/v1/chat/completions", content=b"\x1f\x8b not gzip", headers=_headers(env, **{"content-encoding": "gzip"})
+    )
     assert r.status_code == 400
     r = client.post("/v1/chat/completions", content=b"{}", headers=_headers(env, **{"content-encoding": "br"}))
     assert r.status_code == 415 and r.json()["error"]["reason_codes"] == ["unsupported_encoding"]
@@ -81,17 +85,22 @@ def test_gzip_bodies(gw: tuple[Env, GatewayThread], mock: MockProviderServer) ->
     assert _sent_nothing(mock, before)
 
 
-@pytest.mark.parametrize("body,status,reason", [
-    (b'{"model":"gpt-4.1","messages":[' * 1 + b"[" * 40 + b"]" * 40 + b"]}", 422, "too_deep"),
-    (b'{"model":"gpt-4.1","messages":[{"role":"user","content":"hi"}]', 400, "json_invalid"),
-    (b'{"model":"gpt-4.1","temperature":NaN,"messages":[]}', 400, "json_invalid"),
-    (b'{"model":"gpt-4.1","messages":[{"role":"user","content":"\\ud800"}]}', 400, "json_invalid"),
-    (b'{"model":"gpt-4.1","messages":[{"role":"user","content":"\xff\xfe"}]}', 400, "json_invalid"),
-    (b'["not an object"]', 422, "unsupported_carrier"),
-    (b'{"messages":[]}', 422, "unsupported_carrier"),
-    (b'{"model":"gpt-4.1","messages":"nope"}', 422, "unsupported_carrier"),
-])
-def test_malformed_requests_are_not_sent(gw: tuple[Env, GatewayThread], mock: MockProviderServer, body: bytes, status: int, reason: str) -> None:
+@pytest.mark.parametrize(
+    "body,status,reason",
+    [
+        (b'{"model":"gpt-4.1","messages":[' * 1 + b"[" * 40 + b"]" * 40 + b"]}", 422, "too_deep"),
+        (b'{"model":"gpt-4.1","messages":[{"role":"user","content":"hi"}]', 400, "json_invalid"),
+        (b'{"model":"gpt-4.1","temperature":NaN,"messages":[]}', 400, "json_invalid"),
+        (b'{"model":"gpt-4.1","messages":[{"role":"user","content":"\\ud800"}]}', 400, "json_invalid"),
+        (b'{"model":"gpt-4.1","messages":[{"role":"user","content":"\xff\xfe"}]}', 400, "json_invalid"),
+        (b'["not an object"]', 422, "unsupported_carrier"),
+        (b'{"messages":[]}', 422, "unsupported_carrier"),
+        (b'{"model":"gpt-4.1","messages":"nope"}', 422, "unsupported_carrier"),
+    ],
+)
+def test_malformed_requests_are_not_sent(
+    gw: tuple[Env, GatewayThread], mock: MockProviderServer, body: bytes, status: int, reason: str
+) -> None:
     env, gateway = gw
     before = len(mock.state.records())
     r = raw_client(gateway, env).post("/v1/chat/completions", content=body, headers=_headers(env))
@@ -122,7 +131,9 @@ def test_buffer_time_limit(gw: tuple[Env, GatewayThread], mock: MockProviderServ
     env, gateway = gw
     sid = "slow" + uuid.uuid4().hex[:8]
     mock.state.add_scenario(sid, [{"text": "slowly", "chunk_size": 1, "drip_ms": 300}])
-    r = raw_client(gateway, env).post("/v1/chat/completions", json=_chat(f"mock-scenario:{sid}", stream=True), headers=_headers(env))
+    r = raw_client(gateway, env).post(
+        "/v1/chat/completions", json=_chat(f"mock-scenario:{sid}", stream=True), headers=_headers(env)
+    )
     assert r.status_code == 503 and r.json()["error"]["code"] == "upstream_timeout"
     assert "slowly" not in r.text
 

@@ -79,16 +79,21 @@ def _free_port() -> int:
 def served(tmp_path: Path) -> Iterator[dict[str, Any]]:
     """`wiregate init` then `wiregate serve` as real processes (what `make run` does)."""
     work = tmp_path / "wg"
-    init = subprocess.run([sys.executable, "-m", "gateway", "init", "--dir", str(work)],
-                          capture_output=True, text=True, timeout=60)
+    init = subprocess.run(
+        [sys.executable, "-m", "gateway", "init", "--dir", str(work)], capture_output=True, text=True, timeout=60
+    )
     assert init.returncode == 0, init.stderr
     key = (work / "dev-gateway-key").read_text().strip()
     assert key in init.stdout  # printed once at creation
     port = _free_port()
     cfg = work / "wiregate.toml"
     cfg.write_text(cfg.read_text().replace("port = 8443", f"port = {port}"))
-    proc = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--config", str(cfg)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway", "serve", "--config", str(cfg)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     sock = work / "run" / "wiregate.sock"
     deadline = time.monotonic() + 20
     while not sock.exists() and time.monotonic() < deadline and proc.poll() is None:
@@ -116,8 +121,23 @@ def test_make_run_serves_https_and_uds(served: dict[str, Any]) -> None:
 def test_sighup_reloads_and_sigterm_stops_cleanly(served: dict[str, Any]) -> None:
     work = served["work"]
     added = subprocess.run(
-        [sys.executable, "-m", "gateway", "principals", "add", "--id", "late", "--profiles", "mock-openai",
-         "--config", str(work / "wiregate.toml")], capture_output=True, text=True, timeout=60)
+        [
+            sys.executable,
+            "-m",
+            "gateway",
+            "principals",
+            "add",
+            "--id",
+            "late",
+            "--profiles",
+            "mock-openai",
+            "--config",
+            str(work / "wiregate.toml"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert added.returncode == 0, added.stderr
     new_key = added.stdout.strip().splitlines()[-1].split()[-1]
     assert _get(_UnixHTTPConnection(str(served["sock"])), "/v1/models", new_key)[0] == 401
@@ -139,11 +159,17 @@ def test_sighup_reloads_and_sigterm_stops_cleanly(served: dict[str, Any]) -> Non
 
 def test_serve_refuses_bad_config_with_a_clear_message(tmp_path: Path) -> None:
     work = tmp_path / "wg"
-    subprocess.run([sys.executable, "-m", "gateway", "init", "--dir", str(work)], capture_output=True, timeout=60, check=True)
+    subprocess.run(
+        [sys.executable, "-m", "gateway", "init", "--dir", str(work)], capture_output=True, timeout=60, check=True
+    )
     profile = work / "profiles" / "openai.json"
     profile.write_text(profile.read_text().replace("gpt-*", "gpx-*"))
-    out = subprocess.run([sys.executable, "-m", "gateway", "serve", "--config", str(work / "wiregate.toml")],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "gateway", "serve", "--config", str(work / "wiregate.toml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 2
     assert "openai.json" in out.stderr and "does not match" in out.stderr
     assert not (work / "run" / "wiregate.sock").exists()

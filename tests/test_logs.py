@@ -25,7 +25,9 @@ sensitive(HEX_SECRET, SCOPE_SECRET)
 
 
 @pytest.fixture(scope="module")
-def gw(mock: MockProviderServer, shared_tls: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Env, GatewayThread, str]]:
+def gw(
+    mock: MockProviderServer, shared_tls: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Env, GatewayThread, str]]:
     env = build_env(tmp_path_factory.mktemp("logs"), mock.url, tls_dir=shared_tls, secrets_=[KEY_SECRET, VALUE_SECRET])
     wildcard = env.add_principal("wildcard", ["proxy", "context.check"], ["mock-openai", "mock-anthropic"], ["*"])
     with GatewayThread(env.config) as gateway:
@@ -40,40 +42,100 @@ def _chat(**extra: Any) -> dict[str, Any]:
     return {"model": "gpt-4.1", "messages": [{"role": "user", "content": "hi"}], **extra}
 
 
-@pytest.mark.parametrize("body", [
-    _chat(metadata={KEY_SECRET: VALUE_SECRET}),  # the finding sits under a secret key
-    _chat(metadata={KEY_SECRET: {"inner": VALUE_SECRET}}),
-    _chat(metadata={"fine": {KEY_SECRET: "harmless"}}),  # the secret is itself a key
-    _chat(tools=[{"type": "function", "function": {"name": "f", "parameters": {
-        "type": "object", "properties": {KEY_SECRET: {"type": "string", "description": VALUE_SECRET}}}}}]),
-    _chat(messages=[{"role": "assistant", "tool_calls": [{"id": "c", "type": "function", "function": {
-        "name": "f", "arguments": json.dumps({KEY_SECRET: {"x": VALUE_SECRET}})}}]}]),
-], ids=["under_secret_key", "deeper_under_secret_key", "secret_as_key", "tool_schema", "tool_args"])
-def test_locations_never_carry_object_keys(gw: tuple[Env, GatewayThread, str], captured_logs: LogCapture, body: dict[str, Any]) -> None:
+@pytest.mark.parametrize(
+    "body",
+    [
+        _chat(metadata={KEY_SECRET: VALUE_SECRET}),  # the finding sits under a secret key
+        _chat(metadata={KEY_SECRET: {"inner": VALUE_SECRET}}),
+        _chat(metadata={"fine": {KEY_SECRET: "harmless"}}),  # the secret is itself a key
+        _chat(
+            tools=[
+                {
+                    "type": "function",
+                    "function": {
+                        "name": "f",
+                        "parameters": {
+                            "type": "object",
+                            "properties": {KEY_SECRET: {"type": "string", "description": VALUE_SECRET}},
+                        },
+                    },
+                }
+            ]
+        ),
+        _chat(
+            messages=[
+                {
+                    "role": "assistant",
+                    "tool_calls": [
+                        {
+                            "id": "c",
+                            "type": "function",
+                            "function": {"name": "f", "arguments": json.dumps({KEY_SECRET: {"x": VALUE_SECRET}})},
+                        }
+                    ],
+                }
+            ]
+        ),
+    ],
+    ids=["under_secret_key", "deeper_under_secret_key", "secret_as_key", "tool_schema", "tool_args"],
+)
+def test_locations_never_carry_object_keys(
+    gw: tuple[Env, GatewayThread, str], captured_logs: LogCapture, body: dict[str, Any]
+) -> None:
     env, gateway, _ = gw
     mark = captured_logs.mark()
-    r = raw_client(gateway, env, uds=True).post("/v1/chat/completions", json=body,
-                                                 headers={"authorization": f"Bearer {env.gateway_key}"})
+    r = raw_client(gateway, env, uds=True).post(
+        "/v1/chat/completions", json=body, headers={"authorization": f"Bearer {env.gateway_key}"}
+    )
     assert r.status_code == 403
     lines = _lines(captured_logs, mark)
     decisions = [line for line in lines if line["event"] == "decision"]
     assert decisions and all(line["locations"] for line in decisions)
     for line in decisions:
         for location in line["locations"]:
-            assert all(seg == "*" or seg.isdigit() or seg in {"metadata", "tools", "function", "parameters",
-                       "properties", "description", "messages", "tool_calls", "arguments", "inner", "x", "fine"}
-                       or seg == "" for seg in location.split("/")), location
+            assert all(
+                seg == "*"
+                or seg.isdigit()
+                or seg
+                in {
+                    "metadata",
+                    "tools",
+                    "function",
+                    "parameters",
+                    "properties",
+                    "description",
+                    "messages",
+                    "tool_calls",
+                    "arguments",
+                    "inner",
+                    "x",
+                    "fine",
+                }
+                or seg == ""
+                for seg in location.split("/")
+            ), location
     assert_nothing_sensitive(captured_logs.since(mark))
 
 
-def test_header_names_are_inspected_and_never_logged(gw: tuple[Env, GatewayThread, str], captured_logs: LogCapture) -> None:
+def test_header_names_are_inspected_and_never_logged(
+    gw: tuple[Env, GatewayThread, str], captured_logs: LogCapture
+) -> None:
     env, gateway, _ = gw
     mark = captured_logs.mark()
     body = json.dumps(_chat())
-    check = {"scope_id": "default", "phase": "before_send", "target_profile": "mock-openai",
-             "payload": {"schema": "powercontext.model-json-payload.v1",
-                         "headers": {"content-type": "application/json", KEY_SECRET: "v"}, "body": body}}
-    r = raw_client(gateway, env).post("/v1/context/check", json=check, headers={"authorization": f"Bearer {env.gateway_key}"})
+    check = {
+        "scope_id": "default",
+        "phase": "before_send",
+        "target_profile": "mock-openai",
+        "payload": {
+            "schema": "powercontext.model-json-payload.v1",
+            "headers": {"content-type": "application/json", KEY_SECRET: "v"},
+            "body": body,
+        },
+    }
+    r = raw_client(gateway, env).post(
+        "/v1/context/check", json=check, headers={"authorization": f"Bearer {env.gateway_key}"}
+    )
     assert r.status_code == 200 and r.json()["decision"] == "block"
     assert_nothing_sensitive(captured_logs.since(mark))
 
@@ -81,8 +143,11 @@ def test_header_names_are_inspected_and_never_logged(gw: tuple[Env, GatewayThrea
 def test_trace_id_is_a_digest(gw: tuple[Env, GatewayThread, str], captured_logs: LogCapture) -> None:
     env, gateway, _ = gw
     mark = captured_logs.mark()
-    r = raw_client(gateway, env).post("/v1/chat/completions", json=_chat(), headers={
-        "authorization": f"Bearer {env.gateway_key}", "traceparent": f"00-{HEX_SECRET}-00f067aa0ba902b7-01"})
+    r = raw_client(gateway, env).post(
+        "/v1/chat/completions",
+        json=_chat(),
+        headers={"authorization": f"Bearer {env.gateway_key}", "traceparent": f"00-{HEX_SECRET}-00f067aa0ba902b7-01"},
+    )
     assert r.status_code == 200
     access = [line for line in _lines(captured_logs, mark) if line["event"] == "request"]
     assert len(access) == 1 and access[0]["trace_id"].startswith("h:")
@@ -92,19 +157,25 @@ def test_trace_id_is_a_digest(gw: tuple[Env, GatewayThread, str], captured_logs:
 def test_wildcard_scope_is_a_digest(gw: tuple[Env, GatewayThread, str], captured_logs: LogCapture) -> None:
     env, gateway, wildcard = gw
     mark = captured_logs.mark()
-    r = raw_client(gateway, env).post("/v1/chat/completions", json=_chat(), headers={
-        "authorization": f"Bearer {wildcard}", "x-wiregate-scope": SCOPE_SECRET})
+    r = raw_client(gateway, env).post(
+        "/v1/chat/completions",
+        json=_chat(),
+        headers={"authorization": f"Bearer {wildcard}", "x-wiregate-scope": SCOPE_SECRET},
+    )
     assert r.status_code == 200
     access = [line for line in _lines(captured_logs, mark) if line["event"] == "request"]
     assert access[0]["scope"].startswith("h:") and SCOPE_SECRET not in captured_logs.since(mark)
     # a scope the principal's configuration names is logged as written
     mark = captured_logs.mark()
-    r = raw_client(gateway, env).post("/v1/chat/completions", json=_chat(),
-                                      headers={"authorization": f"Bearer {env.gateway_key}"})
+    r = raw_client(gateway, env).post(
+        "/v1/chat/completions", json=_chat(), headers={"authorization": f"Bearer {env.gateway_key}"}
+    )
     assert [line["scope"] for line in _lines(captured_logs, mark) if line["event"] == "request"] == ["default"]
 
 
-def test_methods_are_not_logged_or_echoed_as_text(gw: tuple[Env, GatewayThread, str], captured_logs: LogCapture) -> None:
+def test_methods_are_not_logged_or_echoed_as_text(
+    gw: tuple[Env, GatewayThread, str], captured_logs: LogCapture
+) -> None:
     env, gateway, _ = gw
     mark = captured_logs.mark()
     with httpx2.Client(transport=httpx2.HTTPTransport(uds=str(gateway.uds)), base_url="http://localhost") as client:

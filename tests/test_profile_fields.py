@@ -26,15 +26,25 @@ def _records(env: Env, gateway: Any, request_id: str) -> list[dict[str, Any]]:
 
 
 def test_usage_fields_say_which_figures_are_believed(mock: MockProviderServer, make_env: Any, gateway_for: Any) -> None:
-    env = make_env(profiles=[
-        mock_profile("trusts-all", "openai", mock.url, usage_fields=[]),
-        mock_profile("no-cache-figures", "openai", mock.url, models=["other-*"],
-                     usage_fields=["prompt_tokens", "completion_tokens"]),
-    ])
+    env = make_env(
+        profiles=[
+            mock_profile("trusts-all", "openai", mock.url, usage_fields=[]),
+            mock_profile(
+                "no-cache-figures",
+                "openai",
+                mock.url,
+                models=["other-*"],
+                usage_fields=["prompt_tokens", "completion_tokens"],
+            ),
+        ]
+    )
     gateway = gateway_for(env)
     for model, profile in (("gpt-4.1", "trusts-all"), ("other-model", "no-cache-figures")):
-        r = raw_client(gateway, env).post("/v1/chat/completions", headers=_headers(env),
-                                          json={"model": model, "messages": [{"role": "user", "content": "hi"}]})
+        r = raw_client(gateway, env).post(
+            "/v1/chat/completions",
+            headers=_headers(env),
+            json={"model": model, "messages": [{"role": "user", "content": "hi"}]},
+        )
         assert r.status_code == 200 and r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
         [record] = _records(env, gateway, r.headers["x-powercontext-request-id"])
         assert record["profile"] == profile
@@ -43,60 +53,104 @@ def test_usage_fields_say_which_figures_are_believed(mock: MockProviderServer, m
         assert record["cache_read"]["provenance"] == expected
 
 
-def test_account_and_region_name_records_and_separate_cache_keys(mock: MockProviderServer, make_env: Any, gateway_for: Any) -> None:
+def test_account_and_region_name_records_and_separate_cache_keys(
+    mock: MockProviderServer, make_env: Any, gateway_for: Any
+) -> None:
     env = make_env(profiles=[mock_profile("eu-account", "openai", mock.url, account="acct-7", region="eu-west-1")])
     gateway = gateway_for(env)
-    r = raw_client(gateway, env).post("/v1/chat/completions", headers=_headers(env),
-                                      json={"model": "gpt-4.1", "messages": [{"role": "user", "content": "hi"}]})
+    r = raw_client(gateway, env).post(
+        "/v1/chat/completions",
+        headers=_headers(env),
+        json={"model": "gpt-4.1", "messages": [{"role": "user", "content": "hi"}]},
+    )
     [record] = _records(env, gateway, r.headers["x-powercontext-request-id"])
     assert (record["account"], record["region"]) == ("acct-7", "eu-west-1")
     base = caching.CacheContext("p", "s", "profile")
-    keys = {caching.cache_key(base, "principal"),
-            caching.cache_key(caching.CacheContext("p", "s", "profile", account="a1"), "principal"),
-            caching.cache_key(caching.CacheContext("p", "s", "profile", account="a2"), "principal"),
-            caching.cache_key(caching.CacheContext("p", "s", "profile", account="a1", region="r"), "principal")}
+    keys = {
+        caching.cache_key(base, "principal"),
+        caching.cache_key(caching.CacheContext("p", "s", "profile", account="a1"), "principal"),
+        caching.cache_key(caching.CacheContext("p", "s", "profile", account="a2"), "principal"),
+        caching.cache_key(caching.CacheContext("p", "s", "profile", account="a1", region="r"), "principal"),
+    }
     assert len(keys) == 4
 
 
 def test_a_policy_can_require_a_retention_promise(mock: MockProviderServer, make_env: Any, gateway_for: Any) -> None:
     env = make_env(
-        profiles=[mock_profile("keeps-data", "openai", mock.url, retention="provider-default"),
-                  mock_profile("zdr", "openai", mock.url, models=["zdr-*"], retention="zero-data-retention")],
+        profiles=[
+            mock_profile("keeps-data", "openai", mock.url, retention="provider-default"),
+            mock_profile("zdr", "openai", mock.url, models=["zdr-*"], retention="zero-data-retention"),
+        ],
         policy_extra='retention_required = ["zero-data-retention"]\n',
     )
     gateway = gateway_for(env)
     client = raw_client(gateway, env)
     before = len(mock.state.records())
-    r = client.post("/v1/chat/completions", headers=_headers(env),
-                    json={"model": "gpt-4.1", "messages": [{"role": "user", "content": "hi"}]})
+    r = client.post(
+        "/v1/chat/completions",
+        headers=_headers(env),
+        json={"model": "gpt-4.1", "messages": [{"role": "user", "content": "hi"}]},
+    )
     assert r.status_code == 403 and r.json()["error"]["reason_codes"] == ["retention_not_allowed"]
     assert len(mock.state.records()) == before
-    r = client.post("/v1/chat/completions", headers={**_headers(env), "x-wiregate-profile": "keeps-data"},
-                    json={"model": "gpt-4.1", "messages": [{"role": "user", "content": "hi"}]})
+    r = client.post(
+        "/v1/chat/completions",
+        headers={**_headers(env), "x-wiregate-profile": "keeps-data"},
+        json={"model": "gpt-4.1", "messages": [{"role": "user", "content": "hi"}]},
+    )
     assert r.status_code == 403 and r.json()["error"]["reason_codes"] == ["retention_not_allowed"]
-    r = client.post("/v1/chat/completions", headers=_headers(env),
-                    json={"model": "zdr-model", "messages": [{"role": "user", "content": "hi"}]})
+    r = client.post(
+        "/v1/chat/completions",
+        headers=_headers(env),
+        json={"model": "zdr-model", "messages": [{"role": "user", "content": "hi"}]},
+    )
     assert r.status_code == 200
 
 
-@pytest.mark.parametrize("given", [
-    {"input_tokens": 10, "output_tokens": 5, "cache_read_input_tokens": 90, "cache_creation_input_tokens": 0},
-    {"output_tokens": 3},
-])
-def test_the_check_apis_usage_is_recorded(mock: MockProviderServer, make_env: Any, gateway_for: Any, given: dict[str, int]) -> None:
+@pytest.mark.parametrize(
+    "given",
+    [
+        {"input_tokens": 10, "output_tokens": 5, "cache_read_input_tokens": 90, "cache_creation_input_tokens": 0},
+        {"output_tokens": 3},
+    ],
+)
+def test_the_check_apis_usage_is_recorded(
+    mock: MockProviderServer, make_env: Any, gateway_for: Any, given: dict[str, int]
+) -> None:
     env = make_env()
     gateway = gateway_for(env)
     client = raw_client(gateway, env)
     body = json.dumps({"model": "gpt-4.1", "messages": [{"role": "user", "content": "hello"}]})
-    send = client.post("/v1/context/check", headers=_headers(env), json={
-        "scope_id": "default", "phase": "before_send", "target_profile": "mock-openai",
-        "payload": {"schema": "powercontext.model-json-payload.v1", "headers": {}, "body": body}}).json()
-    reply = json.dumps({"id": "c" + uuid.uuid4().hex, "object": "chat.completion", "choices": [
-        {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "hi"}}]})
-    r = client.post("/v1/context/check", headers=_headers(env), json={
-        "scope_id": "default", "phase": "before_release", "target_profile": "mock-openai",
-        "request_binding": send["binding"], "completion": "complete", "usage": given,
-        "payload": {"schema": "powercontext.model-json-payload.v1", "headers": {}, "body": reply}})
+    send = client.post(
+        "/v1/context/check",
+        headers=_headers(env),
+        json={
+            "scope_id": "default",
+            "phase": "before_send",
+            "target_profile": "mock-openai",
+            "payload": {"schema": "powercontext.model-json-payload.v1", "headers": {}, "body": body},
+        },
+    ).json()
+    reply = json.dumps(
+        {
+            "id": "c" + uuid.uuid4().hex,
+            "object": "chat.completion",
+            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "hi"}}],
+        }
+    )
+    r = client.post(
+        "/v1/context/check",
+        headers=_headers(env),
+        json={
+            "scope_id": "default",
+            "phase": "before_release",
+            "target_profile": "mock-openai",
+            "request_binding": send["binding"],
+            "completion": "complete",
+            "usage": given,
+            "payload": {"schema": "powercontext.model-json-payload.v1", "headers": {}, "body": reply},
+        },
+    )
     assert r.json()["decision"] == "allow"
     [record] = _records(env, gateway, r.headers["x-powercontext-request-id"])
     assert record["outcome"] == "released" and "openai.chat" in record["carrier"].split(",")

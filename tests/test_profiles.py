@@ -58,15 +58,18 @@ def _resign(env: Env, doc: dict[str, Any], key: Any) -> Path:
     return path
 
 
-@pytest.mark.parametrize("case,needle", [
-    ("unknown_key", "unknown key"),
-    ("expired", "expired"),
-    ("not_yet_valid", "not valid before"),
-    ("unsigned", "unsigned"),
-    ("tampered_field", "does not match"),
-    ("http_not_loopback", "loopback"),
-    ("extra_field", "Extra inputs"),
-])
+@pytest.mark.parametrize(
+    "case,needle",
+    [
+        ("unknown_key", "unknown key"),
+        ("expired", "expired"),
+        ("not_yet_valid", "not valid before"),
+        ("unsigned", "unsigned"),
+        ("tampered_field", "does not match"),
+        ("http_not_loopback", "loopback"),
+        ("extra_field", "Extra inputs"),
+    ],
+)
 def test_refusals_name_file_and_reason(make_env: Any, case: str, needle: str) -> None:
     env = make_env()
     doc = mock_profile("mock-openai", "openai", env.mock_url)
@@ -141,8 +144,25 @@ def test_cli_keys_profiles_principals(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     key_id = json.loads(out.stdout)["key_id"]
     assert (tmp_path / "sign.pub.json").exists() and oct((tmp_path / "sign.key").stat().st_mode)[-3:] == "600"
-    out = _cli("profiles", "new", "--id", "p1", "--provider", "openai", "--base-url", "https://api.openai.com/v1",
-               "--models", "gpt-*", "--credential", "env:OPENAI_API_KEY", "--sign-key", "sign.key", "--out", "p1.json", cwd=tmp_path)
+    out = _cli(
+        "profiles",
+        "new",
+        "--id",
+        "p1",
+        "--provider",
+        "openai",
+        "--base-url",
+        "https://api.openai.com/v1",
+        "--models",
+        "gpt-*",
+        "--credential",
+        "env:OPENAI_API_KEY",
+        "--sign-key",
+        "sign.key",
+        "--out",
+        "p1.json",
+        cwd=tmp_path,
+    )
     assert out.returncode == 0, out.stderr
     assert json.loads((tmp_path / "p1.json").read_text())["signature"]["key_id"] == key_id
     out = _cli("profiles", "verify", "p1.json", "--trusted", "sign.pub.json", cwd=tmp_path)
@@ -155,8 +175,23 @@ def test_cli_keys_profiles_principals(tmp_path: Path) -> None:
     out = _cli("profiles", "sign", "p1.json", "--key", "sign.key", cwd=tmp_path)
     assert out.returncode == 0
     assert _cli("profiles", "verify", "p1.json", "--trusted", "sign.pub.json", cwd=tmp_path).returncode == 0
-    out = _cli("profiles", "new", "--id", "bad", "--provider", "openai", "--base-url", "http://example.com",
-               "--models", "x", "--credential", "env:X", "--sign-key", "sign.key", cwd=tmp_path)
+    out = _cli(
+        "profiles",
+        "new",
+        "--id",
+        "bad",
+        "--provider",
+        "openai",
+        "--base-url",
+        "http://example.com",
+        "--models",
+        "x",
+        "--credential",
+        "env:X",
+        "--sign-key",
+        "sign.key",
+        cwd=tmp_path,
+    )
     assert out.returncode == 1 and "loopback" in out.stderr
 
     (tmp_path / "principals.toml").write_text("")
@@ -173,7 +208,7 @@ def test_cli_keys_profiles_principals(tmp_path: Path) -> None:
 def test_committed_example_profiles_verify() -> None:
     pub = json.loads((REPO / "profiles" / "trust" / "example-signing.pub.json").read_text())
     trusted = {pub["key_id"]: signing.trusted_key(pub["key_id"], pub["public_key"])}
-    names = sorted(p.name for p in (REPO / "profiles").glob("*.json") )
+    names = sorted(p.name for p in (REPO / "profiles").glob("*.json"))
     assert names == ["anthropic.json", "mock-anthropic.json", "mock-openai.json", "openai.json"]
     for name in names:
         loaded = load_profile(REPO / "profiles" / name, trusted, NOW, REPO)

@@ -13,9 +13,29 @@ PURE = sorted(
     + [p for p in (ROOT / "caching.py", ROOT / "admission.py") if p.exists()]
 )
 FORBIDDEN = {
-    "aiohttp", "asyncio", "socket", "ssl", "sqlite3", "http", "urllib", "requests", "httpx",
-    "httpx2", "subprocess", "time", "datetime", "random", "secrets", "os", "shutil", "pathlib",
-    "multidict", "gateway.proxy", "gateway.app", "gateway.server", "gateway.config",
+    "aiohttp",
+    "asyncio",
+    "socket",
+    "ssl",
+    "sqlite3",
+    "http",
+    "urllib",
+    "requests",
+    "httpx",
+    "httpx2",
+    "subprocess",
+    "time",
+    "datetime",
+    "random",
+    "secrets",
+    "os",
+    "shutil",
+    "pathlib",
+    "multidict",
+    "gateway.proxy",
+    "gateway.app",
+    "gateway.server",
+    "gateway.config",
 }
 
 

@@ -29,7 +29,9 @@ def caching_mock(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MockProvi
 
 
 @pytest.fixture(scope="module")
-def gw(caching_mock: MockProviderServer, shared_tls: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Env, GatewayThread]]:
+def gw(
+    caching_mock: MockProviderServer, shared_tls: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Env, GatewayThread]]:
     env = build_env(tmp_path_factory.mktemp("replay"), caching_mock.url, tls_dir=shared_tls)
     with GatewayThread(env.config) as gateway:
         yield env, gateway
@@ -38,7 +40,9 @@ def gw(caching_mock: MockProviderServer, shared_tls: Path, tmp_path_factory: pyt
 def run_session(post: Any, provider: str, session: replay.Session) -> list[dict[str, Any]]:
     usages = []
     for turn in range(TURNS):
-        body = replay.anthropic_request(session, turn) if provider == "anthropic" else replay.openai_request(session, turn)
+        body = (
+            replay.anthropic_request(session, turn) if provider == "anthropic" else replay.openai_request(session, turn)
+        )
         r = post("/v1/messages" if provider == "anthropic" else "/v1/chat/completions", body)
         assert r.status_code == 200, r.text
         usages.append(r.json()["usage"])
@@ -50,8 +54,11 @@ def test_replayed_session_reads_each_previous_turn(gw: tuple[Env, GatewayThread]
     env, gateway = gw
     client = raw_client(gateway, env, uds=True)
     session = replay.build_session(TURNS, seed=11 if provider == "anthropic" else 12)
-    usages = run_session(lambda path, body: client.post(path, json=body, headers={"authorization": f"Bearer {env.gateway_key}"}),
-                         provider, session)
+    usages = run_session(
+        lambda path, body: client.post(path, json=body, headers={"authorization": f"Bearer {env.gateway_key}"}),
+        provider,
+        session,
+    )
     rows = replay.figures(provider, usages)
     for row in rows[1:]:
         assert row.optimum_read > 0
@@ -64,7 +71,8 @@ def test_replayed_session_reads_each_previous_turn(gw: tuple[Env, GatewayThread]
 def test_direct_without_markers_caches_nothing_on_anthropic(caching_mock: MockProviderServer) -> None:
     session = replay.build_session(TURNS, seed=13)
     with httpx2.Client(base_url=caching_mock.url, timeout=30) as client:
-        usages = run_session(lambda path, body: client.post(path, json=body, headers={"x-api-key": UPSTREAM_KEY}),
-                             "anthropic", session)
+        usages = run_session(
+            lambda path, body: client.post(path, json=body, headers={"x-api-key": UPSTREAM_KEY}), "anthropic", session
+        )
     rows = replay.figures("anthropic", usages)
     assert sum(r.cache_read for r in rows) == 0 and sum(r.cache_write_5m + r.cache_write_1h for r in rows) == 0

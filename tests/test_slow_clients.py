@@ -16,12 +16,16 @@ import pytest
 from gateway.mockprovider import MockProviderServer
 from tests.harness import Env, GatewayThread, build_env
 
-LIMITS = ("[limits]\nrequest_head_s = 0.5\nbody_idle_s = 0.5\nbody_total_s = 1.5\n"
-          "max_connections_per_client = 3\nmax_connections = 1000\n")
+LIMITS = (
+    "[limits]\nrequest_head_s = 0.5\nbody_idle_s = 0.5\nbody_total_s = 1.5\n"
+    "max_connections_per_client = 3\nmax_connections = 1000\n"
+)
 
 
 @pytest.fixture(scope="module")
-def gw(mock: MockProviderServer, shared_tls: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Env, GatewayThread]]:
+def gw(
+    mock: MockProviderServer, shared_tls: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Env, GatewayThread]]:
     env = build_env(tmp_path_factory.mktemp("slow"), mock.url, tls_dir=shared_tls, config_extra=LIMITS)
     with GatewayThread(env.config) as gateway:
         yield env, gateway
@@ -75,8 +79,10 @@ def test_a_tls_handshake_that_never_starts_is_cut_off(gw: tuple[Env, GatewayThre
 def test_a_body_that_stalls_or_trickles_gets_408(gw: tuple[Env, GatewayThread], listener: str, pace: str) -> None:
     env, gateway = gw
     sock = _connect(env, gateway, listener)
-    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {env.gateway_key}\r\n"
-            "Content-Type: application/json\r\nContent-Length: 400\r\n\r\n").encode()
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {env.gateway_key}\r\n"
+        "Content-Type: application/json\r\nContent-Length: 400\r\n\r\n"
+    ).encode()
     sock.sendall(head + b'{"model":')
     if pace == "trickle":  # a byte every 0.2 s: never idle long, but never done in time
         try:

@@ -208,9 +208,7 @@ def _before_send(runtime: Runtime, party: Party, dto: BeforeSendCheck, now: floa
     )
 
 
-def _fold(
-    names: list[str], payload: JsonPayload | SsePayload, limits: Any
-) -> tuple[FoldedResponse, bytes]:
+def _fold(names: list[str], payload: JsonPayload | SsePayload, limits: Any) -> tuple[FoldedResponse, bytes]:
     """The response as every carrier of the send reads it, and its exact bytes. The units
     are the union (a superset of what any one carrier sees); the response is complete when
     any carrier found it complete (the others simply do not speak its schema)."""
@@ -274,7 +272,9 @@ async def _before_release(
     )
 
 
-async def _record_usage(request: web.Request, party: Party, claims: SendClaims, given: UsageIn, verdict: Verdict) -> None:
+async def _record_usage(
+    request: web.Request, party: Party, claims: SendClaims, given: UsageIn, verdict: Verdict
+) -> None:
     """A caller's typed usage joins the usage ledger like the proxy's own records (its
     parts are disjoint, as Anthropic reports them: input excludes cache reads and writes)."""
     uncached = usage.known(given.input_tokens)
@@ -290,7 +290,9 @@ async def _record_usage(request: web.Request, party: Party, claims: SendClaims, 
         "output": usage.known(given.output_tokens),
         "reasoning": usage.known(given.reasoning_tokens),
     }
-    outcome = {Decision.ALLOW: Outcome.RELEASED, Decision.BLOCK: Outcome.BLOCKED}.get(verdict.decision, Outcome.WITHHELD)
+    outcome = {Decision.ALLOW: Outcome.RELEASED, Decision.BLOCK: Outcome.BLOCKED}.get(
+        verdict.decision, Outcome.WITHHELD
+    )
     profile = party.profile.profile
     record = usage.UsageRecord(
         request_id=request[CALL].request_id,

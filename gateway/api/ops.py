@@ -12,7 +12,8 @@ from aiohttp import web
 
 from gateway import __version__, auth
 from gateway.carriers import CARRIERS, ROUTES, SHORT_NAMES
-from gateway.state import METRICS, RUNTIME, UPSTREAM, USAGE_LEDGER
+from gateway.proxy.upstream import UPSTREAM
+from gateway.state import METRICS, RUNTIME, USAGE_LEDGER
 from gateway.usage import KINDS
 from gateway.vocab import Dialect
 

@@ -26,7 +26,7 @@ from gateway.usage import Count, all_unknown, get, known, total
 from gateway.vocab import Dialect, ReasonCode
 
 # A delta field and the content-block field it extends (tool input arrives as JSON text).
-_FOLDED_NAME = {"partial_json": "input"}
+_FOLDED_NAME: dict[str, str] = {"partial_json": "input"}
 _NOT_TEXT = frozenset({"type"})
 
 
@@ -170,7 +170,8 @@ class AnthropicMessages(base.NoEdits):
                     index = common.get_int(obj, "index") or 0
                     for field, value in delta.items():
                         if field not in _NOT_TEXT:
-                            common.string_leaves(value, ("content", index, _FOLDED_NAME.get(field, field)), pieces)
+                            name = _FOLDED_NAME.get(str(field), str(field))
+                            common.string_leaves(value, ("content", index, name), pieces)
             elif kind == "message_delta":
                 _merge_usage(usage, obj.get("usage"))
             elif kind == "message_stop":

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 from gateway import units
 from gateway.carriers import jsonraw
@@ -141,7 +141,9 @@ def first_count(doc: Mapping[str, Any], *names: str) -> int | None:
     return None
 
 
-def openai_usage(usage: Mapping[str, Any] | None, inp: str, out: str, in_details: str, out_details: str) -> dict[str, Count]:
+def openai_usage(
+    usage: Mapping[str, Any] | None, inp: str, out: str, in_details: str, out_details: str
+) -> dict[str, Count]:
     """OpenAI's usage (chat and Responses name the same figures differently): its input
     total includes the cached tokens."""
     if not usage:
@@ -177,7 +179,7 @@ def message_parts(path: Path, index: int, msg: Any, field: str) -> list[PromptPa
     if not isinstance(msg, dict):
         return []
     role = msg.get("role") if jsonraw.is_str(msg.get("role")) else None
-    region = "system" if role in ("system", "developer") else "message"
+    region: Literal["system", "message"] = "system" if role in ("system", "developer") else "message"
     content = msg.get(field)
     parts: list[PromptPart] = []
     if isinstance(content, str):

@@ -77,7 +77,9 @@ class OpenAIChat:
 
     def prompt_layout(self, doc: Mapping[str, Any]) -> PromptLayout:
         """Tools, then messages (OpenAI renders tool definitions ahead of the conversation)."""
-        parts: list[PromptPart] = [common.tool_part(("tools", i), tool) for i, tool in enumerate(doc.get("tools") or ())]
+        parts: list[PromptPart] = [
+            common.tool_part(("tools", i), tool) for i, tool in enumerate(doc.get("tools") or ())
+        ]
         for m, msg in enumerate(doc.get("messages") or ()):
             parts.extend(common.message_parts(("messages", m), m, msg, "content"))
         return PromptLayout(tuple(parts))
@@ -92,8 +94,9 @@ class OpenAIChat:
         return common.first_count(doc, "max_completion_tokens", "max_tokens")
 
     def usage_counts(self, usage: Mapping[str, Any] | None) -> dict[str, Count]:
-        return common.openai_usage(usage, "prompt_tokens", "completion_tokens", "prompt_tokens_details",
-                                   "completion_tokens_details")
+        return common.openai_usage(
+            usage, "prompt_tokens", "completion_tokens", "prompt_tokens_details", "completion_tokens_details"
+        )
 
     def usage_edits(self, text: str, doc: Mapping[str, Any]) -> tuple[list[Edit], bool]:
         """A stream whose client did not ask for usage is asked upstream

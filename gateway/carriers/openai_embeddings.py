@@ -127,10 +127,16 @@ class OpenAIEmbeddings(base.NoEdits):
 
     def prompt_layout(self, doc: Mapping[str, Any]) -> PromptLayout:
         inputs = doc.get("input")
-        texts = [inputs] if isinstance(inputs, str) else [t for t in inputs or () if isinstance(t, str)] \
-            if isinstance(inputs, list) else []
-        return PromptLayout(tuple(PromptPart(("input", i), "message", i, "user", "text", t, True)
-                                  for i, t in enumerate(texts)))
+        texts = (
+            [inputs]
+            if isinstance(inputs, str)
+            else [t for t in inputs or () if isinstance(t, str)]
+            if isinstance(inputs, list)
+            else []
+        )
+        return PromptLayout(
+            tuple(PromptPart(("input", i), "message", i, "user", "text", t, True) for i, t in enumerate(texts))
+        )
 
     def marker_edit(self, text: str, part: PromptPart, ttl: str) -> Edit:
         raise NotImplementedError("embeddings are not cached")

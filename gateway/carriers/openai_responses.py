@@ -76,7 +76,9 @@ class OpenAIResponses(base.NoEdits):
 
     def prompt_layout(self, doc: Mapping[str, Any]) -> PromptLayout:
         """Tools, instructions, then the input items in order."""
-        parts: list[PromptPart] = [common.tool_part(("tools", i), tool) for i, tool in enumerate(doc.get("tools") or ())]
+        parts: list[PromptPart] = [
+            common.tool_part(("tools", i), tool) for i, tool in enumerate(doc.get("tools") or ())
+        ]
         instructions = doc.get("instructions")
         if isinstance(instructions, str) and instructions:
             parts.append(PromptPart(("instructions",), "system", None, "developer", "text", instructions, True))
@@ -102,8 +104,9 @@ class OpenAIResponses(base.NoEdits):
         return common.first_count(doc, "max_output_tokens")
 
     def usage_counts(self, usage: Mapping[str, Any] | None) -> dict[str, Count]:
-        return common.openai_usage(usage, "input_tokens", "output_tokens", "input_tokens_details",
-                                   "output_tokens_details")
+        return common.openai_usage(
+            usage, "input_tokens", "output_tokens", "input_tokens_details", "output_tokens_details"
+        )
 
     def fold_stream(self, events: Sequence[SSEEvent], limits: CarrierLimits) -> FoldedResponse:
         decoder = common.EventDecoder(limits)

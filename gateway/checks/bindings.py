@@ -21,23 +21,16 @@ import json
 import os
 import secrets
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
+from gateway.keyring import KeyRing
 from gateway.vocab import ReasonCode
 
 PREFIX = "wgb1"
 MAX_LENGTH = 2048  # bindings are bearer-ish strings in JSON bodies; keep them bounded
 _NONCE = 12
-
-
-class KeyRingError(ValueError):
-    pass
 
 
 class BindingError(Exception):
@@ -46,97 +39,6 @@ class BindingError(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
-
-
-@dataclass(frozen=True)
-class RingKey:
-    id: str
-    secret: bytes  # never logged
-    state: str  # "active" | "accepted" | "retired"
-    cipher: ChaCha20Poly1305 = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "cipher", ChaCha20Poly1305(self.secret))  # built once per load
-
-    def __repr__(self) -> str:
-        return f"RingKey(id={self.id!r}, state={self.state!r})"
-
-
-@dataclass(frozen=True)
-class KeyRing:
-    active: RingKey
-    keys: Mapping[str, RingKey]
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> KeyRing:
-        try:
-            keys: dict[str, RingKey] = {}
-            for item in data["keys"]:
-                secret = base64.b64decode(item["secret"], validate=True)
-                if len(secret) != 32:
-                    raise KeyRingError(f"key {item['id']}: secret must be 32 bytes")
-                if item["state"] not in ("active", "accepted", "retired"):
-                    raise KeyRingError(f"key {item['id']}: unknown state")
-                keys[str(item["id"])] = RingKey(str(item["id"]), secret, item["state"])
-            active = keys[str(data["active"])]
-        except KeyRingError:
-            raise
-        except (KeyError, TypeError, ValueError):
-            raise KeyRingError("not a key ring (version, active, keys[id, secret, state])") from None
-        if active.state != "active":
-            raise KeyRingError("the active key is not in state 'active'")
-        return cls(active, keys)
-
-    def usable(self, key_id: str) -> RingKey | None:
-        key = self.keys.get(key_id)
-        if key is None or key.state == "retired":
-            return None
-        return key
-
-
-def load_keyring(path: Path) -> KeyRing:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise KeyRingError(f"{path}: cannot be read ({exc.strerror})") from None
-    except ValueError:
-        raise KeyRingError(f"{path}: not JSON") from None
-    try:
-        return KeyRing.from_json(data)
-    except KeyRingError as exc:
-        raise KeyRingError(f"{path}: {exc}") from None
-
-
-def rotate_keyring_file(path: Path, *, retire_after: bool = False) -> str:
-    """Add a new active key; the previous active key stays accepted (bindings it sealed
-    keep verifying until they expire). With `retire_after`, keys that were only accepted
-    are retired and grant nothing from the next reload on."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        KeyRing.from_json(data)
-    except (OSError, ValueError) as exc:
-        raise KeyRingError(f"{path}: {exc}") from None
-    for item in data["keys"]:
-        if item["state"] == "accepted" and retire_after:
-            item["state"] = "retired"
-        if item["state"] == "active":
-            item["state"] = "accepted"
-    new_id = "k-" + secrets.token_hex(4)
-    data["keys"].append(
-        {
-            "id": new_id,
-            "secret": base64.b64encode(secrets.token_bytes(32)).decode(),
-            "state": "active",
-            "created": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        }
-    )
-    data["active"] = new_id
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
-    return new_id
 
 
 def _b64(data: bytes) -> str:

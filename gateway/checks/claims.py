@@ -16,7 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
-from gateway.checks.bindings import BindingError, KeyRing, open_binding, seal
+from gateway.checks.bindings import BindingError, open_binding, seal
+from gateway.keyring import KeyRing
 from gateway.vocab import ReasonCode
 
 VERSION = 1

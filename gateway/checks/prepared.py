@@ -19,8 +19,9 @@ from typing import Any
 
 from gateway.carriers import jsonraw
 from gateway.carriers.jsonraw import JsonError
-from gateway.checks.bindings import BindingError, KeyRing
+from gateway.checks.bindings import BindingError
 from gateway.checks.claims import ReuseClaims, open_claims
+from gateway.keyring import KeyRing
 from gateway.vocab import ReasonCode
 
 BEGIN_MARKER = "BEGIN_POWERCONTEXT_PREPARED_CONTEXT_V1"

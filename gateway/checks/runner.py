@@ -91,19 +91,19 @@ class ReleaseInput:
     headers: Mapping[str, str]  # released (or supplied) response headers
 
 
-I = TypeVar("I", SendInput, ReleaseInput)
+In = TypeVar("In", SendInput, ReleaseInput)
 
 
 @dataclass(frozen=True, slots=True)
-class Check(Generic[I]):
+class Check(Generic[In]):
     """One check: a name (logged when it breaks), whether it obeys the phase's mode
     (otherwise it is always enforced), and the function that returns its verdict."""
 
     name: str
     modal: bool
-    run: Callable[[Runtime, I, float], Verdict] = field(repr=False)
+    run: Callable[[Runtime, In, float], Verdict] = field(repr=False)
 
-    def __call__(self, runtime: Runtime, given: I, now: float) -> Verdict:
+    def __call__(self, runtime: Runtime, given: In, now: float) -> Verdict:
         return self.run(runtime, given, now)
 
 
@@ -179,7 +179,7 @@ def combine(verdicts: Sequence[Verdict], policy_version: str) -> Verdict:
     return decide(findings, withhold_reasons=withholds, complete=complete, policy_version=policy_version)
 
 
-def run(runtime: Runtime, checks: Sequence[Check[I]], given: I, mode: Mode, now: float) -> tuple[Verdict, Mode]:
+def run(runtime: Runtime, checks: Sequence[Check[In]], given: In, mode: Mode, now: float) -> tuple[Verdict, Mode]:
     """Run `checks` in order and fold them. Returns the verdict and the mode it is to be
     read under: a failure of a check no mode governs is always enforced."""
     verdicts: list[Verdict] = []

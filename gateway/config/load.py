@@ -21,12 +21,12 @@ from pydantic import BaseModel, ValidationError
 
 from gateway.carriers import ROUTES
 from gateway.carriers.base import CarrierLimits
-from gateway.checks.bindings import KeyRingError, load_keyring
 from gateway.config.model import GatewayConfig, ModeOverride, PolicyFile, PrincipalsFile
 from gateway.config.runtime import LoadedProfile, Policy, Principal, Runtime
 from gateway.inspection import literals
 from gateway.inspection.build import EngineUnavailable, build_engine
 from gateway.inspection.formats import FormatConfigError, FormatSet, build_format_set
+from gateway.keyring import KeyRingError, load_keyring
 from gateway.profiles import signing
 from gateway.profiles.model import UpstreamProfile
 from gateway.vocab import Mode, Phase

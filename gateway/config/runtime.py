@@ -16,9 +16,9 @@ from datetime import datetime
 from pathlib import Path
 
 from gateway.carriers.base import CarrierLimits
-from gateway.checks.bindings import KeyRing
 from gateway.config.model import GatewayConfig, PrincipalEntry
 from gateway.inspection.engine import Engine
+from gateway.keyring import KeyRing
 from gateway.profiles.model import UpstreamProfile
 from gateway.vocab import Mode, Phase
 

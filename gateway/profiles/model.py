@@ -21,6 +21,7 @@ from gateway.carriers import CARRIERS
 
 Provider = Literal["openai", "anthropic", "openai-compatible"]
 
+
 def _carriers_of(provider: str) -> frozenset[str]:
     """The carrier short names a provider speaks (an openai-compatible server speaks
     OpenAI's schemas), from the carrier registry."""

@@ -67,8 +67,8 @@ from gateway.proxy.exchange import (
     Released,
     Trail,
 )
-from gateway.proxy.upstream import Sent, upstream_headers
-from gateway.state import CALL, CAPACITY, METRICS, PRINCIPAL_CALLS, RELEASE_LEDGER, RUNTIME, UPSTREAM, Call
+from gateway.proxy.upstream import UPSTREAM, Sent, upstream_headers
+from gateway.state import CALL, CAPACITY, METRICS, PRINCIPAL_CALLS, RELEASE_LEDGER, RUNTIME, Call
 from gateway.vocab import Decision, Mode, Outcome, Phase, ReasonCode
 
 SESSION_HEADER = "x-wiregate-session"
@@ -200,7 +200,10 @@ async def send_along_chain(app: web.Application, ex: Exchange, trail: Trail) -> 
             if sent.response is not None:
                 sent.response.close()
             log.warning(
-                "fallback", request_id=ex.request_id, profile=loaded.profile.id, upstream_status=status,
+                "fallback",
+                request_id=ex.request_id,
+                profile=loaded.profile.id,
+                upstream_status=status,
                 reason=sent.failure,
             )
             continue
@@ -211,7 +214,11 @@ async def send_along_chain(app: web.Application, ex: Exchange, trail: Trail) -> 
 
 
 async def _send(
-    app: web.Application, ex: Exchange, loaded: LoadedProfile, target: Target, body: bytes,
+    app: web.Application,
+    ex: Exchange,
+    loaded: LoadedProfile,
+    target: Target,
+    body: bytes,
     headers: dict[str, str],
 ) -> Sent:
     remaining = ex.deadline - time.monotonic()
@@ -434,8 +441,13 @@ async def decide(
 
 
 async def check_release(
-    app: web.Application, ex: Exchange, attempt: Attempt, folded: FoldedResponse, released: bytes,
-    headers: dict[str, str], mode: Mode | None = None,
+    app: web.Application,
+    ex: Exchange,
+    attempt: Attempt,
+    folded: FoldedResponse,
+    released: bytes,
+    headers: dict[str, str],
+    mode: Mode | None = None,
 ) -> CheckOutcome:
     assert attempt.send.binding is not None
     outcome = await runner.before_release(
@@ -451,13 +463,19 @@ async def check_release(
 
 
 async def release_decided(
-    ex: Exchange, trail: Trail, attempt: Attempt, decided: Decided, passed: dict[str, str],
+    ex: Exchange,
+    trail: Trail,
+    attempt: Attempt,
+    decided: Decided,
+    passed: dict[str, str],
     heartbeats: Heartbeats | None,
 ) -> web.StreamResponse:
     """Step 10: the original bytes (non-stream) or the re-framed, checked events (stream)."""
     response = attempt.response
     ok = 200 <= response.status < 300
-    trail.add(Released(response.status, len(decided.released), Outcome.RELEASED if ok else Outcome.UPSTREAM_ERROR_RELEASED))
+    trail.add(
+        Released(response.status, len(decided.released), Outcome.RELEASED if ok else Outcome.UPSTREAM_ERROR_RELEASED)
+    )
     if heartbeats is not None and heartbeats.out is not None:
         return await heartbeats.finish(decided.released)
     if _is_stream(response):
@@ -586,8 +604,13 @@ def note_check(app: web.Application, request_id: str, outcome: CheckOutcome, pro
     if advisory:
         for reason in advisory:
             metrics.advisory_findings.labels(outcome.phase.value, reason).inc()
-        log.info("advisory_findings", request_id=request_id, phase=outcome.phase.value, reason_codes=advisory,
-                 profile=profile)
+        log.info(
+            "advisory_findings",
+            request_id=request_id,
+            phase=outcome.phase.value,
+            reason_codes=advisory,
+            profile=profile,
+        )
 
 
 def _output_estimate(folded: FoldedResponse, party: Party) -> int:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import aiohttp
+from aiohttp import web
 
 from gateway.checks.destination import Target
 from gateway.config.runtime import LoadedProfile
@@ -81,8 +82,8 @@ def retry_delay(
     hint = _retry_after(headers)
     if hint is not None:
         return hint
-    base = min(max_ms, initial_ms * (2**attempt)) / 1000.0
-    return base * (0.5 + 0.5 * jitter())
+    base: float = min(max_ms, initial_ms * (2**attempt)) / 1000.0
+    return base * (0.5 + 0.5 * float(jitter()))
 
 
 def _retry_after(headers: Mapping[str, str]) -> float | None:
@@ -109,6 +110,8 @@ def _retry_after(headers: Mapping[str, str]) -> float | None:
 
 
 class Upstream:
+    """The client side of every provider call (one per app, under `UPSTREAM`)."""
+
     def __init__(self, session: aiohttp.ClientSession) -> None:
         self.session = session
 
@@ -175,3 +178,6 @@ class Upstream:
         if response.headers.get("x-should-retry", "").lower() == "false":
             return False
         return response.status in statuses
+
+
+UPSTREAM = web.AppKey("wiregate_upstream", Upstream)  # set by the app's upstream cleanup context

@@ -34,30 +34,53 @@ MESSAGES = CARRIERS["anthropic.messages"]
 
 def test_schema_facts() -> None:
     assert (MESSAGES.short_name, MESSAGES.route, MESSAGES.path, MESSAGES.dialect.value, MESSAGES.cache_style) == (
-        "messages", "/v1/messages", "/v1/messages", "anthropic", "markers")
+        "messages",
+        "/v1/messages",
+        "/v1/messages",
+        "anthropic",
+        "markers",
+    )
     assert MESSAGES.requested_output({"max_tokens": 64}) == 64 and MESSAGES.requested_output({}) is None
     assert MESSAGES.usage_edits("{}", {"stream": True}) == ([], False)
 
 
 def test_usage_counts_add_cache_parts_to_the_input() -> None:
-    counts = MESSAGES.usage_counts({"input_tokens": 5, "cache_read_input_tokens": 90, "cache_creation_input_tokens": 5,
-                                    "cache_creation": {"ephemeral_5m_input_tokens": 5, "ephemeral_1h_input_tokens": 0},
-                                    "output_tokens": 12})
+    counts = MESSAGES.usage_counts(
+        {
+            "input_tokens": 5,
+            "cache_read_input_tokens": 90,
+            "cache_creation_input_tokens": 5,
+            "cache_creation": {"ephemeral_5m_input_tokens": 5, "ephemeral_1h_input_tokens": 0},
+            "output_tokens": 12,
+        }
+    )
     assert counts["input_total"].value == 100 and counts["input_uncached"].value == 5
     assert counts["cache_write_5m"].value == 5 and counts["cache_write_1h"].value == 0
     assert counts["reasoning"].value is None
 
 
 def test_prompt_layout_and_markers() -> None:
-    doc = {"tools": [{"name": "f", "input_schema": {}}], "system": "policy",
-           "cache_control": {"type": "ephemeral"},
-           "messages": [{"role": "user", "content": [{"type": "text", "text": "q", "cache_control": {"type": "ephemeral", "ttl": "1h"}}]},
-                        {"role": "assistant", "content": [{"type": "thinking", "thinking": "t"}, {"type": "text", "text": "a"}]}]}
+    doc = {
+        "tools": [{"name": "f", "input_schema": {}}],
+        "system": "policy",
+        "cache_control": {"type": "ephemeral"},
+        "messages": [
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "q", "cache_control": {"type": "ephemeral", "ttl": "1h"}}],
+            },
+            {"role": "assistant", "content": [{"type": "thinking", "thinking": "t"}, {"type": "text", "text": "a"}]},
+        ],
+    }
     layout = MESSAGES.prompt_layout(doc)
     assert layout.automatic_marker == "5m"
     assert [(p.region, p.kind, p.marker, p.markable) for p in layout.parts] == [
-        ("tools", "tool", None, True), ("system", "text", None, True), ("message", "text", "1h", True),
-        ("message", "thinking", None, False), ("message", "text", None, True)]
+        ("tools", "tool", None, True),
+        ("system", "text", None, True),
+        ("message", "text", "1h", True),
+        ("message", "thinking", None, False),
+        ("message", "text", None, True),
+    ]
     text = json.dumps(doc)
     from gateway.carriers import jsonspan
 

@@ -47,35 +47,55 @@ CHAT = CARRIERS["openai.chat"]
 
 def test_schema_facts() -> None:
     assert (CHAT.short_name, CHAT.route, CHAT.path, CHAT.dialect.value, CHAT.cache_style) == (
-        "chat", "/v1/chat/completions", "/chat/completions", "openai", "key")
+        "chat",
+        "/v1/chat/completions",
+        "/chat/completions",
+        "openai",
+        "key",
+    )
     assert CHAT.requested_output({"max_completion_tokens": 50, "max_tokens": 9}) == 50
     assert CHAT.requested_output({"max_tokens": 9}) == 9 and CHAT.requested_output({}) is None
 
 
 def test_usage_counts_split_cached_input_out_of_the_total() -> None:
-    counts = CHAT.usage_counts({"prompt_tokens": 100, "completion_tokens": 7,
-                                "prompt_tokens_details": {"cached_tokens": 60},
-                                "completion_tokens_details": {"reasoning_tokens": 3}})
+    counts = CHAT.usage_counts(
+        {
+            "prompt_tokens": 100,
+            "completion_tokens": 7,
+            "prompt_tokens_details": {"cached_tokens": 60},
+            "completion_tokens_details": {"reasoning_tokens": 3},
+        }
+    )
     assert counts["input_total"].value == 100 and counts["cache_read"].value == 60
     assert counts["input_uncached"].value is None  # cache writes not reported: the rest is unknown
     assert counts["output"].value == 7 and counts["reasoning"].value == 3
     assert all(c.value is None for c in CHAT.usage_counts(None).values())
 
 
-@pytest.mark.parametrize("body,expected", [
-    ({"model": "m", "stream": True, "messages": []}, {"include_usage": True}),
-    ({"model": "m", "stream": True, "stream_options": {}, "messages": []}, {"include_usage": True}),
-    ({"model": "m", "stream": True, "stream_options": {"include_usage": False}, "messages": []}, {"include_usage": True}),
-])
-def test_usage_edits_ask_a_stream_for_usage_and_the_release_drops_it(body: dict[str, object], expected: dict[str, object]) -> None:
+@pytest.mark.parametrize(
+    "body,expected",
+    [
+        ({"model": "m", "stream": True, "messages": []}, {"include_usage": True}),
+        ({"model": "m", "stream": True, "stream_options": {}, "messages": []}, {"include_usage": True}),
+        (
+            {"model": "m", "stream": True, "stream_options": {"include_usage": False}, "messages": []},
+            {"include_usage": True},
+        ),
+    ],
+)
+def test_usage_edits_ask_a_stream_for_usage_and_the_release_drops_it(
+    body: dict[str, object], expected: dict[str, object]
+) -> None:
     from gateway.carriers import jsonspan
 
     text = json.dumps(body)
     edits, injected = CHAT.usage_edits(text, body)
     assert injected and json.loads(jsonspan.apply(text, edits))["stream_options"] == expected
-    events = [sse.SSEEvent(None, '{"id":"c","choices":[{"index":0,"delta":{"content":"x"}}],"usage":null}'),
-              sse.SSEEvent(None, '{"id":"c","choices":[],"usage":{"prompt_tokens":1}}'),
-              sse.SSEEvent(None, "[DONE]")]
+    events = [
+        sse.SSEEvent(None, '{"id":"c","choices":[{"index":0,"delta":{"content":"x"}}],"usage":null}'),
+        sse.SSEEvent(None, '{"id":"c","choices":[],"usage":{"prompt_tokens":1}}'),
+        sse.SSEEvent(None, "[DONE]"),
+    ]
     released = CHAT.released_events(events, injected)
     assert [e.data for e in released] == ['{"id":"c","choices":[{"index":0,"delta":{"content":"x"}}]}', "[DONE]"]
     assert CHAT.released_events(events, False) == events
@@ -84,14 +104,23 @@ def test_usage_edits_ask_a_stream_for_usage_and_the_release_drops_it(body: dict[
 
 
 def test_prompt_layout_in_render_order() -> None:
-    doc = {"tools": [{"type": "function", "function": {"name": "f"}}],
-           "messages": [{"role": "system", "content": "rules"},
-                        {"role": "user", "content": [{"type": "text", "text": "q"}, {"type": "image_url", "image_url": {}}]},
-                        {"role": "assistant", "content": None, "tool_calls": [{"id": "c"}]},
-                        {"role": "tool", "tool_call_id": "c", "content": "42"}]}
+    doc = {
+        "tools": [{"type": "function", "function": {"name": "f"}}],
+        "messages": [
+            {"role": "system", "content": "rules"},
+            {"role": "user", "content": [{"type": "text", "text": "q"}, {"type": "image_url", "image_url": {}}]},
+            {"role": "assistant", "content": None, "tool_calls": [{"id": "c"}]},
+            {"role": "tool", "tool_call_id": "c", "content": "42"},
+        ],
+    }
     parts = CHAT.prompt_layout(doc).parts
     assert [(p.region, p.role, p.kind) for p in parts] == [
-        ("tools", None, "tool"), ("system", "system", "text"), ("message", "user", "text"),
-        ("message", "user", "image_url"), ("message", "assistant", "tool_calls"), ("message", "tool", "text"),
-        ("message", "tool", "tool_result")]
+        ("tools", None, "tool"),
+        ("system", "system", "text"),
+        ("message", "user", "text"),
+        ("message", "user", "image_url"),
+        ("message", "assistant", "tool_calls"),
+        ("message", "tool", "text"),
+        ("message", "tool", "tool_result"),
+    ]
     assert parts[1].path == ("messages", 0, "content") and parts[1].text == "rules"

@@ -11,14 +11,17 @@ from gateway.carriers.jsonraw import JsonError
 from tests.carriers.helpers import LIMITS, covers, units
 
 
-@pytest.mark.parametrize("carrier,body", [
-    ("openai.chat", b'{"model":"m"}'),
-    ("openai.chat", b'{"model":"m","messages":[],"stream":"yes"}'),
-    ("anthropic.messages", b'{"model":"m","messages":[1]}'),
-    ("openai.embeddings", b'{"model":"m","input":[{"x":1}]}'),
-    ("openai.embeddings", b'{"model":"m","input":"x","encoding_format":"int8"}'),
-    ("openai.responses", b'{"model":"m","input":5}'),
-])
+@pytest.mark.parametrize(
+    "carrier,body",
+    [
+        ("openai.chat", b'{"model":"m"}'),
+        ("openai.chat", b'{"model":"m","messages":[],"stream":"yes"}'),
+        ("anthropic.messages", b'{"model":"m","messages":[1]}'),
+        ("openai.embeddings", b'{"model":"m","input":[{"x":1}]}'),
+        ("openai.embeddings", b'{"model":"m","input":"x","encoding_format":"int8"}'),
+        ("openai.responses", b'{"model":"m","input":5}'),
+    ],
+)
 def test_unsupported_shapes(carrier: str, body: bytes) -> None:
     with pytest.raises(JsonError) as info:
         CARRIERS[carrier].parse_request(body, LIMITS)
@@ -41,8 +44,15 @@ def test_response_with_duplicate_keys_is_flagged() -> None:
 
 def test_event_json_with_duplicate_keys_in_tool_args_is_flagged() -> None:
     args = '{"k":"a","k":"b"}'
-    body = {"model": "m", "messages": [{"role": "assistant", "tool_calls": [
-        {"id": "c", "type": "function", "function": {"name": "f", "arguments": args}}]}]}
+    body = {
+        "model": "m",
+        "messages": [
+            {
+                "role": "assistant",
+                "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": args}}],
+            }
+        ],
+    }
     parsed = CARRIERS["openai.chat"].parse_request(json.dumps(body).encode(), LIMITS)
     assert parsed.duplicate_keys == ("/messages/0/tool_calls/0/function/arguments",)
     found = units(parsed)
@@ -54,9 +64,27 @@ def test_routes_short_names_and_cli_choices_come_from_the_registry() -> None:
     from gateway.carriers import ROUTES, SHORT_NAMES
     from gateway.cli import build_parser
 
-    assert ROUTES == {c.route: name for name, c in CARRIERS.items()}
-    assert SHORT_NAMES == {c.short_name: name for name, c in CARRIERS.items()}
+    assert {c.route: name for name, c in CARRIERS.items()} == ROUTES
+    assert {c.short_name: name for name, c in CARRIERS.items()} == SHORT_NAMES
     parser = build_parser()
-    args = parser.parse_args(["profiles", "new", "--id", "x", "--provider", "openai", "--base-url", "https://a",
-                              "--models", "m", "--credential", "env:X", "--sign-key", "k", "--carriers", *SHORT_NAMES])
+    args = parser.parse_args(
+        [
+            "profiles",
+            "new",
+            "--id",
+            "x",
+            "--provider",
+            "openai",
+            "--base-url",
+            "https://a",
+            "--models",
+            "m",
+            "--credential",
+            "env:X",
+            "--sign-key",
+            "k",
+            "--carriers",
+            *SHORT_NAMES,
+        ]
+    )
     assert sorted(args.carriers) == sorted(SHORT_NAMES)

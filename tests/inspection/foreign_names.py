@@ -22,18 +22,30 @@ import unicodedata
 
 #: Password, in other languages (generic-password; English names are already there).
 PASSWORD_NAMES: tuple[str, ...] = (
-    "passwort", "kennwort",  # de
+    "passwort",
+    "kennwort",  # de
     "contraseña",  # es
     "mot de passe",  # fr
     "senha",  # pt
     "wachtwoord",  # nl
     "hasło",  # pl
-    "lösenord", "adgangskode", "passord", "salasana", "heslo", "şifre",  # sv da no fi cs tr
+    "lösenord",
+    "adgangskode",
+    "passord",
+    "salasana",
+    "heslo",
+    "şifre",  # sv da no fi cs tr
     "пароль",  # ru uk
-    "密码", "密碼", "口令",  # zh
-    "パスワード", "暗証番号",  # ja
-    "비밀번호", "패스워드", "암호",  # ko
-    "كلمة المرور", "كلمة السر",  # ar
+    "密码",
+    "密碼",
+    "口令",  # zh
+    "パスワード",
+    "暗証番号",  # ja
+    "비밀번호",
+    "패스워드",
+    "암호",  # ko
+    "كلمة المرور",
+    "كلمة السر",  # ar
     "पासवर्ड",  # hi
 )
 
@@ -41,25 +53,58 @@ PASSWORD_NAMES: tuple[str, ...] = (
 #: (``clave``, ``Schlüssel``) mean just "key": in English a bare ``key`` is not a name, but in
 #: these languages the word is how people label an API key.
 KEY_NAMES: tuple[str, ...] = (
-    "schlüssel", "zugangsschlüssel", "zugriffsschlüssel", "geheimschlüssel",  # de
-    "clave", "llave", "secreto",  # es
-    "clé", "clef", "jeton",  # fr
-    "chave", "segredo",  # pt
-    "chiave", "segreto",  # it
+    "schlüssel",
+    "zugangsschlüssel",
+    "zugriffsschlüssel",
+    "geheimschlüssel",  # de
+    "clave",
+    "llave",
+    "secreto",  # es
+    "clé",
+    "clef",
+    "jeton",  # fr
+    "chave",
+    "segredo",  # pt
+    "chiave",
+    "segreto",  # it
     "sleutel",  # nl
     "klucz",  # pl
     "anahtar",  # tr
-    "ключ", "токен", "секрет",  # ru
-    "密钥", "秘钥", "密鑰", "金鑰", "密匙", "令牌", "API密钥", "API秘钥", "API密鑰", "API金鑰",  # zh
-    "トークン", "シークレット", "シークレットキー", "アクセスキー", "APIキー", "秘密鍵",  # ja
-    "토큰", "비밀 키", "액세스 키", "API 키", "시크릿",  # ko
+    "ключ",
+    "токен",
+    "секрет",  # ru
+    "密钥",
+    "秘钥",
+    "密鑰",
+    "金鑰",
+    "密匙",
+    "令牌",
+    "API密钥",
+    "API秘钥",
+    "API密鑰",
+    "API金鑰",  # zh
+    "トークン",
+    "シークレット",
+    "シークレットキー",
+    "アクセスキー",
+    "APIキー",
+    "秘密鍵",  # ja
+    "토큰",
+    "비밀 키",
+    "액세스 키",
+    "API 키",
+    "시크릿",  # ko
     "مفتاح",  # ar
-    "कुंजी", "टोकन",  # hi
+    "कुंजी",
+    "टोकन",  # hi
 )
 
 #: The AWS console's own translations of "secret access key" (aws-secret-access-key).
 AWS_SECRET_NAMES: tuple[str, ...] = (
-    "秘密访问密钥", "私有访问密钥", "私密存取金鑰", "秘密存取金鑰",  # zh-CN, zh-TW
+    "秘密访问密钥",
+    "私有访问密钥",
+    "私密存取金鑰",
+    "秘密存取金鑰",  # zh-CN, zh-TW
     "シークレットアクセスキー",  # ja
     "비밀 액세스 키",  # ko
     "clave de acceso secreta",  # es
@@ -78,8 +123,16 @@ FULLWIDTH_GLUE: tuple[str, ...] = ("：", "＝")
 OPENING_QUOTES: tuple[str, ...] = ("「", "“", "‘", "«")
 
 _FOLD = {
-    "ü": ("ue", "u"), "ö": ("oe", "o"), "ä": ("ae", "a"), "ñ": ("n",), "é": ("e",), "è": ("e",),
-    "ł": ("l",), "ş": ("s",), "ç": ("c",), "ó": ("o",),
+    "ü": ("ue", "u"),
+    "ö": ("oe", "o"),
+    "ä": ("ae", "a"),
+    "ñ": ("n",),
+    "é": ("e",),
+    "è": ("e",),
+    "ł": ("l",),
+    "ş": ("s",),
+    "ç": ("c",),
+    "ó": ("o",),
 }
 
 

@@ -25,16 +25,85 @@ B58 = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
 CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 
 WORDS = (
-    "user", "profile", "account", "settings", "order", "invoice", "payment", "customer",
-    "report", "export", "import", "service", "handler", "controller", "manager", "factory",
-    "builder", "adapter", "client", "server", "request", "response", "session", "token",
-    "cache", "store", "queue", "worker", "job", "task", "event", "message", "channel",
-    "config", "value", "data", "item", "list", "map", "index", "view", "model", "page",
-    "table", "column", "field", "record", "update", "create", "delete", "fetch", "load",
-    "save", "render", "parse", "format", "validate", "resolve", "dispatch", "primary",
-    "secondary", "default", "legacy", "internal", "external", "public", "private", "shared",
-    "local", "dashboard", "analytics", "billing", "shipping", "inventory", "catalog",
-    "product", "search", "filter", "sort",
+    "user",
+    "profile",
+    "account",
+    "settings",
+    "order",
+    "invoice",
+    "payment",
+    "customer",
+    "report",
+    "export",
+    "import",
+    "service",
+    "handler",
+    "controller",
+    "manager",
+    "factory",
+    "builder",
+    "adapter",
+    "client",
+    "server",
+    "request",
+    "response",
+    "session",
+    "token",
+    "cache",
+    "store",
+    "queue",
+    "worker",
+    "job",
+    "task",
+    "event",
+    "message",
+    "channel",
+    "config",
+    "value",
+    "data",
+    "item",
+    "list",
+    "map",
+    "index",
+    "view",
+    "model",
+    "page",
+    "table",
+    "column",
+    "field",
+    "record",
+    "update",
+    "create",
+    "delete",
+    "fetch",
+    "load",
+    "save",
+    "render",
+    "parse",
+    "format",
+    "validate",
+    "resolve",
+    "dispatch",
+    "primary",
+    "secondary",
+    "default",
+    "legacy",
+    "internal",
+    "external",
+    "public",
+    "private",
+    "shared",
+    "local",
+    "dashboard",
+    "analytics",
+    "billing",
+    "shipping",
+    "inventory",
+    "catalog",
+    "product",
+    "search",
+    "filter",
+    "sort",
 )
 
 
@@ -132,8 +201,12 @@ def categories(seed: int = 2026, n: int = 400) -> dict[str, list[str]]:
         "b64-digest-nopad": many(lambda: base64.b64encode(rb(r.choice((16, 20, 32, 48, 64)))).decode().rstrip("=")),
         "b64url-digest": many(lambda: base64.urlsafe_b64encode(rb(r.choice((16, 32, 64)))).decode().rstrip("=")),
         "b64-random-common": many(lambda: base64.b64encode(rb(r.choice((8, 12, 18, 24, 36, 42, 60, 96)))).decode()),
-        "npm-integrity": many(lambda: r.choice(("sha512-", "sha384-", "sha256-", "sha1-"))
-                              + base64.b64encode(rb(r.choice((64, 48, 32, 20)))).decode()),
+        "npm-integrity": many(
+            lambda: (
+                r.choice(("sha512-", "sha384-", "sha256-", "sha1-"))
+                + base64.b64encode(rb(r.choice((64, 48, 32, 20)))).decode()
+            )
+        ),
         "go-sum": many(lambda: "h1:" + base64.b64encode(rb(32)).decode()),
         "docker-digest": many(lambda: "sha256:" + rb(32).hex()),
         "drive-file-id": many(lambda: "1" + base64.urlsafe_b64encode(rb(33)).decode()[:43]),
@@ -155,17 +228,32 @@ def categories(seed: int = 2026, n: int = 400) -> dict[str, list[str]]:
         "snake-identifier-40": many(lambda: _exact(r, lambda: _identifier(r, "_") + "_" + _identifier(r, "_"), 40)),
         "kebab-slug": many(lambda: _identifier(r, "-")),
         "kebab-slug-40": many(lambda: _exact(r, lambda: _identifier(r, "-") + "-" + _identifier(r, "-"), 40)),
-        "test-method-name": many(lambda: _camel(r, r.randint(3, 5)) + "_" + _camel(r, r.randint(3, 5))
-                                 + (str(r.randint(1, 9)) if r.random() < 0.5 else "")),
+        "test-method-name": many(
+            lambda: (
+                _camel(r, r.randint(3, 5))
+                + "_"
+                + _camel(r, r.randint(3, 5))
+                + (str(r.randint(1, 9)) if r.random() < 0.5 else "")
+            )
+        ),
         "file-path": many(lambda: _path(r)),
         "file-path-40": many(lambda: _exact(r, lambda: _path(r) + "/" + _path(r), 40)),
-        "minified-js": many(lambda: "".join(r.choice(("e", "t", "n", "r", "o", "i", "a", "s", "_0x" + rb(2).hex()))
-                                            + r.choice(("=", ".", "(", ")", ",", "+", "&&", "?", ":", ";", "[", "]"))
-                                            for _ in range(r.randint(10, 40)))),
-        "source-map-mappings": many(lambda: ";".join(",".join("".join(r.choice(ALNUM + "+/")
-                                                                     for _ in range(r.choice((4, 5, 6, 7, 8))))
-                                                             for _ in range(r.randint(1, 6)))
-                                                    for _ in range(r.randint(2, 8)))),
+        "minified-js": many(
+            lambda: "".join(
+                r.choice(("e", "t", "n", "r", "o", "i", "a", "s", "_0x" + rb(2).hex()))
+                + r.choice(("=", ".", "(", ")", ",", "+", "&&", "?", ":", ";", "[", "]"))
+                for _ in range(r.randint(10, 40))
+            )
+        ),
+        "source-map-mappings": many(
+            lambda: ";".join(
+                ",".join(
+                    "".join(r.choice(ALNUM + "+/") for _ in range(r.choice((4, 5, 6, 7, 8))))
+                    for _ in range(r.randint(1, 6))
+                )
+                for _ in range(r.randint(2, 8))
+            )
+        ),
     }
     return cats
 

@@ -181,18 +181,12 @@ def _b64url(data: bytes) -> str:
     return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
 
 
-def _pem(
-    header: str, first: bytes, extra_headers: str = "", size: tuple[int, int] = (600, 1200)
-) -> F:
+def _pem(header: str, first: bytes, extra_headers: str = "", size: tuple[int, int] = (600, 1200)) -> F:
     def gen(r: random.Random) -> str:
         body = first + r.randbytes(r.randint(*size))
         text = base64.b64encode(body).decode()
         lines = [text[i : i + 64] for i in range(0, len(text), 64)]
-        return (
-            f"-----BEGIN {header}-----\n{extra_headers}"
-            + "\n".join(lines)
-            + f"\n-----END {header}-----\n"
-        )
+        return f"-----BEGIN {header}-----\n{extra_headers}" + "\n".join(lines) + f"\n-----END {header}-----\n"
 
     return F(gen)
 
@@ -230,15 +224,10 @@ def _putty(r: random.Random) -> str:
 
 def _gcp_private_key(r: random.Random) -> str:
     text = base64.b64encode(
-        bytes.fromhex("308204bd020100300d06092a864886f70d0101010500048204a7")
-        + r.randbytes(r.randint(600, 1200))
+        bytes.fromhex("308204bd020100300d06092a864886f70d0101010500048204a7") + r.randbytes(r.randint(600, 1200))
     ).decode()
     lines = [text[i : i + 64] for i in range(0, len(text), 64)]
-    return (
-        '"private_key": "-----BEGIN PRIVATE KEY-----\\n'
-        + "\\n".join(lines)
-        + '\\n-----END PRIVATE KEY-----\\n",'
-    )
+    return '"private_key": "-----BEGIN PRIVATE KEY-----\\n' + "\\n".join(lines) + '\\n-----END PRIVATE KEY-----\\n",'
 
 
 def _jwt(r: random.Random) -> str:
@@ -275,9 +264,7 @@ def _basic(r: random.Random) -> str:
 
 
 def _fp_jwt(header: dict[str, str], claims: dict[str, object], sig: str) -> str:
-    return ".".join(
-        [_b64url(json.dumps(header).encode()), _b64url(json.dumps(claims).encode()), sig]
-    )
+    return ".".join([_b64url(json.dumps(header).encode()), _b64url(json.dumps(claims).encode()), sig])
 
 
 def _noise(alphabet: str, n: int, salt: str) -> str:
@@ -348,9 +335,7 @@ def _pem_fps(head: str) -> tuple[str, ...]:
         f"-----BEGIN {head.replace('PRIVATE', 'PUBLIC')}-----\n"
         + _noise(B64, 64, head)
         + f"\n-----END {head.replace('PRIVATE', 'PUBLIC')}-----",
-        "-----BEGIN CERTIFICATE-----\n"
-        + _noise(B64, 64, "cert" + head)
-        + "\n-----END CERTIFICATE-----",
+        "-----BEGIN CERTIFICATE-----\n" + _noise(B64, 64, "cert" + head) + "\n-----END CERTIFICATE-----",
         f"-----BEGIN {head}-----\nMIIEowIBAAKCAQEA" + "/" * 40,
     )
 
@@ -567,9 +552,7 @@ SPECS: dict[str, Spec] = {
     "sourcegraph-access-token": S(["sgp_", (R(HEX, 16), "local"), "_", R(HEX, 40)]),
     "buildkite-user-token": S(["bkua_", R(HEX, 40)]),
     "circleci-pat": S(["CCIPAT_", R(ALNUM, 22), "_", R(HEX, 40)]),
-    "harness-access-token": S(
-        [("pat.", "sat."), R(B64URL, 22), ".", R(ALNUM, 24), ".", R(ALNUM, 20)]
-    ),
+    "harness-access-token": S([("pat.", "sat."), R(B64URL, 22), ".", R(ALNUM, 24), ".", R(ALNUM, 20)]),
     "octopus-deploy-api-key": S(
         ["API-", R(UPPER_ALNUM, 26)],
         fps=(
@@ -586,9 +569,7 @@ SPECS: dict[str, Spec] = {
     "doppler-service-token": S(["dp.st.", ("", "prd.", "dev_config."), R(ALNUM, 40, 44)]),
     "doppler-cli-token": S(["dp.ct.", R(ALNUM, 40, 44)]),
     "doppler-service-account-token": S(["dp.sa.", R(ALNUM, 40, 44)]),
-    "onepassword-service-account-token": S(
-        ["ops_eyJ", R(B64, 300, 500, pat=(250, 1500)), ("", "=", "==")]
-    ),
+    "onepassword-service-account-token": S(["ops_eyJ", R(B64, 300, 500, pat=(250, 1500)), ("", "=", "==")]),
     "onepassword-secret-key": S(
         [
             "A3-",
@@ -621,9 +602,7 @@ SPECS: dict[str, Spec] = {
             R(ALNUM, 30, pat=(20, 40)),
         ]
     ),
-    "defined-networking-api-token": S(
-        ["dnkey-", R(LOWER_ALNUM + "=_-", 26), "-", R(LOWER_ALNUM + "=_-", 52)]
-    ),
+    "defined-networking-api-token": S(["dnkey-", R(LOWER_ALNUM + "=_-", 26), "-", R(LOWER_ALNUM + "=_-", 52)]),
     "openshift-user-token": S(["sha256~", R(B64URL, 43)]),
     # hosting / PaaS / data
     "flyio-access-token": S(["fo1_", R(B64URL, 43)]),
@@ -755,9 +734,7 @@ SPECS: dict[str, Spec] = {
             R(HEX, 64, pat=(20, 64)),
         ]
     ),
-    "slack-config-token": S(
-        [("xoxe.xoxp-1-", "xoxe.xoxb-1-", "xoxe-1-"), R(UPPER_ALNUM, 146, 166, pat=(140, 170))]
-    ),
+    "slack-config-token": S([("xoxe.xoxp-1-", "xoxe.xoxb-1-", "xoxe-1-"), R(UPPER_ALNUM, 146, 166, pat=(140, 170))]),
     "slack-webhook-url": S(
         [
             "https://hooks.slack.com/services/T",
@@ -813,13 +790,7 @@ SPECS: dict[str, Spec] = {
         auto=KW_AUTO,
         fps=(
             "DISCORD_TOKEN=" + "M" + _noise(B64URL, 23, "d1") + "." + _noise(B64URL, 6, "d2"),
-            "robot "
-            + "N"
-            + _noise(B64URL, 25, "d3")
-            + "."
-            + _noise(B64URL, 6, "d4")
-            + "."
-            + _noise(B64URL, 38, "d5"),
+            "robot " + "N" + _noise(B64URL, 25, "d3") + "." + _noise(B64URL, 6, "d4") + "." + _noise(B64URL, 38, "d5"),
             "DISCORD_TOKEN=${DISCORD_TOKEN}",
         ),
     ),
@@ -933,9 +904,7 @@ SPECS: dict[str, Spec] = {
     "contentful-pat": S(["CFPAT-", R(B64URL, 43)]),
     "typeform-pat": S(["tfp_", R(B64URL + ".=", 59)]),
     "frameio-api-token": S(["fio-u-", R(B64URL + "=", 64)]),
-    "beamer-api-token": S(
-        A(("BEAMER_API_KEY", "beamer_token"), ("b_", R(B64URL + "=", 44))), auto=KW_AUTO
-    ),
+    "beamer-api-token": S(A(("BEAMER_API_KEY", "beamer_token"), ("b_", R(B64URL + "=", 44))), auto=KW_AUTO),
     "launchdarkly-access-token": S(
         [("api-", "sdk-"), *UUID],
         fps=(
@@ -1102,9 +1071,7 @@ SPECS: dict[str, Spec] = {
         fps=("Authorization: SSWS ${OKTA_API_TOKEN}", "okta_domain=dev-123456.okta.com"),
     ),
     "twitter-bearer-token": S(["A" * 20, R(ALNUM + "%", 80, 100, pat=(60, 160))]),
-    "twitch-api-token": S(
-        A(("TWITCH_OAUTH_TOKEN", "twitch_token"), (R(LOWER_ALNUM, 30),)), auto=KW_AUTO
-    ),
+    "twitch-api-token": S(A(("TWITCH_OAUTH_TOKEN", "twitch_token"), (R(LOWER_ALNUM, 30),)), auto=KW_AUTO),
     "facebook-access-token": S(
         ["EAA", R(ALNUM, 150, 200, pat=(100, 250))],
         fps=("EAA" + "A" * 120, "EAAG...", "aEAA" + _noise(ALNUM, 150, "fb")),

@@ -63,12 +63,26 @@ CORPUS = pathlib.Path(__file__).with_name("benign_corpus")
 #: into a JSON key or said in another language.
 SELF_IDENTIFYING = frozenset(
     {
-        "private-key-rsa", "private-key-dsa", "private-key-ec", "private-key-openssh",
-        "private-key-pgp", "private-key-pkcs8", "private-key-pkcs8-encrypted", "putty-private-key",
-        "postgres-connection-uri", "mysql-connection-uri", "mongodb-connection-uri",
-        "redis-connection-uri", "amqp-connection-uri", "url-embedded-credentials",
-        "jdbc-connection-password", "azure-sas-token", "slack-webhook-url",
-        "slack-workflow-webhook-url", "discord-webhook-url", "msteams-webhook-url",
+        "private-key-rsa",
+        "private-key-dsa",
+        "private-key-ec",
+        "private-key-openssh",
+        "private-key-pgp",
+        "private-key-pkcs8",
+        "private-key-pkcs8-encrypted",
+        "putty-private-key",
+        "postgres-connection-uri",
+        "mysql-connection-uri",
+        "mongodb-connection-uri",
+        "redis-connection-uri",
+        "amqp-connection-uri",
+        "url-embedded-credentials",
+        "jdbc-connection-password",
+        "azure-sas-token",
+        "slack-webhook-url",
+        "slack-workflow-webhook-url",
+        "discord-webhook-url",
+        "msteams-webhook-url",
         "telegram-bot-token",
     }
 )
@@ -80,8 +94,17 @@ VALUE_OF: dict[str, Callable[[str], str]] = {
 
 #: Names in other languages the value follows (the issue's four, and seven more).
 FOREIGN = (
-    "密钥: ", "clave=", "Schlüssel: ", "パスワード：", "contraseña: ", "mot de passe : ",
-    "пароль: ", "비밀번호: ", "senha: ", "令牌：", "トークン: ",
+    "密钥: ",
+    "clave=",
+    "Schlüssel: ",
+    "パスワード：",
+    "contraseña: ",
+    "mot de passe : ",
+    "пароль: ",
+    "비밀번호: ",
+    "senha: ",
+    "令牌：",
+    "トークン: ",
 )
 
 
@@ -106,13 +129,20 @@ def _chat(**fields: Any) -> dict[str, Any]:
 
 def _tool_call(v: str) -> dict[str, Any]:
     call = {"id": "call_1", "type": "function", "function": {"name": "lookup", "arguments": json.dumps({"token": v})}}
-    return _chat(messages=[{"role": "user", "content": "Look it up."},
-                           {"role": "assistant", "content": None, "tool_calls": [call]}])
+    return _chat(
+        messages=[
+            {"role": "user", "content": "Look it up."},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+        ]
+    )
 
 
 def _anthropic(**fields: Any) -> dict[str, Any]:
-    doc: dict[str, Any] = {"model": "claude-sonnet-4-5", "max_tokens": 64,
-                           "messages": [{"role": "user", "content": "Summarise the report."}]}
+    doc: dict[str, Any] = {
+        "model": "claude-sonnet-4-5",
+        "max_tokens": 64,
+        "messages": [{"role": "user", "content": "Summarise the report."}],
+    }
     doc.update(fields)
     return doc
 
@@ -129,13 +159,28 @@ PLACEMENTS: tuple[Placement, ...] = (
     Placement("user", "openai.chat", lambda v: _chat(user=v)),
     Placement("metadata-value", "openai.chat", lambda v: _chat(metadata={"note": v})),
     Placement("metadata-key", "openai.chat", lambda v: _chat(metadata={v: "1"})),
-    Placement("tool-description", "anthropic.messages", lambda v: _anthropic(tools=[{
-        "name": "lookup", "description": f"Looks up an order. Uses {v} when called.",
-        "input_schema": {"type": "object"}}])),
+    Placement(
+        "tool-description",
+        "anthropic.messages",
+        lambda v: _anthropic(
+            tools=[
+                {
+                    "name": "lookup",
+                    "description": f"Looks up an order. Uses {v} when called.",
+                    "input_schema": {"type": "object"},
+                }
+            ]
+        ),
+    ),
     Placement("anthropic-user-id", "anthropic.messages", lambda v: _anthropic(metadata={"user_id": v})),
-    *(Placement("lang:" + name.strip(" :=："), "openai.chat",
-                lambda v, n=name: _chat(messages=[{"role": "user", "content": n + v}]))
-      for name in FOREIGN),
+    *(
+        Placement(
+            "lang:" + name.strip(" :=："),
+            "openai.chat",
+            lambda v, n=name: _chat(messages=[{"role": "user", "content": n + v}]),
+        )
+        for name in FOREIGN
+    ),
 )
 
 ENGINE = build_engine(
@@ -148,8 +193,9 @@ ENGINE = build_engine(
 def inspect(placement: Placement, value: str) -> Verdict:
     raw = json.dumps(placement.build(value)).encode()
     parsed = CARRIERS[placement.carrier].parse_request(raw, CarrierLimits())
-    return ENGINE.inspect(Subject(raw=raw, units=parsed.units, opaque=parsed.opaque,
-                                  duplicate_keys=parsed.duplicate_keys))
+    return ENGINE.inspect(
+        Subject(raw=raw, units=parsed.units, opaque=parsed.opaque, duplicate_keys=parsed.duplicate_keys)
+    )
 
 
 # ----------------------------------------------------------------------------- measurement
@@ -173,7 +219,9 @@ def bare_form(rule: Rule) -> Rule | None:
 
 def standalone_hit(rule: Rule, value: str) -> bool:
     """``rule`` reports ``value`` standing alone in a text unit."""
-    return any(m.rule_id == rule.id for m in reference_scan(Catalogue("t", (rule,)), b"\x00" + value.encode() + b"\x00"))
+    return any(
+        m.rule_id == rule.id for m in reference_scan(Catalogue("t", (rule,)), b"\x00" + value.encode() + b"\x00")
+    )
 
 
 @functools.cache
@@ -231,8 +279,10 @@ def partial() -> dict[str, float]:
 
 
 def table(results: dict[str, Result], ids: list[str]) -> str:
-    lines = [f"{'rule':34} {'adv':3} {'missed':>8}  {'placements missed':30} {'bare cover':10} "
-             f"{'caught instead by':18} context_only"]
+    lines = [
+        f"{'rule':34} {'adv':3} {'missed':>8}  {'placements missed':30} {'bare cover':10} "
+        f"{'caught instead by':18} context_only"
+    ]
     for rid in ids:
         res, rule = results[rid], RULES[rid]
         where = "all" if len(res.misses) == len(PLACEMENTS) else ",".join(sorted(res.misses))
@@ -240,8 +290,10 @@ def table(results: dict[str, Result], ids: list[str]) -> str:
         if bare_form(rule) is not None:
             found, total = coverage(rid)
             cover = f"{found / total:.1%}"
-        lines.append(f"{rid:34} {'yes' if rule.advisory else '':3} {res.missed:>3}/{res.checks:<4}  {where[:30]:30} "
-                     f"{cover:10} {','.join(sorted(res.others))[:18]:18} {rule.context_only or '-'}")
+        lines.append(
+            f"{rid:34} {'yes' if rule.advisory else '':3} {res.missed:>3}/{res.checks:<4}  {where[:30]:30} "
+            f"{cover:10} {','.join(sorted(res.others))[:18]:18} {rule.context_only or '-'}"
+        )
     return "\n".join(lines)
 
 
@@ -354,8 +406,7 @@ def test_bare_forms_on_realistic_lookalikes() -> None:
                 counts[(name, rid)] += 1
                 examples.setdefault((name, rid), v)
     assert len(sizes) >= 40 and min(sizes.values()) >= 100, sizes
-    print(f"\nlook-alikes: {sum(sizes.values())} values in {len(sizes)} categories; matches: "
-          f"{dict(counts) or 'none'}")
+    print(f"\nlook-alikes: {sum(sizes.values())} values in {len(sizes)} categories; matches: {dict(counts) or 'none'}")
     for (name, rid), n in counts.items():
         bound = LOOKALIKE_BOUND.get(name, 0.0)
         assert n / sizes[name] <= bound, (name, rid, n, sizes[name], examples[(name, rid)])
@@ -419,8 +470,12 @@ def test_lead_rules_report_the_value_and_its_field() -> None:
     for placement in PLACEMENTS[:4]:
         findings = [f for f in inspect(placement, value).findings if f.reason.endswith(rule.id)]
         pointers = {f.pointer for f in findings} - {None}
-        expected = {"user": "/user", "metadata-value": "/metadata/note", "metadata-key": "/metadata",
-                    "tool-args": "/messages/1/tool_calls/0/function/arguments"}[placement.name]
+        expected = {
+            "user": "/user",
+            "metadata-value": "/metadata/note",
+            "metadata-key": "/metadata",
+            "tool-args": "/messages/1/tool_calls/0/function/arguments",
+        }[placement.name]
         assert pointers == {expected}, (placement.name, pointers)
 
 
@@ -443,8 +498,12 @@ def test_validators() -> None:
 
 
 def test_unknown_validator_is_rejected_at_load() -> None:
-    doc = {"version": "1", "rules": [{"id": "x-rule", "description": "x", "keywords": ["abc"],
-                                      "pattern": "abc[0-9]{4}", "validators": ["luhn"]}]}
+    doc = {
+        "version": "1",
+        "rules": [
+            {"id": "x-rule", "description": "x", "keywords": ["abc"], "pattern": "abc[0-9]{4}", "validators": ["luhn"]}
+        ],
+    }
     with pytest.raises(catmod.CatalogueError, match="'x-rule': unknown validators \\['luhn'\\]"):
         load_catalogue(json.dumps(doc).encode())
     doc["rules"][0]["validators"] = ["mixed_classes"]

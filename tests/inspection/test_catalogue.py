@@ -524,12 +524,7 @@ def _parity_documents() -> list[bytes]:
                 chunks.append(r.choice(fragments))
             else:
                 alphabet = r.choice(alphabets)
-                chunks.append(
-                    "".join(
-                        r.choice(alphabet)
-                        for _ in range(r.choice((4, 16, 24, 32, 36, 40, 64, 100)))
-                    )
-                )
+                chunks.append("".join(r.choice(alphabet) for _ in range(r.choice((4, 16, 24, 32, 36, 40, 64, 100)))))
         docs.append("".join(chunks).encode())
     # overlapping / repeated shapes
     s = ss.true_positives("github-pat", n=1, seed=8)[0]

@@ -37,8 +37,13 @@ def _spellings(name: str) -> list[str]:
 
 
 def _cases() -> list[tuple[str, str, str]]:
-    return [(rid, spelled + glue, value) for rid, (names, value) in EXTENDED.items()
-            for name in names for spelled in _spellings(name) for glue in GLUES]
+    return [
+        (rid, spelled + glue, value)
+        for rid, (names, value) in EXTENDED.items()
+        for name in names
+        for spelled in _spellings(name)
+        for glue in GLUES
+    ]
 
 
 def test_patterns_are_generated_from_the_name_lists() -> None:
@@ -62,8 +67,12 @@ def test_every_spelling_contains_a_keyword() -> None:
 def hs_db() -> hyperscan.Database:
     db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
     rules = [RULES[rid] for rid in EXTENDED]
-    db.compile(expressions=[r.pattern.encode() for r in rules], ids=list(range(len(rules))),
-               elements=len(rules), flags=[0] * len(rules))
+    db.compile(
+        expressions=[r.pattern.encode() for r in rules],
+        ids=list(range(len(rules))),
+        elements=len(rules),
+        flags=[0] * len(rules),
+    )
     return db
 
 
@@ -92,17 +101,26 @@ def test_names_in_other_languages_are_found_by_both_engines(hs_db: hyperscan.Dat
 
 def test_names_in_other_languages_through_the_engine() -> None:
     """The issue's examples, sent as chat content (the engine also scans the NFKC copy)."""
-    engine = build_engine(secret_values=[], policy_version="t", formats=build_format_set(
-        use_catalogue=True, disable=(), advisory=(), custom=None, detector_modes={}))
+    engine = build_engine(
+        secret_values=[],
+        policy_version="t",
+        formats=build_format_set(use_catalogue=True, disable=(), advisory=(), custom=None, detector_modes={}),
+    )
     password, key = EXTENDED["generic-password"][1], EXTENDED["generic-api-key"][1]
     aws = EXTENDED["aws-secret-access-key"][1]
     cases = {
-        "密钥: " + key: "generic-api-key", "clave=" + key: "generic-api-key",
-        "Schlüssel: " + key: "generic-api-key", "令牌：" + key: "generic-api-key",
-        "トークン: " + key: "generic-api-key", "パスワード：" + password: "generic-password",
-        "contraseña: " + password: "generic-password", "mot de passe : " + password: "generic-password",
-        "пароль: " + password: "generic-password", "비밀번호: " + password: "generic-password",
-        "senha: " + password: "generic-password", "密码是" + password: "generic-password",
+        "密钥: " + key: "generic-api-key",
+        "clave=" + key: "generic-api-key",
+        "Schlüssel: " + key: "generic-api-key",
+        "令牌：" + key: "generic-api-key",
+        "トークン: " + key: "generic-api-key",
+        "パスワード：" + password: "generic-password",
+        "contraseña: " + password: "generic-password",
+        "mot de passe : " + password: "generic-password",
+        "пароль: " + password: "generic-password",
+        "비밀번호: " + password: "generic-password",
+        "senha: " + password: "generic-password",
+        "密码是" + password: "generic-password",
         "秘密访问密钥：" + aws: "aws-secret-access-key",
         "clé d'accès secrète : " + aws: "aws-secret-access-key",
     }
@@ -117,9 +135,15 @@ def test_names_without_a_value_do_not_fire() -> None:
     """Help-desk prose that names credentials (the benign corpus file) matches nothing, not
     even the advisory generic rules; nor do placeholders after a foreign name."""
     for text in (
-        "パスワード = ${DB_PASSWORD}", "密码 = os.environ[\"DB_PASSWORD\"]", "clave = <tu-clave>",
-        "Passwort: mindestens zwölf Zeichen", "密钥是什么？", "トークン：有効期限切れです",
-        "clave=valor", "Schlüssel: siehe Tresor", "秘密访问密钥：" + "x" * 40,
+        "パスワード = ${DB_PASSWORD}",
+        '密码 = os.environ["DB_PASSWORD"]',
+        "clave = <tu-clave>",
+        "Passwort: mindestens zwölf Zeichen",
+        "密钥是什么？",
+        "トークン：有効期限切れです",
+        "clave=valor",
+        "Schlüssel: siehe Tresor",
+        "秘密访问密钥：" + "x" * 40,
         "secret: wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
     ):
         hits = [h.rule_id for h in reference_scan(CAT, text.encode()) if h.rule_id in EXTENDED]

@@ -33,9 +33,7 @@ def _named_events(raw: bytes) -> list[tuple[str, dict[str, Any]]]:
     events = []
     for block in raw.decode().split("\n\n")[:-1]:
         name_line, data_line = block.split("\n")
-        events.append(
-            (name_line.removeprefix("event: "), json.loads(data_line.removeprefix("data: ")))
-        )
+        events.append((name_line.removeprefix("event: "), json.loads(data_line.removeprefix("data: "))))
     return events
 
 
@@ -48,16 +46,12 @@ def test_messages_non_stream_default_reply(client: anthropic.Anthropic) -> None:
 
     digest = content_digest("anthropic", request)
     text = f"Mock reply: {digest[:8]}."
-    assert [(block.type, getattr(block, "text", None)) for block in message.content] == [
-        ("text", text)
-    ]
+    assert [(block.type, getattr(block, "text", None)) for block in message.content] == [("text", text)]
     assert message.id.startswith("msg_")
     assert message.model == MODEL
     assert message.stop_reason == "end_turn"
     # One token count per block (system, then the user's text), each ceil(chars / 4).
-    assert message.usage.input_tokens == math.ceil(len("You are terse.") / 4) + math.ceil(
-        len("Say hi") / 4
-    )
+    assert message.usage.input_tokens == math.ceil(len("You are terse.") / 4) + math.ceil(len("Say hi") / 4)
     assert message.usage.output_tokens == math.ceil(len(text) / 4)
     assert message.usage.cache_read_input_tokens == 0
     assert message.usage.cache_creation_input_tokens == 0
@@ -66,9 +60,7 @@ def test_messages_non_stream_default_reply(client: anthropic.Anthropic) -> None:
     assert message.usage.model_dump(exclude_none=True) == compute_usage("anthropic", request, text)
 
 
-def test_messages_tool_use_non_stream_and_stream(
-    server: MockProviderServer, client: anthropic.Anthropic
-) -> None:
+def test_messages_tool_use_non_stream_and_stream(server: MockProviderServer, client: anthropic.Anthropic) -> None:
     arguments = '{"order_id": "A-42", "notes": ["é", "日本", "🎉"]}'
     server.state.add_scenario(
         "an-tool",
@@ -106,9 +98,7 @@ def test_messages_stream_event_sequence(server: MockProviderServer) -> None:
         [
             {
                 "chunks": ["Hi", " there"],
-                "tool_calls": [
-                    {"name": "t", "arguments": arguments, "chunks": ["", '{"q"', ':"x"}']}
-                ],
+                "tool_calls": [{"name": "t", "arguments": arguments, "chunks": ["", '{"q"', ':"x"}']}],
             }
         ],
     )
@@ -171,9 +161,7 @@ def test_messages_omit_usage_keeps_only_required_fields(server: MockProviderServ
 def test_non_object_tool_arguments_are_a_clear_mock_error(
     server: MockProviderServer, client: anthropic.Anthropic
 ) -> None:
-    server.state.add_scenario(
-        "an-badargs", [{"tool_calls": [{"name": "t", "arguments": "not json"}]}]
-    )
+    server.state.add_scenario("an-badargs", [{"tool_calls": [{"name": "t", "arguments": "not json"}]}])
     with pytest.raises(anthropic.InternalServerError) as caught:
         client.messages.create(
             model=MODEL,

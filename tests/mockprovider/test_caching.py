@@ -152,9 +152,7 @@ def test_sdk_parses_cache_usage_non_stream_and_stream(server: MockProviderServer
     messages: Any = [{"role": "user", "content": "Hello"}]
     with anthropic.Anthropic(base_url=server.url, api_key="k", max_retries=0) as client:
         first = client.messages.create(model=MODEL, max_tokens=8, system=system, messages=messages)
-        with client.messages.stream(
-            model=MODEL, max_tokens=8, system=system, messages=messages
-        ) as stream:
+        with client.messages.stream(model=MODEL, max_tokens=8, system=system, messages=messages) as stream:
             second = stream.get_final_message()
 
     assert first.usage.cache_creation_input_tokens == 1200
@@ -175,9 +173,7 @@ def test_stream_message_start_carries_cache_counts(server: MockProviderServer) -
         "messages": [user(block(3, "stream-q"))],
     }
     raw = httpx2.post(server.url + "/v1/messages", json=body).content
-    events = [
-        json.loads(chunk.split("\ndata: ", 1)[1]) for chunk in raw.decode().split("\n\n")[:-1]
-    ]
+    events = [json.loads(chunk.split("\ndata: ", 1)[1]) for chunk in raw.decode().split("\n\n")[:-1]]
     start = events[0]["message"]["usage"]
     assert events[0]["type"] == "message_start"
     assert (start["input_tokens"], start["cache_read_input_tokens"]) == (3, 0)
@@ -374,9 +370,7 @@ def test_automatic_breakpoint_is_on_the_last_block(server: MockProviderServer) -
     assert cache_counts(messages_usage(server, body)) == (0, 1112, 0)
 
 
-def test_five_minute_entries_expire_and_hits_refresh_them(
-    server: MockProviderServer, clock: FakeClock
-) -> None:
+def test_five_minute_entries_expire_and_hits_refresh_them(server: MockProviderServer, clock: FakeClock) -> None:
     body = {"system": [block(1100, "ttl5", FIVE_MIN)], "messages": [user(block(2, "q"))]}
     assert messages_usage(server, body)["cache_creation_input_tokens"] == 1100  # t = 0
     clock.t += 200
@@ -387,9 +381,7 @@ def test_five_minute_entries_expire_and_hits_refresh_them(
     assert cache_counts(messages_usage(server, body)) == (2, 0, 1100)  # expired: rewritten
 
 
-def test_one_hour_entries_outlive_five_minutes(
-    server: MockProviderServer, clock: FakeClock
-) -> None:
+def test_one_hour_entries_outlive_five_minutes(server: MockProviderServer, clock: FakeClock) -> None:
     body = {"system": [block(1100, "ttl1h", ONE_HOUR)], "messages": [user(block(2, "q"))]}
     messages_usage(server, body)
     clock.t += 3000
@@ -402,9 +394,7 @@ def test_one_hour_entries_outlive_five_minutes(
 
 
 def _status_and_error(server: MockProviderServer, body: dict[str, Any]) -> tuple[int, Any]:
-    response = httpx2.post(
-        server.url + "/v1/messages", json={"model": MODEL, "max_tokens": 8, **body}
-    )
+    response = httpx2.post(server.url + "/v1/messages", json={"model": MODEL, "max_tokens": 8, **body})
     return response.status_code, response.json().get("error")
 
 
@@ -429,9 +419,7 @@ def test_more_than_four_breakpoints_is_a_400(server: MockProviderServer) -> None
         anthropic.Anthropic(base_url=server.url, api_key="k", max_retries=0) as client,
         pytest.raises(anthropic.BadRequestError),
     ):
-        client.messages.create(
-            model=MODEL, max_tokens=8, system=body["system"], messages=body["messages"]
-        )
+        client.messages.create(model=MODEL, max_tokens=8, system=body["system"], messages=body["messages"])
 
 
 def test_one_hour_after_five_minutes_is_a_400(server: MockProviderServer) -> None:
@@ -582,9 +570,7 @@ def test_chat_below_1024_tokens_is_not_cached(server: MockProviderServer) -> Non
 
 
 def test_chat_tools_are_part_of_the_prefix(server: MockProviderServer) -> None:
-    tools: list[dict[str, Any]] = [
-        {"type": "function", "function": {"name": "a", "parameters": {"type": "object"}}}
-    ]
+    tools: list[dict[str, Any]] = [{"type": "function", "function": {"name": "a", "parameters": {"type": "object"}}}]
     body = _chat_body(1100, "q", tools=tools)
     chat_usage(server, body)
     assert cached(chat_usage(server, body)) == 1024
@@ -627,9 +613,7 @@ def test_chat_sdk_non_stream_and_stream_with_usage(server: MockProviderServer) -
 def test_responses_non_stream_and_completed_event(server: MockProviderServer) -> None:
     instructions = text(1300, "oa-instructions")
     with openai.OpenAI(base_url=server.url + "/v1", api_key="k", max_retries=0) as client:
-        first = client.responses.create(
-            model="gpt-5-mini", instructions=instructions, input="Hi", prompt_cache_key="r"
-        )
+        first = client.responses.create(model="gpt-5-mini", instructions=instructions, input="Hi", prompt_cache_key="r")
         with client.responses.stream(
             model="gpt-5-mini", instructions=instructions, input="Hi again", prompt_cache_key="r"
         ) as stream:

@@ -80,9 +80,7 @@ def test_rate_limit_error_body_and_headers(server: MockProviderServer) -> None:
 def test_anthropic_overloaded_529(server: MockProviderServer) -> None:
     server.state.add_scenario("f-529", [{"status": 529}])
     with _anthropic(server) as client, pytest.raises(anthropic.InternalServerError) as caught:
-        client.messages.create(
-            model=MODEL, max_tokens=5, messages=[{"role": "user", "content": "mock-scenario:f-529"}]
-        )
+        client.messages.create(model=MODEL, max_tokens=5, messages=[{"role": "user", "content": "mock-scenario:f-529"}])
     error = caught.value
     assert isinstance(error, anthropic.OverloadedError)
     assert error.status_code == 529
@@ -184,9 +182,7 @@ def test_truncated_json_body(server: MockProviderServer) -> None:
 
 def test_truncated_stream_ends_cleanly_without_terminal_event(server: MockProviderServer) -> None:
     server.state.add_scenario("f-trunc-s", [{"fault": "truncated_json"}])
-    chat = httpx2.post(
-        server.url + "/v1/chat/completions", json=_chat_body("f-trunc-s", stream=True)
-    )
+    chat = httpx2.post(server.url + "/v1/chat/completions", json=_chat_body("f-trunc-s", stream=True))
     assert chat.status_code == 200
     assert chat.content.endswith(b"\n\n") and b"[DONE]" not in chat.content
 
@@ -213,9 +209,7 @@ def test_hang_is_cancelled_when_the_client_gives_up(server: MockProviderServer) 
     with pytest.raises(httpx2.ReadTimeout):
         httpx2.post(server.url + "/v1/chat/completions", json=_chat_body("f-hang"), timeout=0.3)
     gave_up = time.monotonic()
-    assert server.state.wait_for(
-        lambda records: any(r.scenario == "f-hang" and r.cancelled for r in records), 2.0
-    )
+    assert server.state.wait_for(lambda records: any(r.scenario == "f-hang" and r.cancelled for r in records), 2.0)
     assert time.monotonic() - gave_up < 1.0
     record = _of(server, "f-hang")[-1]
     assert (record.status, record.finished, record.cancelled) == (None, False, True)
@@ -234,9 +228,7 @@ def test_hang_after_headers(server: MockProviderServer) -> None:
         assert next(lines).startswith('data: {"id":"chatcmpl-')
         with pytest.raises(httpx2.ReadTimeout):
             list(lines)
-    assert server.state.wait_for(
-        lambda records: any(r.scenario == "f-hang-h" and r.cancelled for r in records), 2.0
-    )
+    assert server.state.wait_for(lambda records: any(r.scenario == "f-hang-h" and r.cancelled for r in records), 2.0)
     assert _of(server, "f-hang-h")[-1].status == 200
 
     with pytest.raises(httpx2.ReadTimeout):
@@ -280,15 +272,11 @@ MULTIBYTE_TEXT = "Café é 日本語 🎉 naïve — ok 🎉🎉"
 
 def _splits_a_character(body: bytes, split_bytes: int) -> bool:
     """Whether some write boundary (every `split_bytes` bytes) falls inside a UTF-8 character."""
-    return any(
-        0x80 <= body[offset] <= 0xBF for offset in range(split_bytes, len(body), split_bytes)
-    )
+    return any(0x80 <= body[offset] <= 0xBF for offset in range(split_bytes, len(body), split_bytes))
 
 
 def test_split_bytes_chat_stream_arrives_in_small_reads(server: MockProviderServer) -> None:
-    server.state.add_scenario(
-        "f-split", [{"text": MULTIBYTE_TEXT, "split_bytes": 5, "chunk_size": 12}]
-    )
+    server.state.add_scenario("f-split", [{"text": MULTIBYTE_TEXT, "split_bytes": 5, "chunk_size": 12}])
     url = server.url + "/v1/chat/completions"
     with (
         httpx2.Client() as raw_client,
@@ -327,14 +315,10 @@ def test_split_bytes_anthropic_and_responses_streams_parse(server: MockProviderS
 
 
 def test_split_bytes_with_drip(server: MockProviderServer) -> None:
-    server.state.add_scenario(
-        "f-split-drip", [{"text": MULTIBYTE_TEXT, "split_bytes": 5, "drip_ms": 5}]
-    )
+    server.state.add_scenario("f-split-drip", [{"text": MULTIBYTE_TEXT, "split_bytes": 5, "drip_ms": 5}])
     with _openai(server) as client:
         stream = client.chat.completions.create(**_chat_body("f-split-drip", stream=True))
-        assert (
-            "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == MULTIBYTE_TEXT
-        )
+        assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == MULTIBYTE_TEXT
 
 
 # -- raw bodies and events ----------------------------------------------------
@@ -342,9 +326,7 @@ def test_split_bytes_with_drip(server: MockProviderServer) -> None:
 
 def test_raw_body_is_sent_verbatim(server: MockProviderServer) -> None:
     raw = '{"not": "what the SDK expects", "ü": 1'
-    server.state.add_scenario(
-        "f-raw", [{"status": 502, "raw_body": raw, "content_type": "text/plain"}]
-    )
+    server.state.add_scenario("f-raw", [{"status": 502, "raw_body": raw, "content_type": "text/plain"}])
     response = httpx2.post(server.url + "/v1/chat/completions", json=_chat_body("f-raw"))
     assert response.status_code == 502
     assert response.content == raw.encode()
@@ -358,9 +340,7 @@ def test_raw_events_are_sent_verbatim(server: MockProviderServer) -> None:
         "data: [DONE]\n\n",
     ]
     server.state.add_scenario("f-raw-ev", [{"raw_events": events}])
-    response = httpx2.post(
-        server.url + "/v1/chat/completions", json=_chat_body("f-raw-ev", stream=True)
-    )
+    response = httpx2.post(server.url + "/v1/chat/completions", json=_chat_body("f-raw-ev", stream=True))
     assert response.content == "".join(events).encode()
     assert response.headers["content-type"].startswith("text/event-stream")
 

@@ -61,9 +61,7 @@ def test_chat_non_stream_default_reply(client: openai.OpenAI) -> None:
     assert completion.usage.model_dump(exclude_none=True) == expected
 
 
-def test_chat_stream_parallel_tool_calls_are_reassembled(
-    server: MockProviderServer, client: openai.OpenAI
-) -> None:
+def test_chat_stream_parallel_tool_calls_are_reassembled(server: MockProviderServer, client: openai.OpenAI) -> None:
     first_args = '{"city": "Zürich", "units": "metric"}'
     second_args = '{"query": "日本 🎉"}'
     server.state.add_scenario(
@@ -150,9 +148,7 @@ def test_chat_stream_include_usage_adds_a_final_usage_chunk(client: openai.OpenA
     assert chunks[-1].choices == []
     text = "".join(c.choices[0].delta.content or "" for c in chunks[:-1] if c.choices)
     assert chunks[-1].usage is not None
-    assert chunks[-1].usage.model_dump(exclude_none=True) == compute_usage(
-        "openai_chat", {"messages": messages}, text
-    )
+    assert chunks[-1].usage.model_dump(exclude_none=True) == compute_usage("openai_chat", {"messages": messages}, text)
     assert len({chunk.id for chunk in chunks}) == 1
 
 
@@ -166,20 +162,14 @@ def test_chat_stream_without_include_usage_has_no_usage(server: MockProviderServ
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
 
 
-def test_chat_explicit_chunks_and_omit_usage(
-    server: MockProviderServer, client: openai.OpenAI
-) -> None:
-    server.state.add_scenario(
-        "oa-chunks", [{"chunks": ["Hel", "lo, ", "wörld"], "omit_usage": True}]
-    )
+def test_chat_explicit_chunks_and_omit_usage(server: MockProviderServer, client: openai.OpenAI) -> None:
+    server.state.add_scenario("oa-chunks", [{"chunks": ["Hel", "lo, ", "wörld"], "omit_usage": True}])
     messages: list[Any] = [{"role": "user", "content": "mock-scenario:oa-chunks"}]
     stream = client.chat.completions.create(
         model="m", messages=messages, stream=True, stream_options={"include_usage": True}
     )
     chunks = list(stream)
-    assert [
-        c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content
-    ] == [
+    assert [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content] == [
         "Hel",
         "lo, ",
         "wörld",
@@ -195,30 +185,22 @@ def test_chat_explicit_chunks_and_omit_usage(
 
 
 def test_responses_non_stream(client: openai.OpenAI) -> None:
-    response = client.responses.create(
-        model="gpt-5-mini", instructions="Be brief.", input="Hello there"
-    )
+    response = client.responses.create(model="gpt-5-mini", instructions="Be brief.", input="Hello there")
 
-    digest = content_digest(
-        "openai_responses", {"instructions": "Be brief.", "input": "Hello there"}
-    )
+    digest = content_digest("openai_responses", {"instructions": "Be brief.", "input": "Hello there"})
     assert response.output_text == f"Mock reply: {digest[:8]}."
     assert response.id.startswith("resp_")
     assert response.status == "completed"
     assert response.created_at == FIXED_CREATED
     assert response.usage is not None
     # One token count per segment (instructions, then the input message).
-    assert response.usage.input_tokens == math.ceil(len("Be brief.") / 4) + math.ceil(
-        len("Hello there") / 4
-    )
+    assert response.usage.input_tokens == math.ceil(len("Be brief.") / 4) + math.ceil(len("Hello there") / 4)
     assert response.usage.input_tokens_details.cached_tokens == 0
     assert response.usage.input_tokens_details.cache_write_tokens == 0
     assert response.usage.output_tokens_details.reasoning_tokens == 0
 
 
-def test_responses_stream_text_and_function_call(
-    server: MockProviderServer, client: openai.OpenAI
-) -> None:
+def test_responses_stream_text_and_function_call(server: MockProviderServer, client: openai.OpenAI) -> None:
     arguments = '{"city":"Oslo","note":"é 🎉"}'
     server.state.add_scenario(
         "oa-resp",
@@ -267,9 +249,7 @@ def test_responses_stream_text_and_function_call(
 def test_embeddings_base64_default_equals_float(client: openai.OpenAI) -> None:
     inputs = ["alpha", "beta", "日本"]
     default = client.embeddings.create(model="text-embedding-3-small", input=inputs)
-    floats = client.embeddings.create(
-        model="text-embedding-3-small", input=inputs, encoding_format="float"
-    )
+    floats = client.embeddings.create(model="text-embedding-3-small", input=inputs, encoding_format="float")
 
     assert [d.embedding for d in default.data] == [d.embedding for d in floats.data]
     vectors = [d.embedding for d in floats.data]
@@ -281,9 +261,7 @@ def test_embeddings_base64_default_equals_float(client: openai.OpenAI) -> None:
 
 def test_embeddings_wire_encodings_and_token_inputs(server: MockProviderServer) -> None:
     url = server.url + "/v1/embeddings"
-    raw_b64 = httpx2.post(
-        url, json={"model": "e", "input": [[1, 2, 3]], "dimensions": 8, "encoding_format": "base64"}
-    )
+    raw_b64 = httpx2.post(url, json={"model": "e", "input": [[1, 2, 3]], "dimensions": 8, "encoding_format": "base64"})
     raw_float = httpx2.post(url, json={"model": "e", "input": [1, 2, 3], "dimensions": 8})
 
     b64_item = raw_b64.json()["data"][0]

@@ -47,8 +47,7 @@ def _chat_body(content: str, **extra: Any) -> dict[str, Any]:
 
 def test_record_keeps_exact_body_bytes_and_headers(server: MockProviderServer) -> None:
     body = (
-        b'{ "model":"m",\n  "messages":[{"role":"user",'
-        b'"content":"caf\\u00e9 + caf\xc3\xa9 mock-scenario:r-exact"}] }'
+        b'{ "model":"m",\n  "messages":[{"role":"user","content":"caf\\u00e9 + caf\xc3\xa9 mock-scenario:r-exact"}] }'
     )
     server.state.add_scenario("r-exact", [{}])
     response = httpx2.post(
@@ -63,9 +62,7 @@ def test_record_keeps_exact_body_bytes_and_headers(server: MockProviderServer) -
     assert response.status_code == 200
 
     # `finished` is set just after the last write, so the client can be slightly ahead.
-    assert server.state.wait_for(
-        lambda records: any(r.scenario == "r-exact" and r.finished for r in records), 2.0
-    )
+    assert server.state.wait_for(lambda records: any(r.scenario == "r-exact" and r.finished for r in records), 2.0)
     record = next(r for r in server.state.records() if r.scenario == "r-exact")
     assert record.body == body
     assert record.json["messages"][0]["content"] == "café + café mock-scenario:r-exact"
@@ -84,9 +81,7 @@ def test_record_keeps_exact_body_bytes_and_headers(server: MockProviderServer) -
 
 
 def test_invalid_json_is_recorded_and_rejected(server: MockProviderServer) -> None:
-    response = httpx2.post(
-        server.url + "/v1/chat/completions", content=b"{not json mock-scenario:r-bad"
-    )
+    response = httpx2.post(server.url + "/v1/chat/completions", content=b"{not json mock-scenario:r-bad")
     assert response.status_code == 400
     assert response.json()["error"]["type"] == "invalid_request_error"
     # An unknown scenario wins over the parse error: scenarios are chosen from raw bytes.
@@ -135,9 +130,7 @@ def test_register_scenario_over_http(server: MockProviderServer) -> None:
     assert ok.json() == {"id": "r-http", "steps": 2}
     with openai.OpenAI(base_url=server.url + "/v1", api_key="k", max_retries=0) as client:
         texts = [
-            client.chat.completions.create(**_chat_body("mock-scenario:r-http"))
-            .choices[0]
-            .message.content
+            client.chat.completions.create(**_chat_body("mock-scenario:r-http")).choices[0].message.content
             for _ in range(3)
         ]
     assert texts == ["first", "then", "then"]  # the last step repeats
@@ -215,9 +208,7 @@ def test_auth_required_when_a_key_is_set() -> None:
         # OpenAI routes take only the Bearer form.
         anthropic_body = {"model": MODEL, "max_tokens": 5, "messages": messages}
         for key, expected in (("sekrit", 200), ("wrong", 401)):
-            response = httpx2.post(
-                mock.url + "/v1/messages", json=anthropic_body, headers={"x-api-key": key}
-            )
+            response = httpx2.post(mock.url + "/v1/messages", json=anthropic_body, headers={"x-api-key": key})
             assert response.status_code == expected
         openai_with_x_api_key = httpx2.post(
             mock.url + "/v1/chat/completions",
@@ -228,15 +219,11 @@ def test_auth_required_when_a_key_is_set() -> None:
         assert [r.status for r in mock.state.records()] == [401, 200, 401, 200, 200, 401, 401]
 
         mock.state.api_key = None
-        assert (
-            httpx2.post(mock.url + "/v1/chat/completions", json=_chat_body("hi")).status_code == 200
-        )
+        assert httpx2.post(mock.url + "/v1/chat/completions", json=_chat_body("hi")).status_code == 200
 
 
 def test_no_key_configured_accepts_any_or_no_key(server: MockProviderServer) -> None:
-    assert (
-        httpx2.post(server.url + "/v1/chat/completions", json=_chat_body("hi")).status_code == 200
-    )
+    assert httpx2.post(server.url + "/v1/chat/completions", json=_chat_body("hi")).status_code == 200
     response = httpx2.post(
         server.url + "/v1/messages",
         json={"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]},
@@ -266,9 +253,7 @@ def test_unix_socket_server(tmp_path: Path) -> None:
         assert mock.uds == path and mock.url == "http://localhost"
         transport = httpx2.HTTPTransport(uds=path)
         with httpx2.Client(transport=transport) as http_client:
-            sdk = openai.OpenAI(
-                base_url=mock.url + "/v1", api_key="k", http_client=http_client, max_retries=0
-            )
+            sdk = openai.OpenAI(base_url=mock.url + "/v1", api_key="k", http_client=http_client, max_retries=0)
             assert sdk.chat.completions.create(**_chat_body("over uds")).choices[0].message.content
         assert mock.state.records()[0].path == "/v1/chat/completions"
     assert not os.path.exists(path)
@@ -278,9 +263,7 @@ def test_serve_forever_on_unix_socket(tmp_path: Path, caplog: pytest.LogCaptureF
     path = str(tmp_path / "cli.sock")
 
     async def scenario() -> dict[str, Any]:
-        task = asyncio.create_task(
-            serve_forever(host="127.0.0.1", port=None, uds=path, api_key=None)
-        )
+        task = asyncio.create_task(serve_forever(host="127.0.0.1", port=None, uds=path, api_key=None))
         for _ in range(500):
             if await asyncio.to_thread(os.path.exists, path):
                 break
@@ -288,9 +271,7 @@ def test_serve_forever_on_unix_socket(tmp_path: Path, caplog: pytest.LogCaptureF
         connector = aiohttp.UnixConnector(path=path)
         async with (
             aiohttp.ClientSession(connector=connector) as session,
-            session.post(
-                "http://localhost/v1/chat/completions", json=_chat_body("secret-prompt")
-            ) as resp,
+            session.post("http://localhost/v1/chat/completions", json=_chat_body("secret-prompt")) as resp,
         ):
             payload: dict[str, Any] = await resp.json()
         task.cancel()
@@ -302,9 +283,7 @@ def test_serve_forever_on_unix_socket(tmp_path: Path, caplog: pytest.LogCaptureF
         payload = asyncio.run(scenario())
     assert payload["object"] == "chat.completion"
     assert not os.path.exists(path)
-    messages = [
-        record.getMessage() for record in caplog.records if record.name == "wiregate.mockprovider"
-    ]
+    messages = [record.getMessage() for record in caplog.records if record.name == "wiregate.mockprovider"]
     assert messages == [f"mock provider listening on unix:{path} (API key not required)"]
     assert "secret-prompt" not in caplog.text
 
@@ -363,9 +342,7 @@ def test_stop_cancels_in_flight_hangs() -> None:
         ("/v1/embeddings", {"model": "e", "input": ["same", "other"]}),
     ],
 )
-def test_identical_requests_get_identical_bytes(
-    server: MockProviderServer, path: str, body: dict[str, Any]
-) -> None:
+def test_identical_requests_get_identical_bytes(server: MockProviderServer, path: str, body: dict[str, Any]) -> None:
     first, second = (httpx2.post(server.url + path, json=body) for _ in range(2))
     assert first.status_code == 200
     assert first.content == second.content
@@ -373,9 +350,7 @@ def test_identical_requests_get_identical_bytes(
 
 
 def test_cache_fields_do_not_change_ids_or_text(server: MockProviderServer) -> None:
-    server.state.add_scenario(
-        "r-tools", [{"text": "Calling.", "tool_calls": [{"name": "f", "arguments": "{}"}]}]
-    )
+    server.state.add_scenario("r-tools", [{"text": "Calling.", "tool_calls": [{"name": "f", "arguments": "{}"}]}])
     plain_chat = {
         "model": "m",
         "messages": [{"role": "user", "content": "Hello mock-scenario:r-tools"}],
@@ -397,10 +372,7 @@ def test_cache_fields_do_not_change_ids_or_text(server: MockProviderServer) -> N
         "prompt_cache_key": "tenant-42",
         "metadata": {"k": "v"},
     }
-    a, b = (
-        httpx2.post(server.url + "/v1/chat/completions", json=body).json()
-        for body in (plain_chat, cached_chat)
-    )
+    a, b = (httpx2.post(server.url + "/v1/chat/completions", json=body).json() for body in (plain_chat, cached_chat))
     assert a["id"] == b["id"]
     assert a["choices"] == b["choices"]
     assert a["usage"] == b["usage"]
@@ -414,9 +386,7 @@ def test_cache_fields_do_not_change_ids_or_text(server: MockProviderServer) -> N
     }
     cached_msg = {
         **plain_msg,
-        "system": [
-            {"type": "text", "text": "Policy.", "cache_control": {"type": "ephemeral", "ttl": "1h"}}
-        ],
+        "system": [{"type": "text", "text": "Policy.", "cache_control": {"type": "ephemeral", "ttl": "1h"}}],
         "messages": [
             {
                 "role": "user",
@@ -440,10 +410,7 @@ def test_cache_fields_do_not_change_ids_or_text(server: MockProviderServer) -> N
         "cache_control": {"type": "ephemeral"},
         "metadata": {"user_id": "u1"},
     }
-    c, d = (
-        httpx2.post(server.url + "/v1/messages", json=body).json()
-        for body in (plain_msg, cached_msg)
-    )
+    c, d = (httpx2.post(server.url + "/v1/messages", json=body).json() for body in (plain_msg, cached_msg))
     assert c["id"] == d["id"]
     assert c["content"] == d["content"]
     assert c["content"][1]["id"].startswith("toolu_")
