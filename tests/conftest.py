@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import threading
@@ -109,6 +110,28 @@ def shared_tls(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("tls")
     generate_dev_tls(directory)
     return directory
+
+
+GatewayFactory = Callable[..., contextlib.AbstractContextManager[tuple[Env, GatewayThread]]]
+
+
+@pytest.fixture(scope="session")
+def gateways(mock: MockProviderServer, shared_tls: Path, tmp_path_factory: pytest.TempPathFactory) -> GatewayFactory:
+    """The one way a test module gets its own gateway: `with gateways(name, **build_env
+    options) as (env, gateway)`, in front of the session's mock provider (or `mock_url`).
+    `prepare(env)` runs before the gateway starts (to add principals, say)."""
+
+    @contextlib.contextmanager
+    def start(
+        name: str, *, mock_url: str | None = None, prepare: Callable[[Env], Any] | None = None, **options: Any
+    ) -> Iterator[tuple[Env, GatewayThread]]:
+        env = build_env(tmp_path_factory.mktemp(name), mock_url or mock.url, tls_dir=shared_tls, **options)
+        if prepare is not None:
+            prepare(env)
+        with GatewayThread(env.config) as gateway:
+            yield env, gateway
+
+    return start
 
 
 @pytest.fixture

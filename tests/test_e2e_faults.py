@@ -8,7 +8,6 @@ import json
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx2
@@ -16,13 +15,12 @@ import openai
 import pytest
 
 from gateway.mockprovider import MockProviderServer
-from tests.harness import Env, GatewayThread, build_env, mock_profile, openai_client, raw_client
+from tests.conftest import GatewayFactory
+from tests.harness import Env, GatewayThread, mock_profile, openai_client, raw_client
 
 
 @pytest.fixture(scope="module")
-def gw(
-    mock: MockProviderServer, shared_tls: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[Env, GatewayThread]]:
+def gw(mock: MockProviderServer, gateways: GatewayFactory) -> Iterator[tuple[Env, GatewayThread]]:
     profiles = [
         mock_profile("primary", "openai", mock.url, fallbacks=["backup"]),
         mock_profile("backup", "openai", mock.url),
@@ -31,16 +29,13 @@ def gw(
         ),
         mock_profile("mock-anthropic", "anthropic", mock.url),
     ]
-    env = build_env(
-        tmp_path_factory.mktemp("faults"),
-        mock.url,
-        tls_dir=shared_tls,
+    with gateways(
+        "faults",
         profiles=profiles,
         secrets_=["sk-faults-secret-99"],
         policy_extra='allow_opaque_profiles = ["primary"]\n',
-    )
-    with GatewayThread(env.config) as gateway:
-        yield env, gateway
+    ) as started:
+        yield started
 
 
 def _sid(mock: MockProviderServer, *steps: dict[str, Any]) -> str:

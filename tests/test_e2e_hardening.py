@@ -10,7 +10,6 @@ import dataclasses
 import json
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,7 +18,8 @@ from gateway.carriers import sse
 from gateway.config.load import ConfigError, load_runtime
 from gateway.keyring import KeyRing, RingKey
 from gateway.mockprovider import MockProviderServer
-from tests.harness import UPSTREAM_KEY, Env, GatewayThread, build_env, policy_text, raw_client
+from tests.conftest import GatewayFactory
+from tests.harness import UPSTREAM_KEY, Env, GatewayThread, policy_text, raw_client
 
 SECRET = "sk-hardening-SECRET-5150"
 BEATS = "[streaming]\nheartbeat_after_s = 0.1\nheartbeat_every_s = 0.1\n"
@@ -28,14 +28,9 @@ MSGS = "/v1/messages"
 
 
 @pytest.fixture(scope="module")
-def gw(
-    mock: MockProviderServer, shared_tls: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[Env, GatewayThread]]:
-    env = build_env(
-        tmp_path_factory.mktemp("hardening"), mock.url, tls_dir=shared_tls, secrets_=[SECRET], config_extra=BEATS
-    )
-    with GatewayThread(env.config) as gateway:
-        yield env, gateway
+def gw(gateways: GatewayFactory) -> Iterator[tuple[Env, GatewayThread]]:
+    with gateways("hardening", secrets_=[SECRET], config_extra=BEATS) as started:
+        yield started
 
 
 def _scenario(mock: MockProviderServer, **step: Any) -> str:

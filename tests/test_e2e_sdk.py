@@ -8,16 +8,15 @@ import base64
 import json
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from gateway.mockprovider import MockProviderServer
+from tests.conftest import GatewayFactory
 from tests.harness import (
     Env,
     GatewayThread,
     anthropic_client,
-    build_env,
     direct_anthropic,
     direct_openai,
     openai_client,
@@ -27,14 +26,9 @@ TRANSPORTS = ["https", "uds"]
 
 
 @pytest.fixture(scope="module")
-def gw(
-    mock: MockProviderServer, shared_tls: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[Env, GatewayThread]]:
-    env = build_env(
-        tmp_path_factory.mktemp("sdk"), mock.url, tls_dir=shared_tls, secrets_=["never-matches-anything-0001"]
-    )
-    with GatewayThread(env.config) as gateway:
-        yield env, gateway
+def gw(gateways: GatewayFactory) -> Iterator[tuple[Env, GatewayThread]]:
+    with gateways("sdk", secrets_=["never-matches-anything-0001"]) as started:
+        yield started
 
 
 def _scenario(mock: MockProviderServer, **step: object) -> str:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -19,7 +18,8 @@ import openai
 import pytest
 
 from gateway.mockprovider import MockProviderServer
-from tests.harness import Env, GatewayThread, anthropic_client, build_env, openai_client, raw_client
+from tests.conftest import GatewayFactory
+from tests.harness import Env, GatewayThread, anthropic_client, openai_client, raw_client
 
 SECRET = "sk-wiregate-TEST-7f3a9c1e55"
 SECRET_2 = 'pa$$"wörd\\/{x}'  # quotes, backslash, slash, braces, non-ASCII
@@ -44,12 +44,9 @@ def _last_seq(mock: MockProviderServer) -> int:
 
 
 @pytest.fixture(scope="module")
-def gw(
-    mock: MockProviderServer, shared_tls: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[Env, GatewayThread]]:
-    env = build_env(tmp_path_factory.mktemp("secrets"), mock.url, tls_dir=shared_tls, secrets_=[SECRET, SECRET_2])
-    with GatewayThread(env.config) as gateway:
-        yield env, gateway
+def gw(gateways: GatewayFactory) -> Iterator[tuple[Env, GatewayThread]]:
+    with gateways("secrets", secrets_=[SECRET, SECRET_2]) as started:
+        yield started
 
 
 OPENAI_REQUESTS: dict[str, dict[str, Any]] = {
@@ -283,18 +280,11 @@ def test_error_body_from_provider_is_inspected(gw: tuple[Env, GatewayThread], mo
 
 
 @pytest.fixture(scope="module")
-def observe_gw(
-    mock: MockProviderServer, shared_tls: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[Env, GatewayThread]]:
-    env = build_env(
-        tmp_path_factory.mktemp("observe"),
-        mock.url,
-        tls_dir=shared_tls,
-        secrets_=[SECRET],
-        policy_extra='[modes]\nbefore_send = "enforce"\nbefore_release = "observe"\n',
-    )
-    with GatewayThread(env.config) as gateway:
-        yield env, gateway
+def observe_gw(gateways: GatewayFactory) -> Iterator[tuple[Env, GatewayThread]]:
+    with gateways(
+        "observe", secrets_=[SECRET], policy_extra='[modes]\nbefore_send = "enforce"\nbefore_release = "observe"\n'
+    ) as started:
+        yield started
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -6,23 +6,21 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from gateway.carriers import sse
 from gateway.mockprovider import MockProviderServer
-from tests.harness import Env, GatewayThread, build_env, mock_profile, raw_client
+from tests.conftest import GatewayFactory
+from tests.harness import Env, GatewayThread, mock_profile, raw_client
 
 SECRET = "sk-usage-SECRET-value-31"
 SYSTEM = "You are a careful assistant who follows the policy below. " * 120  # > 1024 tokens
 
 
 @pytest.fixture(scope="module")
-def gw(
-    mock: MockProviderServer, shared_tls: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[Env, GatewayThread]]:
+def gw(mock: MockProviderServer, gateways: GatewayFactory) -> Iterator[tuple[Env, GatewayThread]]:
     profiles = [
         mock_profile("mock-openai", "openai", mock.url),
         mock_profile("mock-anthropic", "anthropic", mock.url, fallbacks=["anthropic-backup"]),
@@ -35,11 +33,8 @@ def gw(
         mock_profile("estimating", "openai", mock.url, estimator={"name": "runes/4", "fill_missing": True}),
         mock_profile("small-window", "openai", mock.url, context_window=300, max_output_tokens=100),
     ]
-    env = build_env(
-        tmp_path_factory.mktemp("usage"), mock.url, tls_dir=shared_tls, profiles=profiles, secrets_=[SECRET]
-    )
-    with GatewayThread(env.config) as gateway:
-        yield env, gateway
+    with gateways("usage", profiles=profiles, secrets_=[SECRET]) as started:
+        yield started
 
 
 def _sid(mock: MockProviderServer, *steps: dict[str, Any]) -> str:

@@ -8,7 +8,6 @@ import base64
 import json
 import uuid
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,7 +15,8 @@ import pytest
 from gateway.carriers import CARRIERS, sse
 from gateway.carriers.base import CarrierLimits
 from gateway.mockprovider import MockProviderServer
-from tests.harness import Env, GatewayThread, build_env, raw_client, sensitive
+from tests.conftest import GatewayFactory
+from tests.harness import Env, GatewayThread, raw_client, sensitive
 from tests.inspection.secret_samples import true_positives
 
 LITERALS = [
@@ -49,17 +49,9 @@ PH1, PH2 = "@@PART1@@", "@@PART2@@"
 
 
 @pytest.fixture(scope="module")
-def gw(
-    mock: MockProviderServer, shared_tls: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[Env, GatewayThread]]:
-    env = build_env(
-        tmp_path_factory.mktemp("evasion"),
-        mock.url,
-        tls_dir=shared_tls,
-        secrets_=[*LITERALS, NUMBER_LITERAL, {"value": CASELESS, "ignore_case": True}],
-    )
-    with GatewayThread(env.config) as gateway:
-        yield env, gateway
+def gw(gateways: GatewayFactory) -> Iterator[tuple[Env, GatewayThread]]:
+    with gateways("evasion", secrets_=[*LITERALS, NUMBER_LITERAL, {"value": CASELESS, "ignore_case": True}]) as started:
+        yield started
 
 
 # --- encodings of the secret inside a JSON string literal ------------------------------

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -15,21 +14,17 @@ import pytest
 
 from gateway.carriers import sse
 from gateway.mockprovider import MockProviderServer
-from tests.harness import Env, GatewayThread, anthropic_client, build_env, openai_client, raw_client
+from tests.conftest import GatewayFactory
+from tests.harness import Env, GatewayThread, anthropic_client, openai_client, raw_client
 
 SECRET = "sk-heartbeat-SECRET-777"
 BEATS = "[streaming]\nheartbeat_after_s = 0.1\nheartbeat_every_s = 0.1\n"
 
 
 @pytest.fixture(scope="module")
-def gw(
-    mock: MockProviderServer, shared_tls: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[Env, GatewayThread]]:
-    env = build_env(
-        tmp_path_factory.mktemp("beats"), mock.url, tls_dir=shared_tls, secrets_=[SECRET], config_extra=BEATS
-    )
-    with GatewayThread(env.config) as gateway:
-        yield env, gateway
+def gw(gateways: GatewayFactory) -> Iterator[tuple[Env, GatewayThread]]:
+    with gateways("beats", secrets_=[SECRET], config_extra=BEATS) as started:
+        yield started
 
 
 ROUTES = {

@@ -7,13 +7,13 @@ import gzip
 import json
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from gateway.mockprovider import MockProviderServer
-from tests.harness import Env, GatewayThread, build_env, raw_client
+from tests.conftest import GatewayFactory
+from tests.harness import Env, GatewayThread, raw_client
 
 LIMITS = """
 [limits]
@@ -26,12 +26,9 @@ json_depth = 16
 
 
 @pytest.fixture(scope="module")
-def gw(
-    mock: MockProviderServer, shared_tls: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[Env, GatewayThread]]:
-    env = build_env(tmp_path_factory.mktemp("limits"), mock.url, tls_dir=shared_tls, config_extra=LIMITS)
-    with GatewayThread(env.config) as gateway:
-        yield env, gateway
+def gw(gateways: GatewayFactory) -> Iterator[tuple[Env, GatewayThread]]:
+    with gateways("limits", config_extra=LIMITS) as started:
+        yield started
 
 
 def _headers(env: Env, **extra: str) -> dict[str, str]:

@@ -6,7 +6,6 @@ Anthropic session caches nothing."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx2
@@ -14,7 +13,8 @@ import pytest
 
 from gateway.mockprovider import MockProviderServer
 from tests import replay
-from tests.harness import UPSTREAM_KEY, Env, GatewayThread, build_env, raw_client
+from tests.conftest import GatewayFactory
+from tests.harness import UPSTREAM_KEY, Env, GatewayThread, raw_client
 
 TURNS = 30
 
@@ -29,12 +29,9 @@ def caching_mock(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MockProvi
 
 
 @pytest.fixture(scope="module")
-def gw(
-    caching_mock: MockProviderServer, shared_tls: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[Env, GatewayThread]]:
-    env = build_env(tmp_path_factory.mktemp("replay"), caching_mock.url, tls_dir=shared_tls)
-    with GatewayThread(env.config) as gateway:
-        yield env, gateway
+def gw(caching_mock: MockProviderServer, gateways: GatewayFactory) -> Iterator[tuple[Env, GatewayThread]]:
+    with gateways("replay", mock_url=caching_mock.url) as started:
+        yield started
 
 
 def run_session(post: Any, provider: str, session: replay.Session) -> list[dict[str, Any]]:

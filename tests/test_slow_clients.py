@@ -8,13 +8,13 @@ import socket
 import ssl
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from gateway.mockprovider import MockProviderServer
-from tests.harness import Env, GatewayThread, build_env
+from tests.conftest import GatewayFactory
+from tests.harness import Env, GatewayThread
 
 LIMITS = (
     "[limits]\nrequest_head_s = 0.5\nbody_idle_s = 0.5\nbody_total_s = 1.5\n"
@@ -23,12 +23,9 @@ LIMITS = (
 
 
 @pytest.fixture(scope="module")
-def gw(
-    mock: MockProviderServer, shared_tls: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[Env, GatewayThread]]:
-    env = build_env(tmp_path_factory.mktemp("slow"), mock.url, tls_dir=shared_tls, config_extra=LIMITS)
-    with GatewayThread(env.config) as gateway:
-        yield env, gateway
+def gw(gateways: GatewayFactory) -> Iterator[tuple[Env, GatewayThread]]:
+    with gateways("slow", config_extra=LIMITS) as started:
+        yield started
 
 
 def _connect(env: Env, gateway: GatewayThread, listener: str) -> socket.socket:
