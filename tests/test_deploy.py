@@ -26,8 +26,13 @@ import re
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -624,6 +629,76 @@ def test_compose_init_script_provisions_an_observe_only_key(tmp_path: Path) -> N
         assert gw.terminate() == 0
     finally:
         gw.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_real_prometheus_scrapes_with_the_compose_config_and_evaluates_the_dashboard(tmp_path: Path) -> None:
+    """Where a Prometheus binary exists (Debian: apt-get install prometheus): the scrape
+    config as shipped — HTTPS, the dev CA, server_name localhost, the observe-only key file
+    — against a gateway configured by init-dev.sh; then every dashboard query must parse
+    and evaluate."""
+    yaml = pytest.importorskip("yaml", reason="PyYAML is not installed")
+    prometheus = shutil.which("prometheus")
+    if prometheus is None:
+        pytest.skip("no prometheus binary here (Debian package `prometheus`)")
+    root = tmp_path / "wiregate-dev"
+    root.mkdir()
+    subprocess.run(["/bin/sh", str(DEPLOY / "compose" / "init-dev.sh")], env=_env(WIREGATE_DEV_ROOT=str(root)),
+                   check=True, capture_output=True, timeout=120)
+    config = root / "config" / "wiregate.toml"
+    text = _set(_set(config.read_text(), 'host = "0.0.0.0"', 'host = "127.0.0.1"'), "port = 8443", "port = 0")
+    config.write_text(text.replace('"/run/wiregate/wiregate.sock"', f'"{tmp_path}/wiregate.sock"'))
+    prom_config = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
+    gw = procs.Proc([str(ENTRYPOINT)], _env(WIREGATE_CONFIG=str(config)), tmp_path / "gateway.log")
+    prom = None
+    try:
+        port = gw.https_port()
+        (job,) = prom_config["scrape_configs"]
+        # Only what differs from compose: where the volume is, and where the gateway listens.
+        for section, key in (("authorization", "credentials_file"), ("tls_config", "ca_file")):
+            job[section][key] = job[section][key].replace("/etc/prometheus/wiregate", str(root))
+        job["static_configs"] = [{"targets": [f"127.0.0.1:{port}"]}]
+        prom_config["global"]["scrape_interval"] = "1s"
+        (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(prom_config))
+        check = subprocess.run(["promtool", "check", "config", str(tmp_path / "prometheus.yml")], capture_output=True, text=True, timeout=60)
+        assert check.returncode == 0, check.stdout + check.stderr
+        web = _free_port()
+        prom = procs.Proc([prometheus, f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                           f"--web.listen-address=127.0.0.1:{web}"], _env(), tmp_path / "prometheus.log")
+
+        def query(expr: str) -> dict[str, Any]:
+            url = f"http://127.0.0.1:{web}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+            try:
+                with urllib.request.urlopen(url, timeout=10) as response:
+                    return json.loads(response.read())
+            except urllib.error.HTTPError as exc:
+                return json.loads(exc.read())
+
+        deadline = time.monotonic() + 60
+        up: list[Any] = []
+        while time.monotonic() < deadline:
+            try:
+                up = query('up{job="wiregate"} == 1')["data"]["result"]
+            except OSError:
+                up = []
+            if up:
+                break
+            time.sleep(0.5)
+        assert up, "Prometheus never scraped the gateway:\n" + prom.output()[-3000:]
+        assert query('wiregate_buffered_bytes{job="wiregate"}')["data"]["result"], "gateway series stored"
+        dashboard = json.loads((DEPLOY / "grafana" / "dashboards" / "wiregate.json").read_text())
+        for title, expr in dashboard_exprs(dashboard):
+            answer = query(expr.replace("$__rate_interval", "1m").replace("$__range", "5m"))
+            assert answer["status"] == "success", f"{title}: {answer.get('error')}"
+    finally:
+        if prom is not None:
+            prom.terminate()
+        gw.terminate()
 
 
 def test_grafana_provisioning_points_at_the_dashboard_and_datasource(compose: dict[str, Any]) -> None:
