@@ -542,6 +542,10 @@ def test_compose_file_parses_and_references_existing_files(compose: dict[str, An
     assert mock["network_mode"] == "service:gateway", "the signed mock profiles reach it on 127.0.0.1:9901"
     assert services["postgres"]["image"].startswith("postgres:15")
     assert services["init"]["entrypoint"][-1] == "/opt/wiregate-deploy/init-dev.sh"
+    # The image's HEALTHCHECK asks the gateway's socket: other services of the image replace it.
+    for name in ("init", "mock-provider"):
+        assert "healthcheck" in services[name], f"{name} would inherit the gateway's health check"
+    assert "healthcheck" not in gateway, "the gateway keeps the image's own check"
 
 
 def _tool(name: str) -> str | None:
