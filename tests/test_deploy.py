@@ -69,8 +69,13 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def _wiregate_init(directory: Path) -> Path:
-    subprocess.run([str(VENV_BIN / "wiregate"), "init", "--dir", str(directory)], check=True,
-                   capture_output=True, env=_env(), timeout=120)
+    subprocess.run(
+        [str(VENV_BIN / "wiregate"), "init", "--dir", str(directory)],
+        check=True,
+        capture_output=True,
+        env=_env(),
+        timeout=120,
+    )
     return directory / "wiregate.toml"
 
 
@@ -84,8 +89,9 @@ def _set(text: str, old: str, new: str) -> str:
 
 
 def _healthcheck(**env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(HEALTHCHECK)], env=_env(**env), capture_output=True,
-                          text=True, timeout=30)
+    return subprocess.run(
+        [sys.executable, str(HEALTHCHECK)], env=_env(**env), capture_output=True, text=True, timeout=30
+    )
 
 
 def _dockerfile_instructions() -> list[tuple[str, str]]:
@@ -110,9 +116,11 @@ def test_dockerfile_is_multi_stage_slim_non_root_with_stdlib_healthcheck() -> No
     assert len(froms) >= 2, "multi-stage: a build stage and a runtime stage"
     args = dict(rest.split("=", 1) for word, rest in steps if word == "ARG" and "=" in rest)
     base = args["PYTHON_IMAGE"]
-    assert re.fullmatch(r"python:3\.11-slim-(bookworm|trixie)", base), "a glibc slim base (hyperscan wheels are manylinux)"
+    assert re.fullmatch(r"python:3\.11-slim-(bookworm|trixie)", base), (
+        "a glibc slim base (hyperscan wheels are manylinux)"
+    )
     assert froms[-1] == "${PYTHON_IMAGE}" and not froms[-1].endswith(" AS build")
-    final = steps[max(i for i, (w, _) in enumerate(steps) if w == "FROM"):]
+    final = steps[max(i for i, (w, _) in enumerate(steps) if w == "FROM") :]
     users = [rest for word, rest in final if word == "USER"]
     assert users, "the final stage sets USER"
     uid = users[-1].split(":")[0].replace("${WIREGATE_UID}", args["WIREGATE_UID"])
@@ -134,8 +142,11 @@ def test_dockerfile_is_multi_stage_slim_non_root_with_stdlib_healthcheck() -> No
 
 
 def test_dockerfile_copies_only_files_that_exist_and_are_in_the_build_context() -> None:
-    ignore = [line.strip() for line in (DEPLOY / "Dockerfile.dockerignore").read_text().splitlines()
-              if line.strip() and not line.startswith("#")]
+    ignore = [
+        line.strip()
+        for line in (DEPLOY / "Dockerfile.dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
     assert ignore[0] == "*", "the context starts empty and lists what the image needs"
     allowed = {line[1:].rstrip("/") for line in ignore if line.startswith("!")}
     for word, rest in _dockerfile_instructions():
@@ -170,8 +181,9 @@ def test_entrypoint_serves_a_wiregate_init_directory_and_stops_cleanly_on_sigter
         # The image's HEALTHCHECK script, both ways it can ask.
         via_socket = _healthcheck(WIREGATE_HEALTH_SOCKET=str(sock))
         assert via_socket.returncode == 0, via_socket.stdout
-        via_https = _healthcheck(WIREGATE_HEALTH_URL=f"https://127.0.0.1:{port}", WIREGATE_HEALTH_CA=str(ca),
-                                 WIREGATE_HEALTH_PATH="/readyz")
+        via_https = _healthcheck(
+            WIREGATE_HEALTH_URL=f"https://127.0.0.1:{port}", WIREGATE_HEALTH_CA=str(ca), WIREGATE_HEALTH_PATH="/readyz"
+        )
         assert via_https.returncode == 0, via_https.stdout
         unverified = _healthcheck(WIREGATE_HEALTH_URL=f"https://127.0.0.1:{port}")
         assert unverified.returncode == 1 and "WIREGATE_HEALTH_CA" in unverified.stdout, "never unverified TLS"
@@ -204,8 +216,13 @@ def test_entrypoint_runs_the_mock_provider_as_compose_does(tmp_path: Path) -> No
         gw.wait_status(lambda: procs.uds(sock), "/readyz")
         key = (tmp_path / "wiregate" / "dev-gateway-key").read_text().strip()
         body = json.dumps({"model": "mock-gpt-1", "messages": [{"role": "user", "content": "hi"}]}).encode()
-        status, reply = procs.request(procs.uds(sock), "POST", "/v1/chat/completions", body,
-                                      {"Authorization": f"Bearer {key}", "content-type": "application/json"})
+        status, reply = procs.request(
+            procs.uds(sock),
+            "POST",
+            "/v1/chat/completions",
+            body,
+            {"Authorization": f"Bearer {key}", "content-type": "application/json"},
+        )
         assert status == 200, reply[:500]
         assert json.loads(reply)["choices"][0]["message"]["role"] == "assistant"
         assert gw.terminate() == 0
@@ -216,8 +233,13 @@ def test_entrypoint_runs_the_mock_provider_as_compose_does(tmp_path: Path) -> No
 
 
 def test_entrypoint_refuses_a_missing_configuration(tmp_path: Path) -> None:
-    result = subprocess.run([str(ENTRYPOINT)], env=_env(WIREGATE_CONFIG=str(tmp_path / "nope.toml")),
-                            capture_output=True, text=True, timeout=30)
+    result = subprocess.run(
+        [str(ENTRYPOINT)],
+        env=_env(WIREGATE_CONFIG=str(tmp_path / "nope.toml")),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert result.returncode == 78 and "WIREGATE_CONFIG" in result.stderr
 
 
@@ -239,8 +261,9 @@ def _one(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
 
 def test_kustomize_base_renders_the_expected_objects(rendered: list[dict[str, Any]]) -> None:
     kinds = sorted(o["kind"] for o in rendered)
-    assert kinds == sorted(["ServiceAccount", "ConfigMap", "ConfigMap", "Secret", "Secret", "Service",
-                            "Deployment", "PodDisruptionBudget"])
+    assert kinds == sorted(
+        ["ServiceAccount", "ConfigMap", "ConfigMap", "Secret", "Secret", "Service", "Deployment", "PodDisruptionBudget"]
+    )
     configmaps = {o["metadata"]["name"].rsplit("-", 1)[0]: o for o in rendered if o["kind"] == "ConfigMap"}
     assert set(configmaps["wiregate-config"]["data"]) == {"wiregate.toml", "policy.toml", "profile-signing.pub.json"}
     assert set(configmaps["wiregate-profiles"]["data"]) == {"openai.json", "anthropic.json"}
@@ -252,7 +275,10 @@ def test_kustomize_base_renders_the_expected_objects(rendered: list[dict[str, An
 
 
 def test_kubernetes_schema_check(rendered: list[dict[str, Any]], tmp_path: Path) -> None:
-    kv = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate (bundled Kubernetes JSON schemas) is not installed; the structural check still runs")
+    kv = pytest.importorskip(
+        "kubernetes_validate",
+        reason="kubernetes-validate (bundled Kubernetes JSON schemas) is not installed; the structural check still runs",
+    )
     from kubernetes_validate.utils import latest_version
 
     for version in ("1.30.0", latest_version()):
@@ -282,7 +308,11 @@ def test_kubernetes_deployment_structure(rendered: list[dict[str, Any]]) -> None
     assert pdb["spec"]["minAvailable"] < dep["spec"]["replicas"], "a drain can still evict one pod"
 
     psc = spec["securityContext"]
-    assert psc["runAsNonRoot"] is True and psc["runAsUser"] == IMAGE_UID and psc["seccompProfile"]["type"] == "RuntimeDefault"
+    assert (
+        psc["runAsNonRoot"] is True
+        and psc["runAsUser"] == IMAGE_UID
+        and psc["seccompProfile"]["type"] == "RuntimeDefault"
+    )
     assert spec["automountServiceAccountToken"] is False
     (container,) = spec["containers"]
     csc = container["securityContext"]
@@ -329,7 +359,9 @@ def test_kubernetes_deployment_structure(rendered: list[dict[str, Any]]) -> None
 
 
 def _config_text(objects: list[dict[str, Any]]) -> str:
-    return next(o for o in objects if o["kind"] == "ConfigMap" and "wiregate.toml" in o["data"])["data"]["wiregate.toml"]
+    return next(o for o in objects if o["kind"] == "ConfigMap" and "wiregate.toml" in o["data"])["data"][
+        "wiregate.toml"
+    ]
 
 
 def _overlay(tmp_path: Path, *, secret_mode: int | None = None) -> list[dict[str, Any]]:
@@ -342,14 +374,36 @@ def _overlay(tmp_path: Path, *, secret_mode: int | None = None) -> list[dict[str
     overlay.mkdir()
     init = tmp_path / "init"
     _wiregate_init(init)
-    for src, dst in (("keys/bindings-keyring.json", "bindings-keyring.json"), ("secrets/secret-values.txt", "secret-values.txt"),
-                     ("tls/server.pem", "tls.crt"), ("tls/server.key", "tls.key")):
+    for src, dst in (
+        ("keys/bindings-keyring.json", "bindings-keyring.json"),
+        ("secrets/secret-values.txt", "secret-values.txt"),
+        ("tls/server.pem", "tls.crt"),
+        ("tls/server.key", "tls.key"),
+    ):
         shutil.copy(init / src, overlay / dst)
     # A principal for the base's profiles, added the documented way.
     (overlay / "principals.toml").write_text("")
-    subprocess.run([str(VENV_BIN / "wiregate"), "principals", "add", "--id", "app", "--profiles", "openai", "anthropic",
-                    "--actions", "proxy", "observe", "--file", str(overlay / "principals.toml")],
-                   check=True, capture_output=True, env=_env(), timeout=60)
+    subprocess.run(
+        [
+            str(VENV_BIN / "wiregate"),
+            "principals",
+            "add",
+            "--id",
+            "app",
+            "--profiles",
+            "openai",
+            "anthropic",
+            "--actions",
+            "proxy",
+            "observe",
+            "--file",
+            str(overlay / "principals.toml"),
+        ],
+        check=True,
+        capture_output=True,
+        env=_env(),
+        timeout=60,
+    )
     patch = ""
     if secret_mode is not None:
         patch = (
@@ -387,8 +441,11 @@ def test_kubernetes_pod_files_serve_through_the_entrypoint(tmp_path: Path) -> No
     pod, config = _pod_files(objects, root)
     secrets_dir = root / "etc/wiregate/secrets"
     assert {oct(p.stat().st_mode & 0o777) for p in secrets_dir.iterdir()} == {"0o440"}
-    env = {**pod.env, "WIREGATE_CONFIG": str(config),
-           "WIREGATE_HEALTH_SOCKET": str(pod.path(pod.env["WIREGATE_HEALTH_SOCKET"]))}
+    env = {
+        **pod.env,
+        "WIREGATE_CONFIG": str(config),
+        "WIREGATE_HEALTH_SOCKET": str(pod.path(pod.env["WIREGATE_HEALTH_SOCKET"])),
+    }
     gw = procs.Proc([str(ENTRYPOINT), *pod.container["args"]], _env(**env), tmp_path / "gateway.log")
     try:
         port = gw.https_port()
@@ -413,8 +470,13 @@ def test_kubernetes_world_readable_secrets_are_refused(tmp_path: Path) -> None:
     """Why defaultMode is 0440 and not 0444: the gateway refuses a world-readable key ring."""
     objects = _overlay(tmp_path, secret_mode=0o444)
     pod, config = _pod_files(objects, tmp_path / "pod")
-    result = subprocess.run([str(ENTRYPOINT), *pod.container["args"]], env=_env(**{**pod.env, "WIREGATE_CONFIG": str(config)}),
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [str(ENTRYPOINT), *pod.container["args"]],
+        env=_env(**{**pod.env, "WIREGATE_CONFIG": str(config)}),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 2
     assert "readable by others" in result.stderr
 
@@ -441,11 +503,23 @@ def _substitute(text: str, paths: dict[str, str]) -> str:
 def test_systemd_unit_command_line_serves_the_socket_under_its_sandbox(make_env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     unit = read_unit(UNIT)
     service = unit["Service"]
-    for key, want in {"ProtectSystem": "strict", "ProtectHome": "yes", "PrivateTmp": "yes", "NoNewPrivileges": "yes",
-                      "MemoryDenyWriteExecute": "yes", "LockPersonality": "yes", "RestrictNamespaces": "yes",
-                      "ProtectKernelTunables": "yes", "ProtectKernelModules": "yes", "ProtectKernelLogs": "yes",
-                      "ProtectControlGroups": "yes", "RuntimeDirectory": "wiregate", "StateDirectory": "wiregate",
-                      "RestrictAddressFamilies": "AF_UNIX AF_INET AF_INET6", "UMask": "0077"}.items():
+    for key, want in {
+        "ProtectSystem": "strict",
+        "ProtectHome": "yes",
+        "PrivateTmp": "yes",
+        "NoNewPrivileges": "yes",
+        "MemoryDenyWriteExecute": "yes",
+        "LockPersonality": "yes",
+        "RestrictNamespaces": "yes",
+        "ProtectKernelTunables": "yes",
+        "ProtectKernelModules": "yes",
+        "ProtectKernelLogs": "yes",
+        "ProtectControlGroups": "yes",
+        "RuntimeDirectory": "wiregate",
+        "StateDirectory": "wiregate",
+        "RestrictAddressFamilies": "AF_UNIX AF_INET AF_INET6",
+        "UMask": "0077",
+    }.items():
         assert last(unit, "Service", key) == want, key
     assert service["CapabilityBoundingSet"] == [""] and service["SystemCallFilter"][0] == "@system-service"
     paths = _unit_paths(tmp_path)
@@ -463,8 +537,18 @@ def test_systemd_unit_command_line_serves_the_socket_under_its_sandbox(make_env,
     assert exec_start[0] == str(VENV_BIN / "wiregate") and exec_start[1] == "serve"
     substituted_unit = tmp_path / "wiregate.service"
     substituted_unit.write_text(_substitute(UNIT.read_text(), paths))
-    argv = [sys.executable, str(ROOT / "tests" / "deploy" / "sandbox.py"), "--unit", str(substituted_unit),
-            "--writable", paths["/run/wiregate"], "--writable", paths["/var/lib/wiregate"], "--", *exec_start]
+    argv = [
+        sys.executable,
+        str(ROOT / "tests" / "deploy" / "sandbox.py"),
+        "--unit",
+        str(substituted_unit),
+        "--writable",
+        paths["/run/wiregate"],
+        "--writable",
+        paths["/var/lib/wiregate"],
+        "--",
+        *exec_start,
+    ]
     if shutil.which("systemd-analyze") is None:
         pytest.skip("systemd-analyze is not installed: the sandbox needs its system call groups")
     if os.geteuid() != 0:
@@ -475,9 +559,17 @@ def test_systemd_unit_command_line_serves_the_socket_under_its_sandbox(make_env,
         gw.wait_status(lambda: procs.uds(sock), "/readyz")
         applied = json.loads(next(line for line in gw.output().splitlines() if line.startswith('{"sandbox')))
         assert "sandbox_error" not in applied, applied
-        assert {"ProtectSystem=strict", "UMask=0077", "CapabilityBoundingSet=", "NoNewPrivileges=yes",
-                "MemoryDenyWriteExecute=yes(seccomp)", "MemoryDenyWriteExecute=yes(PR_SET_MDWE)", "LockPersonality=yes",
-                "RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6", "SystemCallArchitectures=native"} <= set(applied["sandbox"])
+        assert {
+            "ProtectSystem=strict",
+            "UMask=0077",
+            "CapabilityBoundingSet=",
+            "NoNewPrivileges=yes",
+            "MemoryDenyWriteExecute=yes(seccomp)",
+            "MemoryDenyWriteExecute=yes(PR_SET_MDWE)",
+            "LockPersonality=yes",
+            "RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6",
+            "SystemCallArchitectures=native",
+        } <= set(applied["sandbox"])
         assert any(a.startswith("SystemCallFilter(") for a in applied["sandbox"])
         status = Path(f"/proc/{gw.pid}/status").read_text()
         assert re.search(r"^CapEff:\s+0+$", status, re.M) and re.search(r"^NoNewPrivs:\s+1$", status, re.M)
@@ -487,8 +579,13 @@ def test_systemd_unit_command_line_serves_the_socket_under_its_sandbox(make_env,
         assert oct(sock.stat().st_mode & 0o777) == "0o660"
         # A proxied call: upstream TCP, inspection with Hyperscan, release — all under the sandbox.
         body = json.dumps({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}).encode()
-        status_code, reply = procs.request(procs.uds(sock), "POST", "/v1/chat/completions", body,
-                                           {"Authorization": f"Bearer {env_dir.gateway_key}", "content-type": "application/json"})
+        status_code, reply = procs.request(
+            procs.uds(sock),
+            "POST",
+            "/v1/chat/completions",
+            body,
+            {"Authorization": f"Bearer {env_dir.gateway_key}", "content-type": "application/json"},
+        )
         assert status_code == 200, reply[:500]
         rc = gw.terminate()
     finally:
@@ -504,11 +601,17 @@ def test_systemd_analyze_verifies_the_unit_and_rates_it_ok(tmp_path: Path) -> No
     # verify checks that ExecStart's program exists: point it at this venv's wiregate.
     unit = tmp_path / "wiregate.service"
     unit.write_text(_substitute(UNIT.read_text(), {"/opt/wiregate/venv": sys.prefix}))
-    verify = subprocess.run(["systemd-analyze", "verify", "--man=no", str(unit)], capture_output=True, text=True, timeout=60)
+    verify = subprocess.run(
+        ["systemd-analyze", "verify", "--man=no", str(unit)], capture_output=True, text=True, timeout=60
+    )
     assert verify.returncode == 0 and not verify.stderr.strip(), verify.stderr
     # Exposure on systemd's 0–10 scale, as 0–100: at most 2.0 ("OK").
-    security = subprocess.run(["systemd-analyze", "security", "--offline=true", "--threshold=20", str(unit)],
-                              capture_output=True, text=True, timeout=60)
+    security = subprocess.run(
+        ["systemd-analyze", "security", "--offline=true", "--threshold=20", str(unit)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert security.returncode == 0, security.stdout[-2000:]
 
 
@@ -558,22 +661,37 @@ def test_compose_file_passes_the_compose_spec_schema(tmp_path: Path) -> None:
     tool = _tool("check-jsonschema")
     if tool is None:
         pytest.skip("check-jsonschema (which vendors the compose-spec JSON schema) is not installed")
-    ok = subprocess.run([tool, "--builtin-schema", "vendor.compose-spec", str(ROOT / "docker-compose.yml")],
-                        capture_output=True, text=True, timeout=120)
+    ok = subprocess.run(
+        [tool, "--builtin-schema", "vendor.compose-spec", str(ROOT / "docker-compose.yml")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert ok.returncode == 0, ok.stdout + ok.stderr
     # Not vacuous: a misspelt service key is refused.
     bad = tmp_path / "docker-compose.yml"
     bad.write_text((ROOT / "docker-compose.yml").read_text().replace("network_mode:", "network_mod:"))
-    refused = subprocess.run([tool, "--builtin-schema", "vendor.compose-spec", str(bad)], capture_output=True, text=True, timeout=120)
+    refused = subprocess.run(
+        [tool, "--builtin-schema", "vendor.compose-spec", str(bad)], capture_output=True, text=True, timeout=120
+    )
     assert refused.returncode != 0 and "network_mod" in refused.stdout
 
 
 def test_compose_docker_compose_config(tmp_path: Path) -> None:
     docker = shutil.which("docker")
-    if docker is None or subprocess.run([docker, "compose", "version"], capture_output=True, timeout=30).returncode != 0:
-        pytest.skip("the docker compose plugin is not installed here (the compose file is parsed with PyYAML by the test above)")
-    result = subprocess.run([docker, "compose", "-f", str(ROOT / "docker-compose.yml"), "config", "--quiet"],
-                            capture_output=True, text=True, timeout=60)
+    if (
+        docker is None
+        or subprocess.run([docker, "compose", "version"], capture_output=True, timeout=30).returncode != 0
+    ):
+        pytest.skip(
+            "the docker compose plugin is not installed here (the compose file is parsed with PyYAML by the test above)"
+        )
+    result = subprocess.run(
+        [docker, "compose", "-f", str(ROOT / "docker-compose.yml"), "config", "--quiet"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
 
 
@@ -595,8 +713,12 @@ def test_prometheus_scrapes_the_gateway_with_the_observe_key(compose: dict[str, 
     assert service["user"].split(":")[1] == str(IMAGE_UID), "the group that may read observe/ (0640)"
     promtool = shutil.which("promtool")
     if promtool is not None:  # not installed here; used where it is
-        result = subprocess.run([promtool, "check", "config", "--syntax-only", str(DEPLOY / "prometheus" / "prometheus.yml")],
-                                capture_output=True, text=True, timeout=60)
+        result = subprocess.run(
+            [promtool, "check", "config", "--syntax-only", str(DEPLOY / "prometheus" / "prometheus.yml")],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -604,14 +726,18 @@ def test_compose_init_script_provisions_an_observe_only_key(tmp_path: Path) -> N
     root = tmp_path / "wiregate-dev"
     root.mkdir()
     script = DEPLOY / "compose" / "init-dev.sh"
-    run = subprocess.run(["/bin/sh", str(script)], env=_env(WIREGATE_DEV_ROOT=str(root)), capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        ["/bin/sh", str(script)], env=_env(WIREGATE_DEV_ROOT=str(root)), capture_output=True, text=True, timeout=120
+    )
     assert run.returncode == 0, run.stderr
     assert "wg-" not in run.stdout + run.stderr, "no gateway key in the compose logs"
     assert not (root / "config-signing").exists(), "the profile-signing private key is gone"
     observe = root / "observe"
     assert oct(observe.stat().st_mode & 0o777) == "0o750"
     assert {oct(p.stat().st_mode & 0o777) for p in observe.iterdir()} == {"0o640"}
-    again = subprocess.run(["/bin/sh", str(script)], env=_env(WIREGATE_DEV_ROOT=str(root)), capture_output=True, text=True, timeout=60)
+    again = subprocess.run(
+        ["/bin/sh", str(script)], env=_env(WIREGATE_DEV_ROOT=str(root)), capture_output=True, text=True, timeout=60
+    )
     assert again.returncode == 0 and "keeping it" in again.stdout
     config = root / "config" / "wiregate.toml"
     text = config.read_text()
@@ -626,11 +752,18 @@ def test_compose_init_script_provisions_an_observe_only_key(tmp_path: Path) -> N
         ca = observe / "ca.pem"
         gw.wait_status(lambda: procs.https(port, ca), "/readyz")
         token = (observe / "token").read_text().strip()
-        status, body = procs.request(procs.https(port, ca), "GET", "/metrics", headers={"Authorization": f"Bearer {token}"})
+        status, body = procs.request(
+            procs.https(port, ca), "GET", "/metrics", headers={"Authorization": f"Bearer {token}"}
+        )
         assert status == 200 and b"wiregate_requests_total" in body
         payload = json.dumps({"model": "mock-gpt-1", "messages": [{"role": "user", "content": "hi"}]}).encode()
-        status, _ = procs.request(procs.https(port, ca), "POST", "/v1/chat/completions", payload,
-                                  {"Authorization": f"Bearer {token}", "content-type": "application/json"})
+        status, _ = procs.request(
+            procs.https(port, ca),
+            "POST",
+            "/v1/chat/completions",
+            payload,
+            {"Authorization": f"Bearer {token}", "content-type": "application/json"},
+        )
         assert status == 403, "the Prometheus key may not proxy"
         assert gw.terminate() == 0
     finally:
@@ -654,8 +787,13 @@ def test_real_prometheus_scrapes_with_the_compose_config_and_evaluates_the_dashb
         pytest.skip("no prometheus binary here (Debian package `prometheus`)")
     root = tmp_path / "wiregate-dev"
     root.mkdir()
-    subprocess.run(["/bin/sh", str(DEPLOY / "compose" / "init-dev.sh")], env=_env(WIREGATE_DEV_ROOT=str(root)),
-                   check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        ["/bin/sh", str(DEPLOY / "compose" / "init-dev.sh")],
+        env=_env(WIREGATE_DEV_ROOT=str(root)),
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     config = root / "config" / "wiregate.toml"
     text = _set(_set(config.read_text(), 'host = "0.0.0.0"', 'host = "127.0.0.1"'), "port = 8443", "port = 0")
     config.write_text(text.replace('"/run/wiregate/wiregate.sock"', f'"{tmp_path}/wiregate.sock"'))
@@ -671,11 +809,24 @@ def test_real_prometheus_scrapes_with_the_compose_config_and_evaluates_the_dashb
         job["static_configs"] = [{"targets": [f"127.0.0.1:{port}"]}]
         prom_config["global"]["scrape_interval"] = "1s"
         (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(prom_config))
-        check = subprocess.run(["promtool", "check", "config", str(tmp_path / "prometheus.yml")], capture_output=True, text=True, timeout=60)
+        check = subprocess.run(
+            ["promtool", "check", "config", str(tmp_path / "prometheus.yml")],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert check.returncode == 0, check.stdout + check.stderr
         web = _free_port()
-        prom = procs.Proc([prometheus, f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                           f"--web.listen-address=127.0.0.1:{web}"], _env(), tmp_path / "prometheus.log")
+        prom = procs.Proc(
+            [
+                prometheus,
+                f"--config.file={tmp_path / 'prometheus.yml'}",
+                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{web}",
+            ],
+            _env(),
+            tmp_path / "prometheus.log",
+        )
 
         def query(expr: str) -> dict[str, Any]:
             url = f"http://127.0.0.1:{web}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
@@ -711,7 +862,9 @@ def test_grafana_provisioning_points_at_the_dashboard_and_datasource(compose: di
     import yaml
 
     dashboard = json.loads((DEPLOY / "grafana" / "dashboards" / "wiregate.json").read_text())
-    (datasource,) = yaml.safe_load((DEPLOY / "grafana" / "provisioning" / "datasources" / "prometheus.yml").read_text())["datasources"]
+    (datasource,) = yaml.safe_load(
+        (DEPLOY / "grafana" / "provisioning" / "datasources" / "prometheus.yml").read_text()
+    )["datasources"]
     assert datasource["url"] == "http://prometheus:9090" and datasource["type"] == "prometheus"
     uids = set()
 
@@ -724,7 +877,9 @@ def test_grafana_provisioning_points_at_the_dashboard_and_datasource(compose: di
 
     walk(dashboard["panels"])
     assert uids == {datasource["uid"]}
-    (provider,) = yaml.safe_load((DEPLOY / "grafana" / "provisioning" / "dashboards" / "wiregate.yml").read_text())["providers"]
+    (provider,) = yaml.safe_load((DEPLOY / "grafana" / "provisioning" / "dashboards" / "wiregate.yml").read_text())[
+        "providers"
+    ]
     mounts = {v.split(":")[1]: v.split(":")[0] for v in compose["services"]["grafana"]["volumes"]}
     assert mounts[provider["options"]["path"]] == "./deploy/grafana/dashboards"
     assert mounts["/etc/grafana/provisioning"] == "./deploy/grafana/provisioning"
@@ -737,7 +892,9 @@ def _exported(families: dict[str, Any], name: str) -> list[Any]:
     """The samples of series `name` if the gateway exports it: a counter's `_total`, a
     histogram's `_bucket`/`_sum`/`_count`, a gauge's own name — nothing else."""
     for family in families.values():
-        suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}.get(family.type, ())
+        suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}.get(
+            family.type, ()
+        )
         if any(name == family.name + s for s in suffixes):
             return [s for s in family.samples if s.name == name]
     return []
@@ -753,14 +910,23 @@ def test_dashboard_queries_only_metrics_the_gateway_exports(make_env, gateway_fo
     with raw_client(gw, env, uds=True) as client:
         auth = {"Authorization": f"Bearer {env.gateway_key}"}
         for content in ("hello", "and again"):
-            r = client.post("/v1/chat/completions", headers=auth,
-                            json={"model": "gpt-4o-mini", "messages": [{"role": "user", "content": content}]})
+            r = client.post(
+                "/v1/chat/completions",
+                headers=auth,
+                json={"model": "gpt-4o-mini", "messages": [{"role": "user", "content": content}]},
+            )
             assert r.status_code == 200, r.text
-        r = client.post("/v1/messages", headers=auth,
-                        json={"model": "claude-sonnet-4-5", "max_tokens": 32, "messages": [{"role": "user", "content": "hi"}]})
+        r = client.post(
+            "/v1/messages",
+            headers=auth,
+            json={"model": "claude-sonnet-4-5", "max_tokens": 32, "messages": [{"role": "user", "content": "hi"}]},
+        )
         assert r.status_code == 200, r.text
-        blocked = client.post("/v1/chat/completions", headers=auth, json={
-            "model": "gpt-4o-mini", "messages": [{"role": "user", "content": "dashboard-secret-value-0042"}]})
+        blocked = client.post(
+            "/v1/chat/completions",
+            headers=auth,
+            json={"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "dashboard-secret-value-0042"}]},
+        )
         assert blocked.status_code >= 400
         assert gw.reload()
         scrape = client.get("/metrics", headers=auth)
@@ -790,5 +956,10 @@ def test_dashboard_queries_only_metrics_the_gateway_exports(make_env, gateway_fo
             if op == "=":
                 values = {s.labels.get(label) for s in _exported(families, metric)}
                 assert value in values, f"{title}: {metric}{{{label}={value!r}}} has no series"
-    assert {"wiregate_requests_total", "wiregate_decisions_total", "wiregate_stage_seconds_bucket",
-            "wiregate_buffered_bytes", "wiregate_usage_tokens_total"} <= used
+    assert {
+        "wiregate_requests_total",
+        "wiregate_decisions_total",
+        "wiregate_stage_seconds_bucket",
+        "wiregate_buffered_bytes",
+        "wiregate_usage_tokens_total",
+    } <= used

@@ -37,9 +37,11 @@ def _named(objects: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any
 
 
 def _data(obj: dict[str, Any]) -> dict[str, bytes]:
-    out = {k: base64.b64decode(v) for k, v in (obj.get("data") or {}).items()} if obj["kind"] == "Secret" else {
-        k: v.encode() for k, v in (obj.get("data") or {}).items()
-    }
+    out = (
+        {k: base64.b64decode(v) for k, v in (obj.get("data") or {}).items()}
+        if obj["kind"] == "Secret"
+        else {k: v.encode() for k, v in (obj.get("data") or {}).items()}
+    )
     for k, v in (obj.get("stringData") or {}).items():  # the API server folds stringData into data
         out[k] = v.encode()
     for k, v in (obj.get("binaryData") or {}).items():

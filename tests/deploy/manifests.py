@@ -13,7 +13,9 @@ from typing import Any
 
 
 def kustomize(directory: str) -> str:
-    return subprocess.run(["kubectl", "kustomize", directory], check=True, capture_output=True, text=True, timeout=120).stdout
+    return subprocess.run(
+        ["kubectl", "kustomize", directory], check=True, capture_output=True, text=True, timeout=120
+    ).stdout
 
 
 def load_manifests(text: str) -> list[dict[str, Any]]:
@@ -22,7 +24,11 @@ def load_manifests(text: str) -> list[dict[str, Any]]:
     except ImportError:
         out = subprocess.run(
             ["kubectl", "patch", "--local", "--type=merge", "-p", "{}", "-o", "json", "-f", "-"],
-            input=text, check=True, capture_output=True, text=True, timeout=120,
+            input=text,
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=120,
         ).stdout
         decoder, objects, i = json.JSONDecoder(), [], 0
         while True:

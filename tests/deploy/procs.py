@@ -28,7 +28,10 @@ class _UnixConnection(http.client.HTTPConnection):
 
 
 def request(
-    conn: http.client.HTTPConnection, method: str, path: str, body: bytes | None = None,
+    conn: http.client.HTTPConnection,
+    method: str,
+    path: str,
+    body: bytes | None = None,
     headers: Mapping[str, str] | None = None,
 ) -> tuple[int, bytes]:
     try:
@@ -57,8 +60,13 @@ class Proc:
         self.log_path = log
         self._log = log.open("wb")
         self.popen = subprocess.Popen(
-            argv, env=dict(env), cwd=cwd, stdin=subprocess.DEVNULL, stdout=self._log,
-            stderr=subprocess.STDOUT, start_new_session=True,
+            argv,
+            env=dict(env),
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
 
     @property

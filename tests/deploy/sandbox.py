@@ -50,8 +50,15 @@ CLONE_NEWNS = 0x00020000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_NOATIME, MS_NODIRATIME, MS_BIND = 32, 1024, 2048, 4096
 MS_REC, MS_PRIVATE, MS_RELATIME, MS_STRICTATIME = 16384, 1 << 18, 1 << 21, 1 << 24
-_KEEP = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC, "noatime": MS_NOATIME,
-         "nodiratime": MS_NODIRATIME, "relatime": MS_RELATIME, "strictatime": MS_STRICTATIME}
+_KEEP = {
+    "nosuid": MS_NOSUID,
+    "nodev": MS_NODEV,
+    "noexec": MS_NOEXEC,
+    "noatime": MS_NOATIME,
+    "nodiratime": MS_NODIRATIME,
+    "relatime": MS_RELATIME,
+    "strictatime": MS_STRICTATIME,
+}
 
 PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT, PR_SET_MDWE = 24, 38, 47, 65
 PR_CAP_AMBIENT_CLEAR_ALL, PR_MDWE_REFUSE_EXEC_GAIN = 4, 1
@@ -60,8 +67,13 @@ PER_LINUX = 0
 
 SCMP_ACT_KILL_PROCESS, SCMP_ACT_ALLOW = 0x80000000, 0x7FFF0000
 SCMP_CMP_NE, SCMP_CMP_GT, SCMP_CMP_EQ, SCMP_CMP_MASKED_EQ = 1, 6, 4, 7
-AF_BY_NAME = {"AF_UNIX": socket.AF_UNIX, "AF_INET": socket.AF_INET, "AF_INET6": socket.AF_INET6,
-              "AF_NETLINK": 16, "AF_PACKET": 17}
+AF_BY_NAME = {
+    "AF_UNIX": socket.AF_UNIX,
+    "AF_INET": socket.AF_INET,
+    "AF_INET6": socket.AF_INET6,
+    "AF_NETLINK": 16,
+    "AF_PACKET": 17,
+}
 AF_MAX = 46  # families above every one the kernel knows are refused by one GT rule
 
 
@@ -70,7 +82,12 @@ def scmp_act_errno(code: int) -> int:
 
 
 class ArgCmp(ctypes.Structure):
-    _fields_ = [("arg", ctypes.c_uint), ("op", ctypes.c_int), ("datum_a", ctypes.c_uint64), ("datum_b", ctypes.c_uint64)]
+    _fields_ = [
+        ("arg", ctypes.c_uint),
+        ("op", ctypes.c_int),
+        ("datum_a", ctypes.c_uint64),
+        ("datum_b", ctypes.c_uint64),
+    ]
 
 
 class SandboxError(RuntimeError):
@@ -84,6 +101,7 @@ def _check(rc: int, what: str) -> None:
 
 
 # --- ProtectSystem=strict ----------------------------------------------------------------
+
 
 def _unescape(path: str) -> str:
     return path.encode().decode("unicode_escape").encode("latin-1").decode()
@@ -113,6 +131,7 @@ def protect_system_strict(writable: list[Path]) -> None:
 
 # --- capabilities, no_new_privs, MDWE -----------------------------------------------------
 
+
 def drop_capabilities() -> None:
     last = int(Path("/proc/sys/kernel/cap_last_cap").read_text())
     for cap in range(last + 1):
@@ -129,6 +148,7 @@ def kernel_mdwe() -> None:
 
 
 # --- seccomp -------------------------------------------------------------------------------
+
 
 def syscall_groups() -> dict[str, list[str]]:
     out = subprocess.run(["systemd-analyze", "syscall-filter"], check=True, capture_output=True, text=True).stdout
@@ -182,7 +202,11 @@ class Seccomp:
         self.lib.seccomp_init.argtypes = [ctypes.c_uint32]
         self.lib.seccomp_syscall_resolve_name.argtypes = [ctypes.c_char_p]
         self.lib.seccomp_rule_add_array.argtypes = [
-            ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int, ctypes.c_uint, ctypes.POINTER(ArgCmp)
+            ctypes.c_void_p,
+            ctypes.c_uint32,
+            ctypes.c_int,
+            ctypes.c_uint,
+            ctypes.POINTER(ArgCmp),
         ]
         self.lib.seccomp_load.argtypes = [ctypes.c_void_p]
         self.lib.seccomp_release.argtypes = [ctypes.c_void_p]
