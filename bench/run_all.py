@@ -15,6 +15,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import inspect_bench  # noqa: E402
+import loop_bench  # noqa: E402
 import replay_bench  # noqa: E402
 import wire_bench  # noqa: E402
 
@@ -22,6 +23,7 @@ BENCHMARKS: dict[str, Callable[[list[str] | None], int]] = {
     "wire": wire_bench.main,
     "inspect": inspect_bench.main,
     "replay": replay_bench.main,
+    "loop": loop_bench.main,
 }
 
 

@@ -32,6 +32,7 @@ from gateway.ledgers.usage import MemoryUsageLedger
 from gateway.obs import logging as log
 from gateway.obs.metrics import Metrics
 from gateway.proxy import projections, release
+from gateway.proxy.offload import OFFLOAD, Offload
 from gateway.proxy.upstream import UPSTREAM, Upstream
 from gateway.state import (
     CALL,
@@ -184,6 +185,17 @@ async def _ledgers(app: web.Application) -> AsyncIterator[None]:
     yield
 
 
+async def _offload(app: web.Application) -> AsyncIterator[None]:
+    """Worker processes for large bodies (started on first use; a gateway without its
+    configuration file, as some embedders build it, decides every body on the loop)."""
+    workers = app[RUNTIME].current.config.server.check_workers
+    app[OFFLOAD] = offload = Offload(app.get(CONFIG_PATH), workers, app[METRICS])
+    try:
+        yield
+    finally:
+        await offload.close()
+
+
 def create_app(
     holder: RuntimeHolder, *, config_path: Path | None = None, metrics: Metrics | None = None
 ) -> web.Application:
@@ -206,4 +218,5 @@ def create_app(
     app.on_response_prepare.append(_stamp_request_id)
     app.cleanup_ctx.append(_ledgers)
     app.cleanup_ctx.append(_upstream)
+    app.cleanup_ctx.append(_offload)
     return app

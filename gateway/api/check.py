@@ -255,13 +255,15 @@ async def _before_release(
         )
     names = claims.carriers.split(",")
     folded, raw = _fold(names, dto.payload, runtime.carrier_limits)
+    given = runner.ReleaseInput(party, folded, raw, dto.payload.headers)  # header names as written, and values
+    verdict = runner.release_verdict(runtime, given, Mode.ENFORCE, now)
     outcome = await runner.before_release(
         runtime,
-        runner.ReleaseInput(party, folded, raw, dto.payload.headers),  # header names as written, and values
+        party,
+        raw,
+        verdict,
         request_binding=dto.request_binding,
         ledger=request.app[RELEASE_LEDGER],
-        route=None,
-        mode=Mode.ENFORCE,
         now=now,
         send_claims=claims,
     )

@@ -284,41 +284,46 @@ def open_send_binding(runtime: Runtime, token: str, party: Party, now: float) ->
 # --- before_release ------------------------------------------------------------------------
 
 
+def release_verdict(runtime: Runtime, given: ReleaseInput, mode: Mode, now: float) -> tuple[Verdict, Mode]:
+    """The release checks on what would be released (pure: may run in a worker)."""
+    return run(runtime, default_release_checks(runtime), given, mode, now)
+
+
 async def before_release(
     runtime: Runtime,
-    given: ReleaseInput,
+    party: Party,
+    raw: bytes,
+    verdict: tuple[Verdict, Mode],
     *,
     request_binding: str,
     ledger: ReleaseLedger,
-    route: str | None,
-    mode: Mode | None = None,
     now: float | None = None,
     send_claims: SendClaims | None = None,
+    seconds: float = 0.0,
 ) -> CheckOutcome:
-    """Open the send binding (whatever the mode), run the release checks, admit the payload
-    into the release ledger (one payload per send binding), and seal a release binding.
-    `send_claims`: the binding as `open_send_binding` already opened it (the API needs its
-    carriers first)."""
-    started = time.perf_counter()
+    """Open the send binding (whatever the mode), take the release checks' `verdict` (and
+    the mode it is to be read under), admit the payload into the release ledger (one
+    payload per send binding), and seal a release binding. `send_claims`: the binding as
+    `open_send_binding` already opened it (the API needs its carriers first); `seconds`:
+    time the checks took elsewhere (a worker)."""
+    started = time.perf_counter() - seconds
     now = time.time() if now is None else now
-    party = given.party
     profile_id = party.profile.profile.id
-    if mode is None:
-        mode = runtime.policy.mode(Phase.BEFORE_RELEASE, profile=profile_id, route=route)
 
     def refused(reason: str) -> CheckOutcome:
-        verdict = withhold(reason, runtime.policy.version)
-        return CheckOutcome(Phase.BEFORE_RELEASE, verdict, Mode.ENFORCE, time.perf_counter() - started)
+        return CheckOutcome(
+            Phase.BEFORE_RELEASE, withhold(reason, runtime.policy.version), Mode.ENFORCE, time.perf_counter() - started
+        )
 
     try:
         send = send_claims if send_claims is not None else open_send_binding(runtime, request_binding, party, now)
     except BindingError as exc:
         return refused(exc.reason)  # a release not tied to a valid send is never released
-    verdict, effective = run(runtime, default_release_checks(runtime), given, mode, now)
-    outcome = CheckOutcome(Phase.BEFORE_RELEASE, verdict, effective, time.perf_counter() - started)
+    checked, effective = verdict
+    outcome = CheckOutcome(Phase.BEFORE_RELEASE, checked, effective, time.perf_counter() - started)
     if not outcome.proceed:
         return outcome
-    payload_digest = hashlib.sha256(given.raw).hexdigest()
+    payload_digest = hashlib.sha256(raw).hexdigest()
     if not await ledger.admit(send.id, payload_digest, float(send.correlate_until), now):
         return refused(ReasonCode.BINDING_MISMATCH)
     cfg = runtime.config.bindings
@@ -335,13 +340,13 @@ async def before_release(
         profile_id=profile_id,
         profile_digest=party.profile.digest,
         policy_version=runtime.policy.version,
-        decision=verdict.decision.value,
+        decision=checked.decision.value,
         request_binding_digest=hashlib.sha256(request_binding.encode()).hexdigest(),
         body_digest=payload_digest,
     )
     return CheckOutcome(
         Phase.BEFORE_RELEASE,
-        verdict,
+        checked,
         effective,
         time.perf_counter() - started,
         binding=claims_.seal_claims(runtime.keyring, release),

@@ -298,7 +298,7 @@ def _modes(override: ModeOverride) -> dict[Phase, Mode]:
     return out
 
 
-def _format_set(file: PolicyFile, path: Path, base: Path) -> FormatSet:
+def _format_set(file: PolicyFile, path: Path, base: Path) -> tuple[FormatSet, bytes]:
     custom: bytes | None = None
     if file.formats.custom_file is not None:
         custom_path = resolve(base, file.formats.custom_file)
@@ -307,13 +307,14 @@ def _format_set(file: PolicyFile, path: Path, base: Path) -> FormatSet:
         except OSError as exc:
             raise ConfigError(f"{path}: custom rules {custom_path} cannot be read ({exc.strerror})") from None
     try:
-        return build_format_set(
+        built = build_format_set(
             use_catalogue=file.formats.catalogue,
             disable=file.formats.disable,
             advisory=file.formats.advisory,
             custom=custom,
             detector_modes=file.detectors.model_dump(),
         )
+        return built, custom or b""
     except FormatConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
 
@@ -340,10 +341,18 @@ def load_policy(
         for lp in profiles.values()
         if lp.credential and "\x00" not in lp.credential and lp.credential not in {v.value for v in values}
     ]
-    formats = _format_set(file, path, base)
+    formats, custom = _format_set(file, path, base)
+    literal_values = [*values, *dict.fromkeys(credentials)]
+    # What the policy decides with, as one digest (in memory only; it names no value).
+    content = hashlib.sha256(file.model_dump_json().encode())
+    content.update(hashlib.sha256(custom).digest())
+    for literal in literal_values:
+        content.update(
+            hashlib.sha256(f"{int(literal.ignore_case)}{literal.value}".encode("utf-8", "surrogatepass")).digest()
+        )
     try:
         engine = build_engine(
-            secret_values=[*values, *dict.fromkeys(credentials)],
+            secret_values=literal_values,
             formats=formats,
             policy_version=file.version,
             engine=file.engine,
@@ -360,6 +369,7 @@ def load_policy(
         retention_required=frozenset(file.retention_required),
         engine=engine,
         secret_value_count=len(values),
+        content_digest=content.hexdigest(),
     )
 
 

@@ -35,6 +35,9 @@ class ServerSettings(_Strict):
     shutdown_grace_s: float = Field(10.0, ge=0, le=300)
     # uvloop measurably lowers added latency; "asyncio" is the standard-library loop.
     event_loop: Literal["uvloop", "asyncio"] = "uvloop"
+    # Worker processes that parse and check large bodies off the event loop (0: decide
+    # every body on the loop; large ones then stall other connections while checked).
+    check_workers: int = Field(2, ge=0, le=64)
 
 
 class Limits(_Strict):
@@ -70,6 +73,8 @@ class Limits(_Strict):
     max_connections_per_client: int = Field(256, ge=1, le=1_000_000)
     # Provider calls one principal may have in flight; past it 429 `capacity_exceeded`.
     per_principal_concurrent: int = Field(128, ge=1, le=100_000)
+    # Bodies of at least this size are parsed and checked by `server.check_workers`.
+    offload_bytes: int = Field(1024 * 1024, ge=1024)
 
 
 class TrustSettings(_Strict):

@@ -8,6 +8,7 @@ Must not: read files (load.py does) or hold anything mutable once built.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 from collections.abc import Mapping
@@ -74,6 +75,7 @@ class Policy:
     engine: Engine
     secret_value_count: int
     retention_required: frozenset[str] = frozenset()
+    content_digest: str = field(default="", repr=False)  # the file, its rules and literals
 
     def retention_ok(self, profile: UpstreamProfile) -> bool:
         """May content go to this profile under its data-retention promise?"""
@@ -99,6 +101,21 @@ class Runtime:
     generation: int = 0
     log_key: bytes = field(default=b"", repr=False)  # keys `obs.logging.digest`
     warnings: tuple[str, ...] = ()  # loud, content-free findings of the load (file modes)
+
+    @functools.cached_property
+    def decision_key(self) -> str:
+        """What makes two runtimes the same for a decision: the whole configuration, the
+        policy as compiled (its file, rules and literals), every profile as signed, and the
+        key ring (its secrets through a digest). Check workers compare it (proxy/offload)."""
+        parts = [
+            self.config.model_dump_json(),
+            self.policy.version,
+            self.policy.content_digest,
+            *sorted(f"{pid}={lp.digest}" for pid, lp in self.profiles.items()),
+            self.keyring.active.id,
+            *sorted(f"{k.id}:{k.state}:{hashlib.sha256(k.secret).hexdigest()}" for k in self.keyring.keys.values()),
+        ]
+        return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()
 
     def log_digest(self, value: str) -> str:
         from gateway.obs.logging import digest

@@ -89,5 +89,17 @@ class Metrics:
             registry=r,
         )
 
+        self.offloaded = Counter(
+            "wiregate_offloaded",
+            "Large-body decisions by stage (parse, send, read) and outcome (done, stale, busy, failed)",
+            ["stage", "outcome"],
+            registry=r,
+        )
+        self.offload_in_flight = Gauge(
+            "wiregate_offload_in_flight",
+            "Decisions running in the check workers",
+            registry=r,
+        )
+
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -31,11 +31,12 @@ class Exchange:
     identity: Identity
     runtime: Runtime  # one configuration for the whole call, usage projection included
     raw: bytes  # the received request bytes, never mutated
-    parsed: ParsedRequest
+    parsed: ParsedRequest  # for an offloaded body only its model and stream flag
     chain: tuple[LoadedProfile, ...]  # the primary profile, then usable fallbacks
     deadline: float  # monotonic: the whole call, buffering included
     client_headers: Mapping[str, str] = field(repr=False)  # passthrough candidates
     session: str | None = None
+    offloaded: bool = False  # a worker process parses and checks this request
 
 
 # --- events ---------------------------------------------------------------------------------

@@ -32,7 +32,6 @@ which the middleware renders in the caller's provider dialect.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -41,20 +40,18 @@ from datetime import UTC, datetime
 import aiohttp
 from aiohttp import web
 
-from gateway import admission, auth, caching, errors
-from gateway.carriers import jsonspan, sse
-from gateway.carriers.base import Carrier, FoldedResponse, ParsedRequest
-from gateway.carriers.jsonraw import JsonError
+from gateway import auth, errors
+from gateway.carriers import sse
+from gateway.carriers.base import Carrier
 from gateway.checks import runner
 from gateway.checks.bindings import BindingError
 from gateway.checks.destination import Target
-from gateway.checks.inspect import relevant_headers
 from gateway.checks.runner import CheckOutcome, Party
 from gateway.config.runtime import LoadedProfile, Runtime
 from gateway.errors import ClientError, GatewayError, ServiceError, UpstreamError
 from gateway.http.body import read_body
 from gateway.obs import logging as log
-from gateway.proxy import projections, release, routing
+from gateway.proxy import decide, projections, release, routing
 from gateway.proxy.exchange import (
     Admitted,
     Attempted,
@@ -67,6 +64,7 @@ from gateway.proxy.exchange import (
     Released,
     Trail,
 )
+from gateway.proxy.offload import OFFLOAD, Stale, parsed_stub
 from gateway.proxy.upstream import UPSTREAM, Sent, upstream_headers
 from gateway.state import CALL, CAPACITY, METRICS, PRINCIPAL_CALLS, RELEASE_LEDGER, RUNTIME, Call
 from gateway.vocab import Decision, Mode, Outcome, Phase, ReasonCode
@@ -116,7 +114,15 @@ async def receive(
     limits = runtime.config.limits
     raw = await read_body(request, limits)  # 1
     call.bytes_in = len(raw)
-    parsed = parse_request(carrier, raw, runtime)  # 3
+    offload = request.app[OFFLOAD]
+    offloaded = offload.wanted(runtime, len(raw))
+    if offloaded:  # 3, in a worker: the loop keeps only the model and the stream flag
+        try:
+            parsed = parsed_stub(carrier.name, await offload.parse(runtime, carrier.name, raw))
+        except Stale:
+            offloaded = False
+    if not offloaded:
+        parsed = decide.parse_request(carrier, raw, runtime)  # 3
     now = datetime.now(UTC)  # 2: the profile chain
     requested = request.headers.get(routing.PROFILE_HEADER)
     first = routing.primary(runtime, identity.principal, carrier.short_name, parsed.model, requested, now)
@@ -133,14 +139,8 @@ async def receive(
         deadline=time.monotonic() + limits.buffer_seconds,
         client_headers=request.headers,
         session=request.headers.get(SESSION_HEADER),
+        offloaded=offloaded,
     )
-
-
-def parse_request(carrier: Carrier, raw: bytes, runtime: Runtime) -> ParsedRequest:
-    try:
-        return carrier.parse_request(raw, runtime.carrier_limits)
-    except JsonError as exc:
-        raise errors.unreadable_request(exc.reason) from None
 
 
 # --- 4 to 7 --------------------------------------------------------------------------------
@@ -163,25 +163,16 @@ class Attempt:
 
 
 async def send_along_chain(app: web.Application, ex: Exchange, trail: Trail) -> Attempt:
-    runtime = ex.runtime
     identity = ex.identity
     for index, loaded in enumerate(ex.chain):
         more = index + 1 < len(ex.chain)
         party = Party(identity.principal.id, identity.on_behalf_of, identity.scope, loaded)
         target = Target.for_profile(loaded, ex.carrier.name, ex.carrier.path)
-        planned = plan(ex.carrier, ex.parsed, ex.raw, party, ex.session, runtime)  # 4
-        trail.add(Planned(loaded.profile.id, len(planned.body), planned.cache, planned.usage_injected))
-        trail.add(Admitted(loaded.profile.id, admit(planned.parsed, ex.carrier, loaded)))  # 5
         headers = upstream_headers(loaded.profile, loaded.credential, ex.client_headers)
-        given = runner.SendInput(
-            party=party,
-            parsed=(planned.parsed,),
-            body=planned.body,
-            bound_headers=relevant_headers(headers, loaded),
-            carriers=ex.carrier.name,
-            target=target,
-        )
-        send = runner.before_send(runtime, given, route=ex.route)  # 6
+        prepared = await prepare(app, ex, party, target, headers)  # 4-6
+        trail.add(Planned(loaded.profile.id, len(prepared.body), prepared.cache, prepared.usage_injected))
+        trail.add(Admitted(loaded.profile.id, prepared.input_estimate))
+        send = prepared.outcome
         trail.add(Checked(loaded.profile.id, send))
         note_check(app, ex.request_id, send, loaded.profile.id)
         if not send.proceed or send.binding is None:
@@ -191,7 +182,7 @@ async def send_along_chain(app: web.Application, ex: Exchange, trail: Trail) -> 
             if more:
                 continue
             raise ServiceError(503, "upstream_unavailable", (ReasonCode.CREDENTIAL_UNAVAILABLE,), retryable=True)
-        sent = await _send(app, ex, loaded, target, planned.body, headers)  # 7
+        sent = await _send(app, ex, loaded, target, prepared.body, headers)  # 7
         for record in sent.attempts:
             trail.add(Attempted(record))
         failed = sent.response is None or sent.response.status in loaded.profile.retry.statuses
@@ -209,7 +200,7 @@ async def send_along_chain(app: web.Application, ex: Exchange, trail: Trail) -> 
             continue
         if sent.response is None:
             raise errors.upstream_unavailable(sent.failure or ReasonCode.UPSTREAM_UNAVAILABLE)
-        return Attempt(party, target, send, sent, planned.usage_injected)
+        return Attempt(party, target, send, sent, prepared.usage_injected)
     raise ServiceError(503, "upstream_unavailable", (ReasonCode.NO_PROFILE,), retryable=True)
 
 
@@ -235,59 +226,21 @@ async def _send(
     return sent
 
 
-@dataclass(frozen=True, slots=True)
-class Plan:
-    body: bytes  # the final upstream body: what before_send checks and what leaves
-    parsed: ParsedRequest  # that body as the carrier reads it
-    cache: caching.CachePlan
-    usage_injected: bool  # the stream was asked for usage the client did not ask for
-
-
-def plan(
-    carrier: Carrier, parsed: ParsedRequest, raw: bytes, party: Party, session: str | None, runtime: Runtime
-) -> Plan:
-    """Step 4: native cache markers for this profile, and usage for streams that would
-    otherwise not report it. The received bytes are never mutated; when planning changes
-    the body, the new bytes are parsed again so that before_send sees exactly what leaves.
-    A plan that cannot be made leaves the body as sent (an optimisation that fails never
-    turns a check off)."""
-    profile = party.profile.profile
-    estimator = admission.ESTIMATORS[profile.estimator.name]
-    unchanged = Plan(raw, parsed, caching.NOTHING, False)
-    if parsed.duplicate_keys:
-        return unchanged  # withheld by before_send anyway; never edit an ambiguous body
-    try:
-        text = raw.decode("utf-8")
-        ctx = caching.CacheContext(
-            party.principal, party.scope, profile.id, session, account=profile.account, region=profile.region
-        )
-        cache = caching.plan(carrier, text, parsed.doc, profile.cache, ctx, estimator.count)
-        usage_edits, injected = carrier.usage_edits(text, parsed.doc)
-        edits = [*cache.edits, *usage_edits]
-        if not edits:
-            return unchanged
-        body = jsonspan.apply(text, edits).encode("utf-8")
-        return Plan(body, carrier.parse_request(body, runtime.carrier_limits), cache, injected)
-    except (jsonspan.SpanError, JsonError, UnicodeDecodeError) as exc:
-        log.warning("cache_plan_skipped", profile=profile.id, error_class=type(exc).__name__)
-        return unchanged
-
-
-def admit(parsed: ParsedRequest, carrier: Carrier, loaded: LoadedProfile) -> int:
-    """Step 5: the request must fit the profile's context window, or it is withheld.
-    Returns the input estimate (usage records use it where the provider says nothing)."""
-    profile = loaded.profile
-    decision = admission.admit(
-        parsed.units,
-        requested=carrier.requested_output(parsed.doc),
-        estimator=admission.ESTIMATORS[profile.estimator.name],
-        margin=profile.estimator.safety_margin,
-        context_window=profile.context_window,
-        default_output=profile.max_output_tokens,
+async def prepare(
+    app: web.Application, ex: Exchange, party: Party, target: Target, headers: dict[str, str]
+) -> decide.Prepared:
+    """Steps 4-6 for one profile (`decide.prepare_send`), in a worker for a large body."""
+    if ex.offloaded:
+        try:
+            return await app[OFFLOAD].prepare_send(
+                ex.runtime, ex.carrier.name, ex.raw, party, target, headers, session=ex.session, route=ex.route
+            )
+        except Stale:
+            log.warning("offload_stale", request_id=ex.request_id)
+    parsed = ex.parsed if not ex.offloaded else decide.parse_request(ex.carrier, ex.raw, ex.runtime)
+    return decide.prepare_send(
+        ex.runtime, ex.carrier, parsed, ex.raw, party, target, headers, session=ex.session, route=ex.route
     )
-    if not decision.admitted:
-        raise ClientError(422, "request_withheld", (ReasonCode.WINDOW_EXCEEDED,))
-    return decision.estimated_input
 
 
 def refusal(outcome: CheckOutcome) -> GatewayError:
@@ -335,11 +288,14 @@ class Heartbeats:
 
 @dataclass(frozen=True, slots=True)
 class Decided:
-    """Step 9's result: the response as read, the exact bytes to release, the verdict."""
+    """Step 9's result: what the response says, the exact bytes to release, the verdict."""
 
-    folded: FoldedResponse
-    released: bytes
+    read: decide.Read
     outcome: CheckOutcome
+
+    @property
+    def released(self) -> bytes:
+        return self.read.released
 
 
 async def respond(request: web.Request, ex: Exchange, trail: Trail, attempt: Attempt) -> web.StreamResponse:
@@ -356,7 +312,7 @@ async def respond(request: web.Request, ex: Exchange, trail: Trail, attempt: Att
         if is_stream and streaming.heartbeat_after_s > 0 and 200 <= response.status < 300:
             heartbeats = Heartbeats(request, passed)
         body = await buffer(request.app, ex, trail, attempt, heartbeats)  # 8
-        decided = await decide(request.app, ex, trail, attempt, body, passed)  # 9
+        decided = await check_response(request.app, ex, trail, attempt, body, passed)  # 9
     except Exception as exc:
         if heartbeats is None or heartbeats.out is None:
             raise
@@ -414,52 +370,71 @@ async def buffer(
     return body
 
 
-async def decide(
+async def check_response(
     app: web.Application, ex: Exchange, trail: Trail, attempt: Attempt, body: bytes, passed: dict[str, str]
 ) -> Decided:
     """Step 9: read the response as its carrier does and run before_release on the exact
     bytes that would be released, tied to this call's send binding."""
     response = attempt.response
-    folded, released = decode(ex.carrier, body, _is_stream(response), ex.runtime, attempt.usage_injected)
-    estimate = _output_estimate(folded, attempt.party) if attempt.party.profile.profile.estimator.fill_missing else None
-    usage = folded.usage.fields if folded.usage else None
-    trail.add(Decoded(folded.complete, usage, folded.response_id, estimate))
-    if not 200 <= response.status < 300 and not folded.complete:
+    read, outcome = await read_and_check(app, ex, attempt, body, passed, Mode.ENFORCE)
+    trail.add(Decoded(read.complete, read.usage, read.response_id, read.output_estimate))
+    if not 200 <= response.status < 300 and not read.complete:
         # A provider error we cannot read (an HTML page from a proxy, say): say so, without it.
         err = UpstreamError(502, "upstream_error", (ReasonCode.UPSTREAM_INVALID_RESPONSE,))
         raise _refused(trail, err, Outcome.WITHHELD)
-    outcome = await check_release(app, ex, attempt, folded, released, passed)
     trail.add(Checked(attempt.target.profile_id, outcome))
     if not outcome.proceed:
         end = (
             Outcome.BLOCKED
             if outcome.verdict.decision is Decision.BLOCK
-            else (Outcome.INCOMPLETE if not folded.complete else Outcome.WITHHELD)
+            else (Outcome.INCOMPLETE if not read.complete else Outcome.WITHHELD)
         )
         raise _refused(trail, refusal(outcome), end)
-    return Decided(folded, released, outcome)
+    return Decided(read, outcome)
 
 
-async def check_release(
+async def read_and_check(
     app: web.Application,
     ex: Exchange,
     attempt: Attempt,
-    folded: FoldedResponse,
-    released: bytes,
+    body: bytes,
     headers: dict[str, str],
-    mode: Mode | None = None,
-) -> CheckOutcome:
+    mode: Mode,
+    *,
+    incomplete: bool = False,
+) -> tuple[decide.Read, CheckOutcome]:
+    """`decide.read_response` (in a worker for a large body), then the gateway's own half
+    of before_release: the send binding, the release ledger, the release binding."""
     assert attempt.send.binding is not None
+    runtime = ex.runtime
+    is_stream = _is_stream(attempt.response)
+    started = time.perf_counter()
+    offload = app[OFFLOAD]
+    read: decide.Read | None = None
+    if offload.wanted(runtime, len(body)):
+        try:
+            read = await offload.read_response(
+                runtime, ex.carrier.name, body, is_stream=is_stream, usage_injected=attempt.usage_injected,
+                party=attempt.party, headers=headers, mode=mode, incomplete=incomplete,
+            )  # fmt: skip
+        except Stale:
+            log.warning("offload_stale", request_id=ex.request_id)
+    if read is None:
+        read = decide.read_response(
+            runtime, ex.carrier, body, is_stream=is_stream, usage_injected=attempt.usage_injected,
+            party=attempt.party, headers=headers, mode=mode, now=time.time(), incomplete=incomplete,
+        )  # fmt: skip
     outcome = await runner.before_release(
-        ex.runtime,
-        runner.ReleaseInput(attempt.party, folded, released, headers),
+        runtime,
+        attempt.party,
+        read.released,
+        (read.verdict, read.mode),
         request_binding=attempt.send.binding,
         ledger=app[RELEASE_LEDGER],
-        route=ex.route,
-        mode=mode,
+        seconds=time.perf_counter() - started,
     )
     note_check(app, ex.request_id, outcome, attempt.party.profile.profile.id)
-    return outcome
+    return read, outcome
 
 
 async def release_decided(
@@ -503,25 +478,6 @@ async def _error_event(
     return await heartbeats.finish(event)
 
 
-def decode(
-    carrier: Carrier, body: bytes, is_stream: bool, runtime: Runtime, usage_injected: bool = False
-) -> tuple[FoldedResponse, bytes]:
-    """The folded response and the exact bytes that would be released (for a stream whose
-    usage wiregate asked for, without the usage the client did not ask for)."""
-    limits = runtime.carrier_limits
-    if not is_stream:
-        return carrier.parse_response(body, limits), body
-    try:
-        events, clean = sse.parse_all(body)
-    except JsonError as exc:
-        return FoldedResponse(units=(), complete=False, incomplete_reason=exc.reason), b""
-    folded = carrier.fold_stream(events, limits)
-    if not clean and folded.complete:
-        folded = dataclasses.replace(folded, complete=False, incomplete_reason=ReasonCode.RESPONSE_INCOMPLETE)
-    released = carrier.released_events(folded.events or events, usage_injected)
-    return folded, release.reframe(released)
-
-
 async def pass_through(
     request: web.Request, ex: Exchange, trail: Trail, attempt: Attempt, mode: Mode
 ) -> web.StreamResponse:
@@ -551,12 +507,10 @@ async def pass_through(
         broken = True
     trail.add(Buffered(attempt.target.profile_id, response.status, _is_stream(response), size))
     if mode is Mode.OBSERVE:
-        folded, released = decode(ex.carrier, b"".join(copy), _is_stream(response), ex.runtime, attempt.usage_injected)
-        if broken or size > limit:
-            folded = dataclasses.replace(folded, complete=False, incomplete_reason=ReasonCode.RESPONSE_INCOMPLETE)
-        usage = folded.usage.fields if folded.usage else None
-        trail.add(Decoded(folded.complete, usage, folded.response_id, None))
-        outcome = await check_release(request.app, ex, attempt, folded, released, passed, Mode.OBSERVE)
+        read, outcome = await read_and_check(
+            request.app, ex, attempt, b"".join(copy), passed, Mode.OBSERVE, incomplete=broken or size > limit
+        )
+        trail.add(Decoded(read.complete, read.usage, read.response_id, None))
         trail.add(Checked(attempt.target.profile_id, outcome))
     trail.add(Released(response.status, size, Outcome.INCOMPLETE if broken else Outcome.OBSERVED))
     if broken:
@@ -611,9 +565,3 @@ def note_check(app: web.Application, request_id: str, outcome: CheckOutcome, pro
             reason_codes=advisory,
             profile=profile,
         )
-
-
-def _output_estimate(folded: FoldedResponse, party: Party) -> int:
-    estimator = admission.ESTIMATORS[party.profile.profile.estimator.name]
-    kinds = ("folded",) if any(u.kind == "folded" for u in folded.units) else ("string",)
-    return sum(estimator.count(u.text) for u in folded.units if u.kind in kinds)

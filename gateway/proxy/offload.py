@@ -1,0 +1,339 @@
+"""Large decisions off the event loop.
+
+Parsing and inspecting a body of tens of megabytes takes long enough (JSON decoding holds
+the interpreter lock throughout) to stall every other connection. Bodies of at least
+`limits.offload_bytes` are therefore decided in a small pool of worker processes
+(`server.check_workers`), each holding the runtime loaded from the same configuration
+files, running exactly the functions of `decide` the loop runs for small bodies: parse,
+then plan + admit + before_send per profile; read + before_release checks for a large
+response. The release ledger and the release binding stay in the gateway (they are its
+own state).
+
+A worker checks that its runtime is the one the call is pinned to (generation, policy
+version, profile digests, key ring); a worker that cannot load that same runtime reports
+it stale and the call is decided on the loop instead — never under another policy. The
+pool is bounded: past `2 × workers` decisions in flight a call gets 503
+`capacity_exceeded`. The pool starts on first use and stops with the app.
+
+Owns: the pool, the worker-side entry points and the runtime identity check.
+Must not: decide anything itself (decide.py does), or send content anywhere but to its
+own workers over their pipes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import gc
+import multiprocessing
+import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from aiohttp import web
+
+from gateway.carriers import CARRIERS
+from gateway.carriers.base import ParsedRequest
+from gateway.checks.destination import Target
+from gateway.checks.runner import Party
+from gateway.config.runtime import Runtime
+from gateway.errors import GatewayError, ServiceError
+from gateway.obs import logging as log
+from gateway.obs.metrics import Metrics
+from gateway.proxy import decide
+from gateway.vocab import Mode, ReasonCode
+
+T = TypeVar("T")
+
+# Stands for "the bytes the gateway sent you" in a worker's answer (never a real body: a
+# provider body is never this short and never starts with NUL).
+SAME = b"\x00same"
+
+
+def runtime_key(runtime: Runtime) -> str:
+    return runtime.decision_key
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """A GatewayError, as data (exceptions with their own arguments do not cross a pipe)."""
+
+    kind: str
+    status: int
+    code: str
+    reason_codes: tuple[str, ...]
+    retryable: bool
+
+    @classmethod
+    def of(cls, err: GatewayError) -> Failure:
+        return cls(type(err).__name__, err.status, err.code, err.reason_codes, err.retryable)
+
+    def raise_(self) -> None:
+        from gateway import errors
+
+        kind = getattr(errors, self.kind, GatewayError)
+        raise kind(self.status, self.code, self.reason_codes, retryable=self.retryable)
+
+
+class Stale(Exception):
+    """The worker cannot load the runtime the call is pinned to."""
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    model: str
+    stream: bool
+
+
+# --- the worker side -------------------------------------------------------------------
+
+
+_WORKER: dict[str, Any] = {}
+
+
+def _init(config_path: str) -> None:
+    _WORKER["config"] = config_path
+
+
+def _warm(seconds: float) -> None:
+    time.sleep(seconds)  # holds this worker while the pool starts the others
+
+
+def _runtime(key: str) -> Runtime:
+    from gateway.config.load import load_runtime
+
+    runtime: Runtime | None = _WORKER.get("runtime")
+    if runtime is None or runtime_key(runtime) != key:
+        try:
+            runtime = load_runtime(Path(_WORKER["config"]))
+        except Exception:  # a configuration being edited: the gateway decides on its loop
+            raise Stale from None
+        _WORKER["runtime"] = runtime
+        if runtime_key(runtime) != key:
+            raise Stale
+    return runtime
+
+
+def _party(runtime: Runtime, spec: tuple[str, str | None, str, str]) -> Party:
+    principal, delegate, scope, profile_id = spec
+    return Party(principal, delegate, scope, runtime.profiles[profile_id])
+
+
+def _w_parse(key: str, carrier: str, raw: bytes) -> Summary | Failure:
+    runtime = _runtime(key)
+    try:
+        parsed = decide.parse_request(CARRIERS[carrier], raw, runtime)
+    except GatewayError as err:
+        return Failure.of(err)
+    return Summary(parsed.model, parsed.stream)
+
+
+def _w_send(
+    key: str,
+    carrier: str,
+    raw: bytes,
+    party: tuple[str, str | None, str, str],
+    target: Target,
+    headers: dict[str, str],
+    session: str | None,
+    route: str,
+) -> decide.Prepared | Failure:
+    runtime = _runtime(key)
+    try:
+        parsed = decide.parse_request(CARRIERS[carrier], raw, runtime)
+        prepared = decide.prepare_send(
+            runtime,
+            CARRIERS[carrier],
+            parsed,
+            raw,
+            _party(runtime, party),
+            target,
+            headers,
+            session=session,
+            route=route,
+        )
+    except GatewayError as err:
+        return Failure.of(err)
+    # The body goes back over the pipe only when planning changed it.
+    return dataclasses.replace(prepared, body=SAME) if prepared.body is raw else prepared
+
+
+def _w_read(
+    key: str,
+    carrier: str,
+    body: bytes,
+    is_stream: bool,
+    usage_injected: bool,
+    party: tuple[str, str | None, str, str],
+    headers: dict[str, str],
+    mode: Mode,
+    now: float,
+    incomplete: bool,
+) -> decide.Read:
+    runtime = _runtime(key)
+    read = decide.read_response(
+        runtime,
+        CARRIERS[carrier],
+        body,
+        is_stream=is_stream,
+        usage_injected=usage_injected,
+        party=_party(runtime, party),
+        headers=headers,
+        mode=mode,
+        now=now,
+        incomplete=incomplete,
+    )
+    return dataclasses.replace(read, released=SAME) if read.released is body else read
+
+
+# --- the gateway side ------------------------------------------------------------------
+
+
+class Offload:
+    def __init__(self, config_path: Path | None, workers: int, metrics: Metrics) -> None:
+        self.config_path = config_path
+        self.workers = workers
+        self.metrics = metrics
+        self._pool: ProcessPoolExecutor | None = None
+        self._starting = asyncio.Lock()
+        self._in_flight = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.workers > 0 and self.config_path is not None
+
+    def wanted(self, runtime: Runtime, size: int) -> bool:
+        return self.enabled and size >= runtime.config.limits.offload_bytes
+
+    def _start(self) -> ProcessPoolExecutor:
+        """Build the pool and start every worker (off the loop: spawning a process blocks)."""
+        pool = ProcessPoolExecutor(
+            max_workers=self.workers,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_init,
+            initargs=(str(self.config_path),),
+        )
+        for future in [pool.submit(_warm, 0.05) for _ in range(self.workers)]:
+            future.result()
+        return pool
+
+    async def _executor(self) -> ProcessPoolExecutor:
+        async with self._starting:
+            if self._pool is None:
+                self._pool = await asyncio.to_thread(self._start)
+            return self._pool
+
+    async def _run(self, stage: str, fn: Callable[..., T], *args: Any) -> T:
+        if self._in_flight >= 2 * self.workers:
+            self.metrics.offloaded.labels(stage, "busy").inc()
+            raise ServiceError(503, "gateway_busy", (ReasonCode.CAPACITY_EXCEEDED,), retryable=True)
+        self._in_flight += 1
+        self.metrics.offload_in_flight.inc()
+        outcome = "failed"
+        try:
+            pool = await self._executor()
+            # Submitting writes to the workers' pipes: from a thread, never the loop.
+            future = await asyncio.to_thread(pool.submit, fn, *args)
+            result = await asyncio.wrap_future(future)
+            outcome = "done"
+            return result
+        except Stale:
+            outcome = "stale"
+            raise
+        except BrokenProcessPool:
+            # A worker died (killed, out of memory): this call is not decided (fail closed);
+            # the next one gets a fresh pool.
+            if self._pool is not None:
+                held = [self._pool]
+                self._pool = None
+                await asyncio.to_thread(_dispose, held)
+            log.error("check_worker_lost", stage=stage)
+            raise ServiceError(503, "gateway_busy", (ReasonCode.CAPACITY_EXCEEDED,), retryable=True) from None
+        finally:
+            self._in_flight -= 1
+            self.metrics.offload_in_flight.dec()
+            self.metrics.offloaded.labels(stage, outcome).inc()
+
+    async def parse(self, runtime: Runtime, carrier: str, raw: bytes) -> Summary:
+        result = await self._run("parse", _w_parse, runtime_key(runtime), carrier, raw)
+        if isinstance(result, Failure):
+            result.raise_()
+        assert isinstance(result, Summary)
+        return result
+
+    async def prepare_send(
+        self,
+        runtime: Runtime,
+        carrier: str,
+        raw: bytes,
+        party: Party,
+        target: Target,
+        headers: dict[str, str],
+        *,
+        session: str | None,
+        route: str,
+    ) -> decide.Prepared:
+        spec = (party.principal, party.delegate, party.scope, party.profile.profile.id)
+        result = await self._run(
+            "send", _w_send, runtime_key(runtime), carrier, raw, spec, target, headers, session, route
+        )
+        if isinstance(result, Failure):
+            result.raise_()
+        assert isinstance(result, decide.Prepared)
+        return dataclasses.replace(result, body=raw) if result.body == SAME else result
+
+    async def read_response(
+        self,
+        runtime: Runtime,
+        carrier: str,
+        body: bytes,
+        *,
+        is_stream: bool,
+        usage_injected: bool,
+        party: Party,
+        headers: dict[str, str],
+        mode: Mode,
+        incomplete: bool = False,
+    ) -> decide.Read:
+        spec = (party.principal, party.delegate, party.scope, party.profile.profile.id)
+        read = await self._run(
+            "read",
+            _w_read,
+            runtime_key(runtime),
+            carrier,
+            body,
+            is_stream,
+            usage_injected,
+            spec,
+            headers,
+            mode,
+            time.time(),
+            incomplete,
+        )
+        return dataclasses.replace(read, released=body) if read.released == SAME else read
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            held = [self._pool]
+            self._pool = None
+            await asyncio.to_thread(_dispose, held)
+
+
+def _dispose(held: list[ProcessPoolExecutor]) -> None:
+    """Stop a pool and free it here, off the loop: its queues' finalizers write to the
+    multiprocessing resource tracker, which must not happen on the loop."""
+    held.pop().shutdown(wait=True, cancel_futures=True)
+    gc.collect()
+
+
+OFFLOAD = web.AppKey("wiregate_offload", Offload)
+
+
+def parsed_stub(carrier: str, summary: Summary) -> ParsedRequest:
+    """What the loop keeps of a request a worker parsed: its model and stream flag (the
+    content stays with the worker, which plans and checks it)."""
+    return ParsedRequest(carrier=carrier, doc={}, model=summary.model, stream=summary.stream, units=())
