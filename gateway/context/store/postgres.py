@@ -178,13 +178,22 @@ def _searchable(family: str, state: MemoryState | None) -> bool:
     return Family(family) in SEARCHABLE_FAMILIES and state in (None, MemoryState.ACTIVE)
 
 
+_MAX_LEXEME_BYTES = 2047  # PostgreSQL refuses longer tsvector lexemes; such tokens are simply not indexed
+
+
+def _indexable(term: str) -> bool:
+    return len(term.encode("utf-8")) <= _MAX_LEXEME_BYTES
+
+
 def _lexemes(rev: NewRevision | None) -> list[str] | None:
-    return sorted(set(rev.search_tokens)) if rev is not None and rev.search_text is not None else None
+    if rev is None or rev.search_text is None:
+        return None
+    return sorted({t for t in rev.search_tokens if _indexable(t)})
 
 
 def _tsquery(terms: Sequence[str]) -> str:
     # Terms are runs of letters/marks/digits (analyzer v1): no quote, backslash or operator characters.
-    return " | ".join(f"'{t}'" for t in terms[:MAX_QUERY_TERMS])
+    return " | ".join(f"'{t}'" for t in [t for t in terms if _indexable(t)][:MAX_QUERY_TERMS])
 
 
 class PostgresContextStore:
@@ -474,9 +483,9 @@ class PostgresContextStore:
     async def search_text(
         self, scope_id: str, family: str, terms: Sequence[str], limit: int, kind: str | None = None
     ) -> list[SearchRow]:
-        if not terms:
-            return []
         query = _tsquery(terms)
+        if not query:
+            return []
 
         async def run(conn: Conn) -> list[SearchRow]:
             sql = (
