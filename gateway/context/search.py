@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import operator
+import re
 import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -39,8 +40,13 @@ def _is_token_char(ch: str) -> bool:
     return cat[0] in "LNM" or cat == "Co"
 
 
+_ASCII_TOKEN = re.compile(r"[a-z0-9]+")
+
+
 def tokens(text: str) -> list[str]:
     """Analyzer v1: every token of `text` in order (duplicates kept)."""
+    if text.isascii():  # fast path, same result: ASCII letters/digits are the only token characters there
+        return _ASCII_TOKEN.findall(text.lower())
     folded = unicodedata.normalize("NFC", text).casefold()
     out: list[str] = []
     run: list[str] = []

@@ -585,8 +585,9 @@ class ContextService:
         ranked: list[tuple[str, list[bytes]]] = []
         heads: dict[bytes, ArtifactRevision] = {}
         if used in (SearchMode.FTS, SearchMode.HYBRID):
-            rows = await self._store.search_text(scope_id, fam.value, terms, pool, kind)
-            admitted = [r for r in rows if search.admits_lexically(terms, _row_text(fam, r), floor)]
+            need = search.lexical_floor(len(terms)) if floor is None else floor
+            rows = await self._store.search_text(scope_id, fam.value, terms, pool, kind, need)
+            admitted = [r for r in rows if search.admits_lexically(terms, _row_text(fam, r), need)]
             ranked.append(("text", self._keys(admitted, heads)))
         if used in (SearchMode.VECTOR, SearchMode.HYBRID) and vector is not None:
             cos = self._settings.min_cosine if min_cosine is None else min_cosine

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -9,15 +10,12 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 from gateway.context.store.sqlite import SqliteContextStore, SqliteDatabase
 
-pytestmark = pytest.mark.asyncio
 ROOT = Path(__file__).resolve().parents[2]
 
 
-async def test_sigkill_keeps_every_acknowledged_write(tmp_path: Path) -> None:
+def test_sigkill_keeps_every_acknowledged_write(tmp_path: Path) -> None:
     path = str(tmp_path / "crash.db")
     proc = subprocess.Popen(
         [sys.executable, "-m", "tests.context.crash_writer", path],
@@ -40,6 +38,10 @@ async def test_sigkill_keeps_every_acknowledged_write(tmp_path: Path) -> None:
             acknowledged.append((parts[0], int(parts[1]), len(parts) == 3))
     assert len(acknowledged) >= 20
 
+    asyncio.run(_verify(path, acknowledged))
+
+
+async def _verify(path: str, acknowledged: list[tuple[str, int, bool]]) -> None:
     store = SqliteContextStore(SqliteDatabase(path))
     await store.open()
     try:

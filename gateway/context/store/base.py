@@ -280,9 +280,11 @@ class ContextStore(Protocol):
 
     # search
     async def search_text(
-        self, scope_id: str, family: str, terms: Sequence[str], limit: int, kind: str | None = None
+        self, scope_id: str, family: str, terms: Sequence[str], limit: int, kind: str | None = None,
+        min_match: int = 1,
     ) -> list[SearchRow]:
-        """Searchable heads (atomic: active only) holding any term, best first, ties by artifact_id."""
+        """Searchable heads (atomic: active only) holding any term, best first, ties by artifact_id.
+        A backend may leave out heads holding fewer than `min_match` distinct terms (never more)."""
         ...
 
     async def search_vector(

@@ -8,7 +8,9 @@ Must not: open connections or run SQL.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
+import math
 from array import array
 from collections.abc import Sequence
 from typing import Any
@@ -25,6 +27,20 @@ ALLOWED_TRANSITIONS = frozenset(
     }
 )
 MAX_QUERY_TERMS = 128  # terms sent to a backend index; admission still counts every term
+MAX_FLOOR_COMBINATIONS = 64  # "≥ k of these terms" is sent as an OR of k-term ANDs only up to this many
+
+
+def floor_groups(present: Sequence[str], min_match: int) -> list[tuple[str, ...]] | None:
+    """The k-term AND groups whose OR is "holds at least `min_match` of `present`" (the lexical floor pushed
+    into the index, so ranking never scores a document admission would reject). None: too many groups —
+    the caller sends a plain OR and admission filters afterwards. []: no document can be admitted."""
+    if min_match <= 1:
+        return None
+    if len(present) < min_match:
+        return []
+    if math.comb(len(present), min_match) > MAX_FLOOR_COMBINATIONS:
+        return None
+    return list(itertools.combinations(present, min_match))
 
 
 def transition(current: MemoryState, target: MemoryState) -> str:

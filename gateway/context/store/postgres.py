@@ -41,7 +41,13 @@ from gateway.context.store.base import (
     ScopeRecord,
     SearchRow,
 )
-from gateway.context.store.common import MAX_QUERY_TERMS, REVISION_COLUMNS, revision_from_row, transition
+from gateway.context.store.common import (
+    MAX_QUERY_TERMS,
+    REVISION_COLUMNS,
+    floor_groups,
+    revision_from_row,
+    transition,
+)
 from gateway.context.store.migrations import LEDGER_TABLE, Migration, plan
 
 T = TypeVar("T")
@@ -138,7 +144,8 @@ class PostgresDatabase:
             yield conn
 
     async def read(self, fn: Callable[[Conn], Awaitable[T]]) -> T:
-        async with self._pool.connection() as conn, conn.transaction():
+        """Reads are single statements in autocommit mode (each its own snapshot): no BEGIN/COMMIT round trips."""
+        async with self._pool.connection() as conn:
             return await fn(conn)
 
     async def write(self, fn: Callable[[Conn], Awaitable[T]]) -> T:
@@ -481,27 +488,43 @@ class PostgresContextStore:
     # ---- search -------------------------------------------------------------------------------
 
     async def search_text(
-        self, scope_id: str, family: str, terms: Sequence[str], limit: int, kind: str | None = None
+        self, scope_id: str, family: str, terms: Sequence[str], limit: int, kind: str | None = None,
+        min_match: int = 1,
     ) -> list[SearchRow]:
-        query = _tsquery(terms)
-        if not query:
+        candidates = [t for t in terms if _indexable(t)][:MAX_QUERY_TERMS]
+        if not candidates:
             return []
 
         async def run(conn: Conn) -> list[SearchRow]:
-            sql = (
-                "SELECT a.artifact_id, r.revision, r.content, r.content_digest, r.created_at, r.created_by, "
-                "r.source_id, r.previous_revision, r.reason, r.restored_from_revision, ts_rank(a.tsv, q) AS s "
-                "FROM ctx_artifacts a CROSS JOIN CAST(%s AS tsquery) AS q JOIN ctx_revisions r "
-                "ON r.scope_id = a.scope_id AND r.family = a.family AND r.artifact_id = a.artifact_id "
-                "AND r.revision = a.head_revision WHERE a.searchable AND a.tsv @@ q AND a.scope_id = %s "
-                "AND a.family = %s "
+            # Drop terms absent from this scope and family (GIN probes), then push the lexical floor into the
+            # tsquery so ranking only sees documents admission could accept.
+            cur = await conn.execute(
+                "SELECT t FROM unnest(CAST(%s AS text[])) WITH ORDINALITY AS u(t, n) WHERE EXISTS (SELECT 1 FROM "
+                "ctx_artifacts a WHERE a.searchable AND a.scope_id = %s AND a.family = %s "
+                "AND a.tsv @@ CAST(quote_literal(u.t) AS tsquery)) ORDER BY n",
+                (candidates, scope_id, family),
             )
-            args: list[Any] = [query, scope_id, family]
-            if kind is not None:
-                sql += "AND a.kind = %s "
-                args.append(kind)
-            sql += "ORDER BY s DESC, a.artifact_id LIMIT %s"
-            args.append(limit)
+            present = [r[0] for r in await cur.fetchall()]
+            groups = floor_groups(present, min_match)
+            if not present or groups == []:
+                return []
+            if groups is None:
+                query = _tsquery(present)
+            else:
+                query = " | ".join("(" + " & ".join(f"'{t}'" for t in g) + ")" for g in groups)
+            # Rank on the artifacts rows first; read revision bodies only for the top rows.
+            kind_filter = "AND a.kind = %s " if kind is not None else ""
+            sql = (
+                "WITH q AS (SELECT CAST(%s AS tsquery) AS q), top AS (SELECT a.rid, a.artifact_id, "
+                "ts_rank(a.tsv, q.q) AS s FROM ctx_artifacts a, q WHERE a.searchable AND a.tsv @@ q.q "
+                f"AND a.scope_id = %s AND a.family = %s {kind_filter}ORDER BY s DESC, a.artifact_id LIMIT %s) "
+                "SELECT top.artifact_id, r.revision, r.content, r.content_digest, r.created_at, r.created_by, "
+                "r.source_id, r.previous_revision, r.reason, r.restored_from_revision, top.s "
+                "FROM top JOIN ctx_artifacts a ON a.rid = top.rid JOIN ctx_revisions r "
+                "ON r.scope_id = a.scope_id AND r.family = a.family AND r.artifact_id = a.artifact_id "
+                "AND r.revision = a.head_revision ORDER BY top.s DESC, top.artifact_id"
+            )
+            args: list[Any] = [query, scope_id, family, *([kind] if kind is not None else []), limit]
             cur = await conn.execute(sql, args)  # built from constants only
             return [SearchRow(revision_from_row(scope_id, family, r[0], r[1:10]), -float(r[10]))
                     for r in await cur.fetchall()]

@@ -46,6 +46,7 @@ from gateway.context.store.base import (
 from gateway.context.store.common import (
     MAX_QUERY_TERMS,
     REVISION_COLUMNS,
+    floor_groups,
     fts_key,
     pack_vector,
     revision_from_row,
@@ -535,28 +536,43 @@ class SqliteContextStore:
     # ---- search -------------------------------------------------------------------------------
 
     async def search_text(
-        self, scope_id: str, family: str, terms: Sequence[str], limit: int, kind: str | None = None
+        self, scope_id: str, family: str, terms: Sequence[str], limit: int, kind: str | None = None,
+        min_match: int = 1,
     ) -> list[SearchRow]:
         if not terms:
             return []
-        quoted = " OR ".join(f'"{t}"' for t in terms[:MAX_QUERY_TERMS])
-        match = f'k:"{fts_key(scope_id, family)}" AND t:({quoted})'
+        key = fts_key(scope_id, family)
 
         def run(conn: sqlite3.Connection) -> list[SearchRow]:
+            # Terms absent from this scope and family cannot help a document reach the floor: drop them, and
+            # push the floor into the match so BM25 only scores documents admission could accept.
+            present = [
+                t for t in terms[:MAX_QUERY_TERMS]
+                if conn.execute("SELECT 1 FROM ctx_fts WHERE ctx_fts MATCH ? LIMIT 1", (f'k:"{key}" AND t:"{t}"',))
+                .fetchone() is not None
+            ]
+            groups = floor_groups(present, min_match)
+            if not present or groups == []:
+                return []
+            if groups is None:
+                body = " OR ".join(f'"{t}"' for t in present)
+            else:
+                body = " OR ".join("(" + " AND ".join(f'"{t}"' for t in g) + ")" for g in groups)
+            match = f'k:"{key}" AND t:({body})'
+            # Rank on the FTS table and the small artifacts row first; read revision bodies only for the top rows.
+            kind_filter = "AND a.kind = ? " if kind is not None else ""
             sql = (
-                "SELECT a.artifact_id, r.revision, r.content, r.content_digest, r.created_at, r.created_by, "
-                "r.source_id, r.previous_revision, r.reason, r.restored_from_revision, bm25(ctx_fts, 0.0, 1.0) AS s "
-                "FROM ctx_fts JOIN ctx_artifacts a ON a.rid = ctx_fts.rowid JOIN ctx_revisions r "
+                "WITH top AS (SELECT a.rid, a.artifact_id, m.s FROM "
+                "(SELECT rowid AS rid, bm25(ctx_fts, 0.0, 1.0) AS s FROM ctx_fts WHERE ctx_fts MATCH ?) AS m "
+                "JOIN ctx_artifacts a ON a.rid = m.rid WHERE a.searchable = 1 AND a.scope_id = ? AND a.family = ? "
+                f"{kind_filter}ORDER BY m.s, a.artifact_id LIMIT ?) "
+                "SELECT top.artifact_id, r.revision, r.content, r.content_digest, r.created_at, r.created_by, "
+                "r.source_id, r.previous_revision, r.reason, r.restored_from_revision, top.s "
+                "FROM top JOIN ctx_artifacts a ON a.rid = top.rid JOIN ctx_revisions r "
                 "ON r.scope_id = a.scope_id AND r.family = a.family AND r.artifact_id = a.artifact_id "
-                "AND r.revision = a.head_revision WHERE ctx_fts MATCH ? AND a.searchable = 1 "
-                "AND a.scope_id = ? AND a.family = ? "
+                "AND r.revision = a.head_revision ORDER BY top.s, top.artifact_id"
             )
-            args: list[Any] = [match, scope_id, family]
-            if kind is not None:
-                sql += "AND a.kind = ? "
-                args.append(kind)
-            sql += "ORDER BY s, a.artifact_id LIMIT ?"
-            args.append(limit)
+            args: list[Any] = [match, scope_id, family, *([kind] if kind is not None else []), limit]
             return [
                 SearchRow(_head_from_row(scope_id, family, r[:10]), float(r[10]))
                 for r in conn.execute(sql, args).fetchall()
