@@ -1,0 +1,154 @@
+"""Content schemas of the stored families: validation, normalisation, canonical form and digest.
+
+Owns: turning a client's write content into the stored 1.4.1 content object for each family
+(atomic-memory, topic-memory, experience, profile), the canonical JSON (RFC 8785) and
+`content_digest` (`sha256:<hex>` of it), the text a family indexes for search, and the list of
+strings a write check must see.
+Must not: do I/O or read a clock (timestamps are passed in), or decide lifecycle or search policy.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import unicodedata
+from collections.abc import Mapping
+from typing import Any
+
+import rfc8785
+
+from gateway.context.errors import InvalidRequest
+from gateway.context.model import Family
+
+ATOMIC_SCHEMA = "powercontext.atomic-memory.v1"
+PROFILE_SCHEMA = "powercontext.profile.v1"
+ATOMIC_TEXT_MAX_BYTES = 8192  # 1.4.1: NFC-normalised, trimmed atomic text is at most 8192 UTF-8 bytes
+KIND_MAX_CHARS = 128
+
+# field → max characters (1.4.1 write schemas; every field must hold a non-whitespace character)
+_TOPIC_FIELDS = {"title": 512, "summary": 8000, "detail": 125000}
+_EXPERIENCE_FIELDS = {"situation": 8000, "action": 8000, "outcome": 8000, "lesson": 8000}
+
+
+def normalize_text(text: str) -> str:
+    """Atomic memory text and queries: NFC, then trimmed (Python `str.strip` whitespace)."""
+    return unicodedata.normalize("NFC", text).strip()
+
+
+def _utf8_ok(value: str) -> bool:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _reject(family: Family) -> InvalidRequest:
+    return InvalidRequest("content", f"does not match the {family.value} model")
+
+
+def _require_str(raw: Mapping[str, Any], key: str, family: Family, max_chars: int) -> str:
+    value = raw.get(key)
+    if not isinstance(value, str) or not value.strip() or len(value) > max_chars or not _utf8_ok(value):
+        raise _reject(family)
+    return value
+
+
+def _closed(raw: Any, family: Family, allowed: set[str], required: set[str]) -> Mapping[str, Any]:
+    if not isinstance(raw, Mapping) or not set(raw) <= allowed or not required <= set(raw):
+        raise _reject(family)
+    return raw
+
+
+def normalize_atomic(raw: Any) -> tuple[str, str]:
+    """Validate atomic write content `{kind, text, schema?}` → (kind, normalised text)."""
+    fam = Family.ATOMIC_MEMORY
+    doc = _closed(raw, fam, {"kind", "text", "schema"}, {"kind", "text"})
+    if "schema" in doc and doc["schema"] != ATOMIC_SCHEMA:
+        raise _reject(fam)
+    kind = _require_str(doc, "kind", fam, KIND_MAX_CHARS)
+    text = doc["text"]
+    if not isinstance(text, str) or not _utf8_ok(text):
+        raise _reject(fam)
+    text = normalize_text(text)
+    if not text or len(text.encode("utf-8")) > ATOMIC_TEXT_MAX_BYTES:
+        raise _reject(fam)
+    return kind, text
+
+
+def atomic_content(kind: str, text: str) -> dict[str, Any]:
+    """The stored atomic content exactly as 1.4.1 reads it back."""
+    return {"schema": ATOMIC_SCHEMA, "kind": kind, "text": text, "creation": None}
+
+
+def stored_content(family: Family, raw: Any, *, now_iso: str, replacing: bool = False) -> dict[str, Any]:
+    """Validate a write's `content` for `family` and return the content object to store."""
+    if family is Family.ATOMIC_MEMORY:
+        return atomic_content(*normalize_atomic(raw))
+    if family is Family.TOPIC_MEMORY:
+        doc = _closed(raw, family, set(_TOPIC_FIELDS), set(_TOPIC_FIELDS))
+        return {k: _require_str(doc, k, family, n) for k, n in _TOPIC_FIELDS.items()}
+    if family is Family.EXPERIENCE:
+        doc = _closed(raw, family, {*_EXPERIENCE_FIELDS, "failure"}, set(_EXPERIENCE_FIELDS))
+        out: dict[str, Any] = {k: _require_str(doc, k, family, n) for k, n in _EXPERIENCE_FIELDS.items()}
+        failure = doc.get("failure")
+        if failure is not None and not isinstance(failure, Mapping):
+            raise _reject(family)
+        out["failure"] = dict(failure) if failure is not None else None
+        return out
+    if family is Family.PROFILE:
+        doc = _closed(raw, family, {"content", "restored_from_revision"}, {"content"})
+        body = doc["content"]
+        if not isinstance(body, str) or not body or not _utf8_ok(body):
+            raise _reject(family)
+        restored = doc.get("restored_from_revision")
+        if restored is not None and (type(restored) is not int or restored < 1):
+            raise _reject(family)
+        return {
+            "schema": PROFILE_SCHEMA,
+            "media_type": "text/markdown",
+            "content": body if body.endswith("\n") else body + "\n",
+            "generation": {
+                "mode": "manual_replace" if replacing else "manual_create",
+                "created_at": now_iso,
+                "generator_id": None,
+                "generator_version": None,
+                "source_window": None,
+                "restored_from_revision": restored,
+            },
+        }
+    raise _reject(family)
+
+
+def canonical_json(content: Mapping[str, Any]) -> bytes:
+    """RFC 8785 canonical JSON (sorted keys, compact, UTF-8): what 1.4.1 digests."""
+    return rfc8785.dumps(dict(content))
+
+
+def content_digest(content: Mapping[str, Any]) -> str:
+    return "sha256:" + hashlib.sha256(canonical_json(content)).hexdigest()
+
+
+def search_text(family: Family, content: Mapping[str, Any]) -> str | None:
+    """The text a family's head is indexed and embedded by (None: not searchable)."""
+    if family is Family.ATOMIC_MEMORY:
+        return str(content["text"])
+    if family is Family.TOPIC_MEMORY:
+        return "\n".join(str(content[k]) for k in _TOPIC_FIELDS)
+    if family is Family.EXPERIENCE:
+        return "\n".join(str(content[k]) for k in _EXPERIENCE_FIELDS)
+    return None
+
+
+def write_texts(value: Any) -> list[str]:
+    """Every string (keys excluded) inside a write's content, in document order, for the write check."""
+    out: list[str] = []
+    stack: list[Any] = [value]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, str):
+            out.append(node)
+        elif isinstance(node, Mapping):
+            stack.extend(reversed(list(node.values())))
+        elif isinstance(node, list | tuple):
+            stack.extend(reversed(node))
+    return out

@@ -1,0 +1,783 @@
+"""The context service: every operation the HTTP layer calls for scopes, artifacts, atomic memory,
+search and prepare.
+
+Owns: the order of each operation — validate, run the injected write check, embed, store; authorise
+every scope a prepare reads before reading it, search each scope group and family (fts / vector /
+hybrid / auto with fallback), build, and make the receipt — plus cursors, limits, id generation
+and dependency eligibility for replay verification.
+Must not: render HTTP, parse headers, seal bindings, touch a database directly (only through the
+ContextStore), log content, or turn a backend or search failure into an `empty` prepare.
+Clocks, randomness, the embedder and the write check are injected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import hashlib
+import inspect
+import json
+import os
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Generic, Literal, TypeVar
+
+import rfc8785
+
+from gateway.context import builder, receipt, search
+from gateway.context.builder import BuildResult, Candidate, ScopeGroup
+from gateway.context.content import content_digest, normalize_text, search_text, stored_content, write_texts
+from gateway.context.errors import (
+    ArtifactNotFound,
+    ArtifactSearchNotSupported,
+    CapabilityNotSupported,
+    ContextInferenceTimeout,
+    ContextInferenceUnavailable,
+    InferenceTimeout,
+    InferenceUnavailable,
+    InvalidCursor,
+    InvalidRequest,
+    MemoryWriteRejected,
+    PreconditionRequired,
+    ScopeAccessDenied,
+    ScopeNotFound,
+)
+from gateway.context.model import (
+    PROFILE_ARTIFACT_ID,
+    SEARCHABLE_FAMILIES,
+    ArtifactAddress,
+    AtomicMemoryInput,
+    Family,
+    MemoryState,
+    SearchMode,
+    valid_scope_id,
+)
+from gateway.context.store.base import (
+    ArtifactRevision,
+    AtomicMemoryRecord,
+    AtomicMemoryState,
+    ContextStore,
+    NewRevision,
+    NewScope,
+    ScopeRecord,
+    SearchRow,
+)
+
+T = TypeVar("T")
+Embed = Callable[[list[str]], Awaitable[list[list[float]]]]
+CheckWrite = Callable[[list[str]], tuple[str, ...]]
+MayRead = Callable[[str], "bool | Awaitable[bool]"]
+
+DEFAULT_SCOPE_ID = "default"
+_CROCKFORD = "0123456789abcdefghjkmnpqrstvwxyz"
+_FAMILY_STAGE = {
+    Family.ATOMIC_MEMORY: "memory.search",
+    Family.TOPIC_MEMORY: "topic-memory.search",
+    Family.EXPERIENCE: "experience.search",
+}
+_PREPARE_FAMILIES = (Family.ATOMIC_MEMORY, Family.TOPIC_MEMORY, Family.EXPERIENCE)
+
+
+@dataclass(frozen=True, slots=True)
+class ContextSettings:
+    max_page: int = 100  # list/search page ceiling (1.4.1: limit 1..100)
+    default_page: int = 50  # list page when the caller gives none
+    expansion_rounds: int = 0  # recall expansion rounds after round 0 (0..2); off like 1.4.1's default
+    embed_timeout_s: float = 10.0  # one embedding call; past it the call counts as inference_timeout
+    min_cosine: float = search.MIN_COSINE  # vector admission floor
+
+
+@dataclass(frozen=True, slots=True)
+class Page(Generic[T]):
+    items: tuple[T, ...]
+    next_cursor: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class MutationResult:
+    """1.4.1 `AtomicMemoryMutationResponse {changed, records}`."""
+
+    changed: bool
+    records: tuple[AtomicMemoryRecord, ...]
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"changed": self.changed, "records": [r.to_wire() for r in self.records]}
+
+
+@dataclass(frozen=True, slots=True)
+class SearchHit:
+    head: ArtifactRevision
+    score: float  # RRF score (1/(60+rank) summed over channels)
+    matched_by: tuple[str, ...]  # 1.4.1 wire names: "text", "vector"
+
+
+@dataclass(frozen=True, slots=True)
+class SearchResult:
+    mode: SearchMode  # the used mode: fts | vector | hybrid
+    hits: tuple[SearchHit, ...]
+    fallback_reason: str = "none"  # none | inference_unavailable | inference_timeout | reused_fts_fallback
+
+    @property
+    def wire_mode(self) -> str:
+        """1.4.1 response `mode`: text | vector | hybrid."""
+        return "text" if self.mode is SearchMode.FTS else self.mode.value
+
+
+@dataclass(frozen=True, slots=True)
+class PrepareResult:
+    context: dict[str, Any]  # exactly {schema, status, content, content_bytes}
+    receipt: dict[str, Any] | None  # None when not requested or omitted
+    receipt_diagnostic: str | None  # content-free code when a requested receipt was omitted
+    dependencies: tuple[ArtifactAddress, ...]  # exact revisions of every selected item, in order
+
+
+@dataclass(slots=True)
+class _QueryVector:
+    """The query embedding, computed at most once per request."""
+
+    done: bool = False
+    vector: tuple[float, ...] | None = None
+    failure: str | None = None  # inference_unavailable | inference_timeout
+    used_failure: bool = False
+
+
+@dataclass(slots=True)
+class _Trace:
+    searches: dict[tuple[int, str, str, str, str], int] = field(default_factory=dict)
+    stages: dict[str, list[float]] = field(default_factory=dict)
+
+    def search(self, rnd: int, family: str, mode: str, outcome: str, fallback: str) -> None:
+        key = (rnd, family, mode, outcome, fallback)
+        self.searches[key] = self.searches.get(key, 0) + 1
+
+    def stage(self, name: str, ms: float) -> None:
+        entry = self.stages.setdefault(name, [0.0, 0])
+        entry[0] += ms
+        entry[1] += 1
+
+
+def _now_iso(clock: Callable[[], float]) -> str:
+    return datetime.fromtimestamp(clock(), tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _family(value: str) -> Family:
+    try:
+        return Family(value)
+    except ValueError:
+        raise InvalidRequest("family", "is not a supported family") from None
+
+
+class ContextService:
+    def __init__(
+        self,
+        store: ContextStore,
+        *,
+        check_write: CheckWrite,
+        embed: Embed | None = None,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.perf_counter,
+        random_bytes: Callable[[int], bytes] = os.urandom,
+        settings: ContextSettings | None = None,
+    ) -> None:
+        self._store = store
+        self._check_write = check_write
+        self._embed = embed
+        self._clock = clock
+        self._mono = monotonic
+        self._random = random_bytes
+        self._settings = settings or ContextSettings()
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Ensure the `default` scope exists (the store must be open)."""
+        await self._store.ensure_scope(
+            self._new_scope(DEFAULT_SCOPE_ID, "Default", "Default context", None, None, (), (), None)
+        )
+
+    # ---- ids, cursors, limits -----------------------------------------------------------------
+
+    def new_scope_id(self) -> str:
+        n = int.from_bytes(self._random(16), "big")
+        return "scp_" + "".join(_CROCKFORD[(n >> (5 * i)) & 31] for i in reversed(range(26)))
+
+    def _new_artifact_id(self) -> str:
+        return "art_" + self._random(16).hex()
+
+    def _new_source_id(self) -> str:
+        return "src_" + self._random(16).hex()
+
+    def new_receipt_id(self) -> str:
+        return str(uuid.UUID(bytes=self._random(16), version=4))
+
+    def _limit(self, limit: int | None) -> int:
+        value = self._settings.default_page if limit is None else limit
+        if type(value) is not int or not 1 <= value <= self._settings.max_page:
+            raise InvalidRequest("limit", "is out of range")
+        return value
+
+    @staticmethod
+    def _cursor(kind: str, bind: str, after: str | int) -> str:
+        raw = json.dumps([kind, bind, after], separators=(",", ":")).encode()
+        return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+    @staticmethod
+    def _uncursor(cursor: str | None, kind: str, bind: str) -> Any:
+        if cursor is None:
+            return None
+        try:
+            raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+            k, b, after = json.loads(raw)
+        except (ValueError, binascii.Error, TypeError):
+            raise InvalidCursor() from None
+        if k != kind or b != bind or not isinstance(after, str | int) or isinstance(after, bool):
+            raise InvalidCursor()
+        return after
+
+    def _page(self, rows: Sequence[T], limit: int, kind: str, bind: str, key: Callable[[T], str | int]) -> Page[T]:
+        if len(rows) > limit:
+            return Page(tuple(rows[:limit]), self._cursor(kind, bind, key(rows[limit - 1])))
+        return Page(tuple(rows), None)
+
+    # ---- write check and revision preparation -------------------------------------------------
+
+    def _checked(self, texts: list[str]) -> None:
+        reasons = tuple(self._check_write(texts))
+        if reasons:
+            raise MemoryWriteRejected(reasons)
+
+    async def _vector(self, text: str | None) -> tuple[float, ...] | None:
+        """Embed at write time; any failure records the vector as missing instead of failing the write."""
+        if self._embed is None or text is None:
+            return None
+        try:
+            out = await self._embed_once([text])
+        except Exception:  # noqa: BLE001 - a write must not fail because embedding failed
+            return None
+        return search.unit(out[0]) if out else None
+
+    async def _embed_once(self, texts: list[str]) -> list[list[float]]:
+        assert self._embed is not None
+        try:
+            async with asyncio.timeout(self._settings.embed_timeout_s):
+                return await self._embed(texts)
+        except TimeoutError:
+            raise InferenceTimeout() from None
+
+    async def _revision(
+        self, family: Family, raw: Any, principal: str | None, *, replacing: bool = False, reason: str | None = None
+    ) -> NewRevision:
+        now = _now_iso(self._clock)
+        content = stored_content(family, raw, now_iso=now, replacing=replacing)
+        self._checked(write_texts(content) + ([reason] if reason else []))
+        text = search_text(family, content)
+        return NewRevision(
+            content=content,
+            content_digest=content_digest(content),
+            content_json=json.dumps(content, ensure_ascii=False, separators=(",", ":")),
+            kind=str(content["kind"]) if family is Family.ATOMIC_MEMORY else None,
+            search_text=text,
+            search_tokens=tuple(search.tokens(text)) if text is not None else (),
+            vector=await self._vector(text),
+            created_at=now,
+            created_by=principal,
+            source_id=self._new_source_id(),
+            reason=reason,
+        )
+
+    # ---- scopes -------------------------------------------------------------------------------
+
+    def _new_scope(
+        self,
+        scope_id: str,
+        title: str,
+        summary: str,
+        idempotency_key: str | None,
+        parent: str | None,
+        refs: Sequence[str],
+        external: Sequence[Mapping[str, Any]],
+        principal: str | None,
+    ) -> NewScope:
+        body = {
+            "title": title,
+            "summary": summary,
+            "parent_scope_id": parent,
+            "context_references": list(refs),
+            "external_references": [dict(e) for e in external],
+        }
+        fingerprint = "sha256:" + hashlib.sha256(rfc8785.dumps(body)).hexdigest()
+        return NewScope(
+            scope_id,
+            title,
+            summary,
+            parent,
+            tuple(refs),
+            tuple(dict(e) for e in external),
+            idempotency_key,
+            fingerprint,
+            principal,
+            _now_iso(self._clock),
+        )
+
+    async def create_scope(
+        self,
+        *,
+        title: str,
+        summary: str,
+        idempotency_key: str,
+        principal: str | None,
+        parent_scope_id: str | None = None,
+        context_references: Sequence[str] = (),
+        external_references: Sequence[Mapping[str, Any]] = (),
+    ) -> tuple[ScopeRecord, bool]:
+        """Create a scope; the same (principal, key, body) replays the same scope (created=False)."""
+        for name, value, top in (
+            ("title", title, 256),
+            ("summary", summary, 2000),
+            ("idempotency_key", idempotency_key, 256),
+        ):
+            if not isinstance(value, str) or not 1 <= len(value) <= top:
+                raise InvalidRequest(name, "is out of range")
+        if len(set(context_references)) != len(context_references):
+            raise InvalidRequest("context_references", "must be unique")
+        for ref in [*context_references, *([parent_scope_id] if parent_scope_id else [])]:
+            if not valid_scope_id(ref) or await self._store.get_scope(ref) is None:
+                raise InvalidRequest("context_references", "names an unknown scope")
+        self._checked([title, summary])
+        new = self._new_scope(
+            self.new_scope_id(),
+            title,
+            summary,
+            idempotency_key,
+            parent_scope_id,
+            context_references,
+            external_references,
+            principal,
+        )
+        return await self._store.create_scope(new)
+
+    async def get_scope(self, scope_id: str) -> ScopeRecord:
+        scope = await self._store.get_scope(scope_id)
+        if scope is None:
+            raise ScopeNotFound()
+        return scope
+
+    async def list_scopes(self, *, limit: int | None = None, cursor: str | None = None) -> Page[ScopeRecord]:
+        n = self._limit(limit)
+        after = self._uncursor(cursor, "scopes", "")
+        if after is not None and not isinstance(after, str):
+            raise InvalidCursor()
+        rows = await self._store.list_scopes(after, n + 1)
+        return self._page(rows, n, "scopes", "", lambda s: s.scope_id)
+
+    # ---- artifacts ----------------------------------------------------------------------------
+
+    async def create_artifact(
+        self, scope_id: str, family: str, content: Any, *, principal: str | None = None
+    ) -> ArtifactRevision:
+        fam = _family(family)
+        rev = await self._revision(fam, content, principal)
+        artifact_id = PROFILE_ARTIFACT_ID if fam is Family.PROFILE else self._new_artifact_id()
+        return await self._store.create_artifact(scope_id, fam.value, artifact_id, rev)
+
+    async def replace_artifact(
+        self,
+        scope_id: str,
+        family: str,
+        artifact_id: str,
+        content: Any,
+        *,
+        if_match: str | None,
+        principal: str | None = None,
+        reason: str | None = None,
+    ) -> ArtifactRevision:
+        """Compare-and-set on the exact ETag string `"revision:N"`; no If-Match → precondition_required."""
+        fam = _family(family)
+        if if_match is None:
+            raise PreconditionRequired()
+        await self.get_scope(scope_id)
+        rev = await self._revision(fam, content, principal, replacing=True, reason=reason)
+        return await self._store.replace_artifact(scope_id, fam.value, artifact_id, if_match, rev)
+
+    async def get_artifact(self, scope_id: str, family: str, artifact_id: str) -> ArtifactRevision:
+        fam = _family(family)
+        await self.get_scope(scope_id)
+        head = await self._store.get_head(scope_id, fam.value, artifact_id)
+        if head is None:
+            raise ArtifactNotFound()
+        return head
+
+    async def get_artifact_revision(
+        self, scope_id: str, family: str, artifact_id: str, revision: int
+    ) -> ArtifactRevision:
+        fam = _family(family)
+        if type(revision) is not int or revision < 1:
+            raise InvalidRequest("revision", "is out of range")
+        await self.get_scope(scope_id)
+        rev = await self._store.get_revision(scope_id, fam.value, artifact_id, revision)
+        if rev is None:
+            raise ArtifactNotFound()
+        return rev
+
+    async def list_artifacts(
+        self, scope_id: str, family: str, *, limit: int | None = None, cursor: str | None = None
+    ) -> Page[ArtifactRevision]:
+        fam = _family(family)
+        n = self._limit(limit)
+        bind = f"{scope_id}\x00{fam.value}"
+        after = self._uncursor(cursor, "heads", bind)
+        if after is not None and not isinstance(after, str):
+            raise InvalidCursor()
+        await self.get_scope(scope_id)
+        rows = await self._store.list_heads(scope_id, fam.value, after, n + 1)
+        return self._page(rows, n, "heads", bind, lambda r: r.artifact_id)
+
+    async def list_artifact_revisions(
+        self, scope_id: str, family: str, artifact_id: str, *, limit: int | None = None, cursor: str | None = None
+    ) -> Page[ArtifactRevision]:
+        fam = _family(family)
+        n = self._limit(limit)
+        bind = f"{scope_id}\x00{fam.value}\x00{artifact_id}"
+        before = self._uncursor(cursor, "revisions", bind)
+        if before is not None and not isinstance(before, int):
+            raise InvalidCursor()
+        await self.get_scope(scope_id)
+        rows = await self._store.list_revisions(scope_id, fam.value, artifact_id, before, n + 1)
+        if not rows and before is None:
+            raise ArtifactNotFound()
+        return self._page(rows, n, "revisions", bind, lambda r: r.revision)
+
+    # ---- atomic memory ------------------------------------------------------------------------
+
+    async def remember(self, scope_id: str, kind: str, text: str, *, principal: str | None = None) -> MutationResult:
+        """1.4.1 `POST /v1/memory/remember`: create one atomic memory, return its record."""
+        rev = await self.create_artifact(
+            scope_id, Family.ATOMIC_MEMORY.value, {"kind": kind, "text": text}, principal=principal
+        )
+        state = await self.get_atomic_state(scope_id, rev.artifact_id)
+        record = AtomicMemoryRecord(
+            rev.ref,
+            str(rev.content["kind"]),
+            str(rev.content["text"]),
+            state.state,
+            state.state_version,
+            state.merged_into_id,
+        )
+        return MutationResult(True, (record,))
+
+    async def get_atomic_state(self, scope_id: str, artifact_id: str) -> AtomicMemoryState:
+        await self.get_scope(scope_id)
+        state = await self._store.get_state(scope_id, artifact_id)
+        if state is None:
+            raise ArtifactNotFound()
+        return state
+
+    async def list_atomic_memories(
+        self,
+        scope_id: str,
+        *,
+        states: Sequence[str] | None = None,
+        kind: str | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> Page[AtomicMemoryRecord]:
+        """Default: active only (1.4.1)."""
+        try:
+            wanted = frozenset(MemoryState(s) for s in (states or ["active"]))
+        except ValueError:
+            raise InvalidRequest("states", "names an unknown state") from None
+        n = self._limit(limit)
+        bind = json.dumps([scope_id, sorted(s.value for s in wanted), kind])
+        after = self._uncursor(cursor, "atomic", bind)
+        if after is not None and not isinstance(after, str):
+            raise InvalidCursor()
+        await self.get_scope(scope_id)
+        rows = await self._store.list_atomic(scope_id, wanted, kind, after, n + 1)
+        return self._page(rows, n, "atomic", bind, lambda r: r.artifact.artifact_id)
+
+    async def change_lifecycle(self, scope_id: str, target: AtomicMemoryInput, state: str) -> MutationResult:
+        """`forgotten` (1.4.1) or `retired` (wiregate; 1.4.1 only retires through undo-merge).
+
+        The target must name the exact head revision and current state_version (else
+        atomic_memory_changed). Already in that state → changed=false.
+        """
+        if state not in (MemoryState.FORGOTTEN.value, MemoryState.RETIRED.value):
+            raise InvalidRequest("state", "must be forgotten or retired")
+        await self.get_scope(scope_id)
+        record, changed = await self._store.change_state(scope_id, target, MemoryState(state))
+        return MutationResult(changed, (record,))
+
+    async def merge_atomic_memories(
+        self, scope_id: str, inputs: Sequence[AtomicMemoryInput], content: Any, *, principal: str | None = None
+    ) -> MutationResult:
+        if len(inputs) < 2 or len({i.artifact.artifact_id for i in inputs}) != len(inputs):
+            raise InvalidRequest("inputs", "needs at least two distinct memories")
+        await self.get_scope(scope_id)
+        rev = await self._revision(Family.ATOMIC_MEMORY, content, principal)
+        records = await self._store.merge(scope_id, inputs, self._new_artifact_id(), rev)
+        return MutationResult(True, tuple(records))
+
+    async def backfill_vectors(self, limit: int = 100) -> int:
+        """Embed heads whose vector is missing (a failed write-time embedding). Returns how many were stored."""
+        if self._embed is None:
+            return 0
+        done = 0
+        for miss in await self._store.missing_vectors(limit):
+            vector = await self._vector(miss.text)
+            if vector is not None and await self._store.set_vector(
+                miss.scope_id, miss.family, miss.artifact_id, miss.revision, vector
+            ):
+                done += 1
+        return done
+
+    # ---- search -------------------------------------------------------------------------------
+
+    async def search(
+        self,
+        scope_id: str,
+        family: str,
+        query: str,
+        *,
+        mode: str = "auto",
+        limit: int | None = None,
+        kind: str | None = None,
+    ) -> SearchResult:
+        """Search one family's searchable heads (atomic: active only) in one scope."""
+        fam = _family(family)
+        if fam not in SEARCHABLE_FAMILIES:
+            raise ArtifactSearchNotSupported("family")
+        try:
+            wanted = SearchMode(mode)
+        except ValueError:
+            raise InvalidRequest("mode", "is not a search mode") from None
+        n = 20 if limit is None else self._limit(limit)
+        text = normalize_text(query)
+        if not text:
+            raise InvalidRequest("query", "is blank")
+        await self.get_scope(scope_id)
+        rows, used, fallback = await self._search(
+            scope_id, fam, search.terms(text), text, wanted, n, kind, _QueryVector(), None
+        )
+        return SearchResult(used, tuple(rows), fallback)
+
+    async def _query_vector(self, text: str, holder: _QueryVector, explicit: bool) -> tuple[float, ...] | None:
+        if not holder.done:
+            holder.done = True
+            try:
+                out = await self._embed_once([text])
+                holder.vector = search.unit(out[0]) if out else None
+                if holder.vector is None:
+                    holder.failure = "inference_unavailable"
+            except InferenceTimeout:
+                holder.failure = "inference_timeout"
+            except InferenceUnavailable:
+                holder.failure = "inference_unavailable"
+        if holder.failure is not None and explicit:
+            raise ContextInferenceTimeout() if holder.failure == "inference_timeout" else ContextInferenceUnavailable()
+        return holder.vector
+
+    async def _search(
+        self,
+        scope_id: str,
+        fam: Family,
+        terms: Sequence[str],
+        text: str,
+        wanted: SearchMode,
+        coarse: int,
+        kind: str | None,
+        holder: _QueryVector,
+        floor: int | None,
+        min_cosine: float | None = None,
+    ) -> tuple[list[SearchHit], SearchMode, str]:
+        if wanted in (SearchMode.VECTOR, SearchMode.HYBRID) and self._embed is None:
+            raise CapabilityNotSupported("search_mode")
+        used = wanted
+        fallback = "none"
+        vector: tuple[float, ...] | None = None
+        if wanted is SearchMode.AUTO:
+            used = SearchMode.FTS
+            if self._embed is not None and await self._store.vectors_complete(scope_id, fam.value):
+                vector = await self._query_vector(text, holder, explicit=False)
+                if vector is not None:
+                    used = SearchMode.HYBRID
+                else:
+                    assert holder.failure is not None
+                    fallback = "reused_fts_fallback" if holder.used_failure else holder.failure
+                    holder.used_failure = True
+        elif wanted is not SearchMode.FTS:
+            vector = await self._query_vector(text, holder, explicit=True)
+        pool = search.pool_size(coarse)
+        ranked: list[tuple[str, list[bytes]]] = []
+        heads: dict[bytes, ArtifactRevision] = {}
+        if used in (SearchMode.FTS, SearchMode.HYBRID):
+            need = search.lexical_floor(len(terms)) if floor is None else floor
+            rows = await self._store.search_text(scope_id, fam.value, terms, pool, kind, need)
+            admitted = [r for r in rows if search.admits_lexically(terms, _row_text(fam, r), need)]
+            ranked.append(("text", self._keys(admitted, heads)))
+        if used in (SearchMode.VECTOR, SearchMode.HYBRID) and vector is not None:
+            cos = self._settings.min_cosine if min_cosine is None else min_cosine
+            rows = await self._store.search_vector(scope_id, fam.value, vector, pool, cos, kind)
+            ranked.append(("vector", self._keys(rows, heads)))
+        fused = search.rrf(ranked)[:coarse]
+        return [SearchHit(heads[f.key], f.score, f.channels) for f in fused], used, fallback
+
+    @staticmethod
+    def _keys(rows: Sequence[SearchRow], heads: dict[bytes, ArtifactRevision]) -> list[bytes]:
+        keys: list[bytes] = []
+        for row in rows:
+            key = ArtifactAddress(row.head.scope_id, row.head.ref).identity_bytes()
+            heads[key] = row.head
+            keys.append(key)
+        return keys
+
+    # ---- prepare ------------------------------------------------------------------------------
+
+    async def prepare(
+        self,
+        scope_id: str,
+        query: str,
+        max_bytes: int = 8000,
+        include_receipt: bool = False,
+        *,
+        principal_may_read: MayRead,
+        receipt_id: str | None = None,
+    ) -> PrepareResult:
+        """Prepare context for `query` in `scope_id` and its context references.
+
+        Every scope read is authorised through `principal_may_read` before it is read, and again
+        before assembly; any denial raises ScopeAccessDenied with nothing partial.
+        """
+        trace = _Trace()
+        text = normalize_text(query) if isinstance(query, str) else ""
+        if not text or len(query) > 8192:
+            raise InvalidRequest("query", "is out of range")
+        if type(max_bytes) is not int or not 512 <= max_bytes <= 32768:
+            raise InvalidRequest("max_bytes", "is out of range")
+
+        t = self._mono()
+        await self._authorise([scope_id], principal_may_read)
+        scope = await self.get_scope(scope_id)
+        refs = [r for r in dict.fromkeys(scope.context_references) if r != scope_id]
+        await self._authorise(refs, principal_may_read)
+        order = [scope_id] + [r for r in refs if await self._store.get_scope(r) is not None]
+        trace.stage("scope.authorize", (self._mono() - t) * 1000)
+
+        terms = search.terms(text)
+        holder = _QueryVector()
+        pools: dict[tuple[str, Family], list[Candidate]] = {}
+        rounds: list[receipt.RecallRound] = []
+        for rnd in range(1 + max(0, min(2, self._settings.expansion_rounds))):
+            if rnd > 0 and (any(pools.values()) or len(terms) <= 2):
+                break
+            floor = None if rnd == 0 else 1
+            min_cos = None if rnd < 2 else self._settings.min_cosine / 2
+            for sid in order:
+                for fam in _PREPARE_FAMILIES:
+                    t = self._mono()
+                    ceiling = builder.POOL_CEILINGS[fam.value]
+                    hits, used, fallback = await self._search(
+                        sid, fam, terms, text, SearchMode.AUTO, ceiling, None, holder, floor, min_cos
+                    )
+                    trace.stage(_FAMILY_STAGE[fam], (self._mono() - t) * 1000)
+                    trace.search(rnd, fam.value, used.value, "completed", fallback)
+                    pool = pools.setdefault((sid, fam), [])
+                    known = {c.address for c in pool}
+                    for hit in hits:
+                        address = ArtifactAddress(sid, hit.head.ref)
+                        if address not in known and len(pool) < ceiling:
+                            pool.append(Candidate(address, hit.head.content))
+            rounds.append(receipt.RecallRound(rnd, "completed", sum(len(p) for p in pools.values())))
+
+        await self._authorise(order, principal_may_read)  # a read revoked meanwhile fails the whole call
+        t = self._mono()
+        groups = [
+            ScopeGroup(
+                sid,
+                memory=tuple(pools.get((sid, Family.ATOMIC_MEMORY), ())),
+                topic=tuple(pools.get((sid, Family.TOPIC_MEMORY), ())),
+                experience=tuple(pools.get((sid, Family.EXPERIENCE), ())),
+            )
+            for sid in order
+        ]
+        built = builder.build(scope_id, groups, max_bytes)
+        trace.stage("context.build", (self._mono() - t) * 1000)
+        deps = tuple(item.address for item in built.items)
+
+        made: dict[str, Any] | None = None
+        diagnostic: str | None = None
+        if include_receipt:
+            made, diagnostic = self._receipt(
+                receipt_id or self.new_receipt_id(), text, max_bytes, built, deps, rounds, trace
+            )
+        return PrepareResult(built.to_context(), made, diagnostic, deps)
+
+    @staticmethod
+    def _receipt(
+        receipt_id: str,
+        query: str,
+        max_bytes: int,
+        built: BuildResult,
+        deps: tuple[ArtifactAddress, ...],
+        rounds: list[receipt.RecallRound],
+        trace: _Trace,
+    ) -> tuple[dict[str, Any] | None, str | None]:
+        searches = [receipt.SearchGroup(*key, count) for key, count in trace.searches.items()]
+        stages = [receipt.StageTiming(name, ms, int(n)) for name, (ms, n) in trace.stages.items()]
+        outcome = receipt.build_receipt(
+            receipt.ReceiptInput(
+                receipt_id=receipt_id,
+                query=query,
+                requested_max_bytes=max_bytes,
+                built=built,
+                origins=deps,
+                rounds=rounds,
+                searches=searches,
+                stages=stages,
+            )
+        )
+        return outcome.receipt, outcome.diagnostic
+
+    @staticmethod
+    async def _authorise(scope_ids: Sequence[str], may_read: MayRead) -> None:
+        for sid in scope_ids:
+            verdict = may_read(sid)
+            if inspect.isawaitable(verdict):
+                verdict = await verdict
+            if verdict is not True:
+                raise ScopeAccessDenied()
+
+    # ---- replay verification ------------------------------------------------------------------
+
+    async def dependencies_eligible(self, deps: Sequence[ArtifactAddress | Mapping[str, Any]]) -> Literal[True] | str:
+        """True when every dependency is still the live head it was bound at; else a content-free reason:
+        dependency_malformed | dependency_missing | dependency_forgotten | dependency_merged |
+        dependency_retired | dependency_revised."""
+        for dep in deps:
+            try:
+                address = dep if isinstance(dep, ArtifactAddress) else ArtifactAddress.from_wire(dep)
+            except (ValueError, TypeError, KeyError):
+                return "dependency_malformed"
+            ref = address.artifact
+            if ref.family == Family.ATOMIC_MEMORY.value:
+                state = await self._store.get_state(address.scope_id, ref.artifact_id)
+                if state is None:
+                    return "dependency_missing"
+                if state.state is not MemoryState.ACTIVE:
+                    return f"dependency_{state.state.value}"
+                head_revision = state.artifact.revision
+            else:
+                head = await self._store.get_head(address.scope_id, ref.family, ref.artifact_id)
+                if head is None:
+                    return "dependency_missing"
+                head_revision = head.revision
+            if head_revision != ref.revision:
+                return "dependency_revised"
+        return True
+
+
+def _row_text(fam: Family, row: SearchRow) -> str:
+    return search_text(fam, row.head.content) or ""

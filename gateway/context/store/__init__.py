@@ -1,0 +1,1 @@
+"""Context store: the storage interface (base.py) and its SQLite and PostgreSQL implementations."""

@@ -1,0 +1,718 @@
+# ruff: noqa: S608  -- SQL text only interpolates module constants and "?" placeholder lists
+"""The embedded context store: one SQLite file in WAL mode, FTS5 (BM25) search, vectors as float32 blobs.
+
+Owns: `SqliteDatabase` — the file, its connections and the threads they live on (one writer thread
+running each write as a `BEGIN IMMEDIATE` transaction, a small pool of read-only reader threads),
+and applying registered migrations — and `SqliteContextStore`, the ContextStore on top of it.
+Blocking sqlite3 calls never run on the event loop: every call is submitted to a thread the
+database owns, opened by `open()` and joined by `close()`.
+Must not: validate content, generate ids, read clocks or decide policy; it stores what the service
+computed. Cosine similarity is computed in Python on a reader thread (brute force over the scope).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import json
+import sqlite3
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from typing import Any, TypeVar
+
+from gateway.context.errors import (
+    ArtifactAlreadyExists,
+    ArtifactNotFound,
+    AtomicMemoryChanged,
+    InvalidLifecycle,
+    RevisionConflict,
+    ScopeIdempotencyConflict,
+    ScopeNotFound,
+)
+from gateway.context.model import SEARCHABLE_FAMILIES, ArtifactRef, AtomicMemoryInput, Family, MemoryState, etag_for
+from gateway.context.search import cosine_unit
+from gateway.context.store.base import (
+    ArtifactRevision,
+    AtomicMemoryRecord,
+    AtomicMemoryState,
+    MissingVector,
+    NewRevision,
+    NewScope,
+    ScopeRecord,
+    SearchRow,
+)
+from gateway.context.store.common import (
+    MAX_QUERY_TERMS,
+    REVISION_COLUMNS,
+    floor_groups,
+    fts_key,
+    pack_vector,
+    revision_from_row,
+    transition,
+    unpack_vector,
+)
+from gateway.context.store.migrations import LEDGER_TABLE, Migration, plan
+
+T = TypeVar("T")
+
+CONTEXT_MIGRATIONS: tuple[Migration, ...] = (
+    Migration(
+        component="context",
+        version=1,
+        sqlite=(
+            """CREATE TABLE ctx_scopes(
+                scope_id TEXT PRIMARY KEY, title TEXT NOT NULL, summary TEXT NOT NULL, parent_scope_id TEXT,
+                context_references TEXT NOT NULL, external_references TEXT NOT NULL, version INTEGER NOT NULL,
+                created_by TEXT, created_at TEXT NOT NULL, idem_owner TEXT, idem_key TEXT,
+                fingerprint TEXT NOT NULL)""",
+            "CREATE UNIQUE INDEX ctx_scopes_idem ON ctx_scopes(idem_owner, idem_key) WHERE idem_key IS NOT NULL",
+            """CREATE TABLE ctx_artifacts(
+                rid INTEGER PRIMARY KEY, scope_id TEXT NOT NULL REFERENCES ctx_scopes(scope_id),
+                family TEXT NOT NULL, artifact_id TEXT NOT NULL, head_revision INTEGER NOT NULL, kind TEXT,
+                state TEXT, state_version INTEGER NOT NULL DEFAULT 0, merged_into_id TEXT,
+                searchable INTEGER NOT NULL, search_text TEXT, vector BLOB,
+                UNIQUE(scope_id, family, artifact_id))""",
+            """CREATE TABLE ctx_revisions(
+                scope_id TEXT NOT NULL, family TEXT NOT NULL, artifact_id TEXT NOT NULL, revision INTEGER NOT NULL,
+                content TEXT NOT NULL, content_digest TEXT NOT NULL, created_at TEXT NOT NULL, created_by TEXT,
+                source_id TEXT NOT NULL, previous_revision INTEGER, reason TEXT, restored_from_revision INTEGER,
+                PRIMARY KEY(scope_id, family, artifact_id, revision)) WITHOUT ROWID""",
+            """CREATE VIRTUAL TABLE ctx_fts USING fts5(k, t,
+                tokenize="unicode61 remove_diacritics 0 categories 'L* N* M* Co'")""",
+        ),
+        postgres=(),  # see postgres.CONTEXT_MIGRATIONS
+    ),
+)
+
+
+class SqliteDatabase:
+    """One SQLite file and the threads that may touch it. Other table owners register migrations here."""
+
+    def __init__(
+        self,
+        path: str,
+        migrations: Sequence[Migration] = CONTEXT_MIGRATIONS,
+        *,
+        synchronous: str = "FULL",  # FULL: a committed write survives power loss too (NORMAL: process kill only)
+        readers: int = 2,  # read threads; WAL lets them read while the writer writes
+        busy_timeout_ms: int = 5000,  # how long a writer waits for another process's write lock
+    ) -> None:
+        if synchronous not in ("FULL", "NORMAL"):
+            raise ValueError("synchronous must be FULL or NORMAL")
+        self._path = path
+        self._migrations = tuple(migrations)
+        self._synchronous = synchronous
+        self._readers = readers
+        self._busy_ms = busy_timeout_ms
+        self._writer: ThreadPoolExecutor | None = None
+        self._reader: ThreadPoolExecutor | None = None
+        self._write_conn: sqlite3.Connection | None = None
+        self._local = threading.local()
+        self._read_conns: list[sqlite3.Connection] = []
+        self._lock = threading.Lock()
+
+    def _connect(self, *, read_only: bool) -> sqlite3.Connection:
+        conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
+        conn.execute(f"PRAGMA busy_timeout={int(self._busy_ms)}")
+        conn.execute("PRAGMA foreign_keys=ON")
+        if read_only:
+            conn.execute("PRAGMA query_only=1")
+        else:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute(f"PRAGMA synchronous={self._synchronous}")
+        return conn
+
+    async def open(self) -> None:
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ctx-sqlite-w")
+        self._reader = ThreadPoolExecutor(max_workers=self._readers, thread_name_prefix="ctx-sqlite-r")
+        loop = asyncio.get_running_loop()
+        self._write_conn = await loop.run_in_executor(self._writer, partial(self._connect, read_only=False))
+        await self.write(self._migrate)
+
+    def _migrate(self, conn: sqlite3.Connection) -> None:
+        conn.execute(
+            f"CREATE TABLE IF NOT EXISTS {LEDGER_TABLE}(component TEXT NOT NULL, version INTEGER NOT NULL,"
+            " PRIMARY KEY(component, version))"
+        )
+        applied: dict[str, int] = {}
+        for component, version in conn.execute(f"SELECT component, max(version) FROM {LEDGER_TABLE} GROUP BY 1"):
+            applied[component] = version
+        for m in plan(applied, self._migrations):
+            for statement in m.sqlite:
+                conn.execute(statement)
+            conn.execute(f"INSERT INTO {LEDGER_TABLE}(component, version) VALUES (?, ?)", (m.component, m.version))
+
+    async def close(self) -> None:
+        """Stop the threads and close every connection (joining threads blocks: off the loop)."""
+        reader, writer, write_conn = self._reader, self._writer, self._write_conn
+        self._writer = self._reader = None
+        self._write_conn = None
+        await asyncio.to_thread(self._shutdown, reader, writer, write_conn)
+
+    def _shutdown(
+        self,
+        reader: ThreadPoolExecutor | None,
+        writer: ThreadPoolExecutor | None,
+        write_conn: sqlite3.Connection | None,
+    ) -> None:
+        if reader is not None:
+            reader.shutdown(wait=True)
+        if writer is not None:
+            if write_conn is not None:
+                writer.submit(write_conn.close).result()
+            writer.shutdown(wait=True)
+        with self._lock:
+            for conn in self._read_conns:
+                conn.close()
+            self._read_conns.clear()
+
+    def _reader_conn(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._connect(read_only=True)
+            self._local.conn = conn
+            with self._lock:
+                self._read_conns.append(conn)
+        return conn
+
+    async def read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run `fn(conn)` on a reader thread inside one read transaction (a consistent snapshot)."""
+        if self._reader is None:
+            raise RuntimeError("database is not open")
+
+        def run() -> T:
+            conn = self._reader_conn()
+            conn.execute("BEGIN")
+            try:
+                return fn(conn)
+            finally:
+                conn.execute("COMMIT")
+
+        return await asyncio.get_running_loop().run_in_executor(self._reader, run)
+
+    async def write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run `fn(conn)` on the writer thread as one `BEGIN IMMEDIATE` transaction; any exception rolls back."""
+        if self._writer is None or self._write_conn is None:
+            raise RuntimeError("database is not open")
+        conn = self._write_conn
+
+        def run() -> T:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                result = fn(conn)
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+            return result
+
+        return await asyncio.get_running_loop().run_in_executor(self._writer, run)
+
+
+def _scope_from_row(row: Sequence[Any]) -> ScopeRecord:
+    sid, title, summary, parent, refs, ext, version, created_by, created_at = row
+    return ScopeRecord(
+        sid, title, summary, parent, tuple(json.loads(refs)), tuple(json.loads(ext)), version, created_by, created_at
+    )
+
+
+_SCOPE_COLS = (
+    "scope_id, title, summary, parent_scope_id, context_references, external_references, version, "
+    "created_by, created_at"
+)
+_HEAD_SQL = (
+    "SELECT a.artifact_id, r.revision, r.content, r.content_digest, r.created_at, r.created_by, r.source_id, "
+    "r.previous_revision, r.reason, r.restored_from_revision FROM ctx_artifacts a JOIN ctx_revisions r "
+    "ON r.scope_id = a.scope_id AND r.family = a.family AND r.artifact_id = a.artifact_id "
+    "AND r.revision = a.head_revision "
+)
+
+
+def _head_from_row(scope_id: str, family: str, row: Sequence[Any]) -> ArtifactRevision:
+    return revision_from_row(scope_id, family, row[0], row[1:])
+
+
+def _searchable(family: str, state: MemoryState | None) -> bool:
+    return Family(family) in SEARCHABLE_FAMILIES and state in (None, MemoryState.ACTIVE)
+
+
+class SqliteContextStore:
+    """ContextStore over a SqliteDatabase (which the caller opens and closes, possibly shared)."""
+
+    def __init__(self, db: SqliteDatabase) -> None:
+        self._db = db
+
+    async def open(self) -> None:
+        await self._db.open()
+
+    async def close(self) -> None:
+        await self._db.close()
+
+    # ---- scopes -------------------------------------------------------------------------------
+
+    async def create_scope(self, new: NewScope) -> tuple[ScopeRecord, bool]:
+        def run(conn: sqlite3.Connection) -> tuple[ScopeRecord, bool]:
+            owner = new.created_by or ""
+            if new.idempotency_key is not None:
+                row = conn.execute(
+                    f"SELECT {_SCOPE_COLS}, fingerprint FROM ctx_scopes WHERE idem_owner = ? AND idem_key = ?",
+                    (owner, new.idempotency_key),
+                ).fetchone()
+                if row is not None:
+                    if row[-1] != new.fingerprint:
+                        raise ScopeIdempotencyConflict()
+                    return _scope_from_row(row[:-1]), False
+            self._insert_scope(conn, new, owner)
+            return self._scope(conn, new.scope_id), True
+
+        return await self._db.write(run)
+
+    @staticmethod
+    def _insert_scope(conn: sqlite3.Connection, new: NewScope, owner: str) -> None:
+        conn.execute(
+            f"INSERT INTO ctx_scopes({_SCOPE_COLS}, idem_owner, idem_key, fingerprint) "
+            "VALUES (?, ?, ?, ?, ?, ?, 1, ?, ?, ?, ?, ?)",
+            (
+                new.scope_id,
+                new.title,
+                new.summary,
+                new.parent_scope_id,
+                json.dumps(list(new.context_references)),
+                json.dumps([dict(r) for r in new.external_references]),
+                new.created_by,
+                new.created_at,
+                owner if new.idempotency_key is not None else None,
+                new.idempotency_key,
+                new.fingerprint,
+            ),
+        )
+
+    @staticmethod
+    def _scope(conn: sqlite3.Connection, scope_id: str) -> ScopeRecord:
+        row = conn.execute(f"SELECT {_SCOPE_COLS} FROM ctx_scopes WHERE scope_id = ?", (scope_id,)).fetchone()
+        if row is None:
+            raise ScopeNotFound()
+        return _scope_from_row(row)
+
+    async def ensure_scope(self, new: NewScope) -> ScopeRecord:
+        def run(conn: sqlite3.Connection) -> ScopeRecord:
+            if conn.execute("SELECT 1 FROM ctx_scopes WHERE scope_id = ?", (new.scope_id,)).fetchone() is None:
+                self._insert_scope(conn, new, new.created_by or "")
+            return self._scope(conn, new.scope_id)
+
+        return await self._db.write(run)
+
+    async def get_scope(self, scope_id: str) -> ScopeRecord | None:
+        def run(conn: sqlite3.Connection) -> ScopeRecord | None:
+            row = conn.execute(f"SELECT {_SCOPE_COLS} FROM ctx_scopes WHERE scope_id = ?", (scope_id,)).fetchone()
+            return _scope_from_row(row) if row is not None else None
+
+        return await self._db.read(run)
+
+    async def list_scopes(self, after: str | None, limit: int) -> list[ScopeRecord]:
+        def run(conn: sqlite3.Connection) -> list[ScopeRecord]:
+            rows = conn.execute(
+                f"SELECT {_SCOPE_COLS} FROM ctx_scopes WHERE scope_id > ? ORDER BY scope_id LIMIT ?",
+                (after or "", limit),
+            ).fetchall()
+            return [_scope_from_row(r) for r in rows]
+
+        return await self._db.read(run)
+
+    # ---- artifacts ----------------------------------------------------------------------------
+
+    @staticmethod
+    def _insert_revision(
+        conn: sqlite3.Connection, scope_id: str, family: str, artifact_id: str, revision: int, rev: NewRevision
+    ) -> None:
+        conn.execute(
+            f"INSERT INTO ctx_revisions(scope_id, family, artifact_id, {REVISION_COLUMNS}) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                scope_id,
+                family,
+                artifact_id,
+                revision,
+                rev.content_json,
+                rev.content_digest,
+                rev.created_at,
+                rev.created_by,
+                rev.source_id,
+                revision - 1 if revision > 1 else None,
+                rev.reason,
+                rev.restored_from_revision,
+            ),
+        )
+
+    @staticmethod
+    def _index(conn: sqlite3.Connection, rid: int, scope_id: str, family: str, rev: NewRevision | None) -> None:
+        conn.execute("DELETE FROM ctx_fts WHERE rowid = ?", (rid,))
+        if rev is not None and rev.search_text is not None:
+            conn.execute(
+                "INSERT INTO ctx_fts(rowid, k, t) VALUES (?, ?, ?)",
+                (rid, fts_key(scope_id, family), " ".join(rev.search_tokens)),
+            )
+
+    def _create(
+        self, conn: sqlite3.Connection, scope_id: str, family: str, artifact_id: str, rev: NewRevision
+    ) -> ArtifactRevision:
+        if conn.execute("SELECT 1 FROM ctx_scopes WHERE scope_id = ?", (scope_id,)).fetchone() is None:
+            raise ScopeNotFound()
+        state = MemoryState.ACTIVE if family == Family.ATOMIC_MEMORY else None
+        searchable = _searchable(family, state) and rev.search_text is not None
+        try:
+            cur = conn.execute(
+                "INSERT INTO ctx_artifacts(scope_id, family, artifact_id, head_revision, kind, state, searchable, "
+                "search_text, vector) VALUES (?, ?, ?, 1, ?, ?, ?, ?, ?)",
+                (
+                    scope_id,
+                    family,
+                    artifact_id,
+                    rev.kind,
+                    state.value if state else None,
+                    int(searchable),
+                    rev.search_text,
+                    pack_vector(rev.vector),
+                ),
+            )
+        except sqlite3.IntegrityError:
+            raise ArtifactAlreadyExists() from None
+        rid = cur.lastrowid
+        assert rid is not None
+        self._insert_revision(conn, scope_id, family, artifact_id, 1, rev)
+        if searchable:
+            self._index(conn, rid, scope_id, family, rev)
+        return self._revision(conn, scope_id, family, artifact_id, 1)
+
+    async def create_artifact(self, scope_id: str, family: str, artifact_id: str, rev: NewRevision) -> ArtifactRevision:
+        return await self._db.write(lambda conn: self._create(conn, scope_id, family, artifact_id, rev))
+
+    async def replace_artifact(
+        self, scope_id: str, family: str, artifact_id: str, expected_etag: str, rev: NewRevision
+    ) -> ArtifactRevision:
+        def run(conn: sqlite3.Connection) -> ArtifactRevision:
+            row = conn.execute(
+                "SELECT rid, head_revision, state FROM ctx_artifacts WHERE scope_id = ? AND family = ? "
+                "AND artifact_id = ?",
+                (scope_id, family, artifact_id),
+            ).fetchone()
+            if row is None:
+                raise ArtifactNotFound()
+            rid, head, state = row
+            if etag_for(head) != expected_etag:
+                raise RevisionConflict(expected_etag, etag_for(head))
+            searchable = _searchable(family, MemoryState(state) if state else None) and rev.search_text is not None
+            conn.execute(
+                "UPDATE ctx_artifacts SET head_revision = ?, kind = ?, searchable = ?, search_text = ?, vector = ? "
+                "WHERE rid = ?",
+                (head + 1, rev.kind, int(searchable), rev.search_text, pack_vector(rev.vector), rid),
+            )
+            self._insert_revision(conn, scope_id, family, artifact_id, head + 1, rev)
+            self._index(conn, rid, scope_id, family, rev if searchable else None)
+            return self._revision(conn, scope_id, family, artifact_id, head + 1)
+
+        return await self._db.write(run)
+
+    @staticmethod
+    def _revision(
+        conn: sqlite3.Connection, scope_id: str, family: str, artifact_id: str, revision: int
+    ) -> ArtifactRevision:
+        row = conn.execute(
+            f"SELECT {REVISION_COLUMNS} FROM ctx_revisions WHERE scope_id = ? AND family = ? AND artifact_id = ? "
+            "AND revision = ?",
+            (scope_id, family, artifact_id, revision),
+        ).fetchone()
+        if row is None:
+            raise ArtifactNotFound()
+        return revision_from_row(scope_id, family, artifact_id, row)
+
+    async def get_head(self, scope_id: str, family: str, artifact_id: str) -> ArtifactRevision | None:
+        def run(conn: sqlite3.Connection) -> ArtifactRevision | None:
+            row = conn.execute(
+                _HEAD_SQL + "WHERE a.scope_id = ? AND a.family = ? AND a.artifact_id = ?",
+                (scope_id, family, artifact_id),
+            ).fetchone()
+            return _head_from_row(scope_id, family, row) if row is not None else None
+
+        return await self._db.read(run)
+
+    async def get_revision(
+        self, scope_id: str, family: str, artifact_id: str, revision: int
+    ) -> ArtifactRevision | None:
+        def run(conn: sqlite3.Connection) -> ArtifactRevision | None:
+            try:
+                return self._revision(conn, scope_id, family, artifact_id, revision)
+            except ArtifactNotFound:
+                return None
+
+        return await self._db.read(run)
+
+    async def list_heads(self, scope_id: str, family: str, after: str | None, limit: int) -> list[ArtifactRevision]:
+        def run(conn: sqlite3.Connection) -> list[ArtifactRevision]:
+            rows = conn.execute(
+                _HEAD_SQL + "WHERE a.scope_id = ? AND a.family = ? AND a.artifact_id > ? ORDER BY a.artifact_id "
+                "LIMIT ?",
+                (scope_id, family, after or "", limit),
+            ).fetchall()
+            return [_head_from_row(scope_id, family, r) for r in rows]
+
+        return await self._db.read(run)
+
+    async def list_revisions(
+        self, scope_id: str, family: str, artifact_id: str, before: int | None, limit: int
+    ) -> list[ArtifactRevision]:
+        def run(conn: sqlite3.Connection) -> list[ArtifactRevision]:
+            rows = conn.execute(
+                f"SELECT {REVISION_COLUMNS} FROM ctx_revisions WHERE scope_id = ? AND family = ? AND artifact_id = ? "
+                "AND revision < ? ORDER BY revision DESC LIMIT ?",
+                (scope_id, family, artifact_id, before if before is not None else 2**62, limit),
+            ).fetchall()
+            return [revision_from_row(scope_id, family, artifact_id, r) for r in rows]
+
+        return await self._db.read(run)
+
+    # ---- atomic memory ------------------------------------------------------------------------
+
+    async def get_state(self, scope_id: str, artifact_id: str) -> AtomicMemoryState | None:
+        def run(conn: sqlite3.Connection) -> AtomicMemoryState | None:
+            row = conn.execute(
+                "SELECT head_revision, state, state_version, merged_into_id FROM ctx_artifacts "
+                "WHERE scope_id = ? AND family = ? AND artifact_id = ?",
+                (scope_id, Family.ATOMIC_MEMORY.value, artifact_id),
+            ).fetchone()
+            if row is None:
+                return None
+            ref = ArtifactRef(Family.ATOMIC_MEMORY.value, artifact_id, row[0])
+            return AtomicMemoryState(ref, MemoryState(row[1]), row[2], row[3])
+
+        return await self._db.read(run)
+
+    @staticmethod
+    def _record(conn: sqlite3.Connection, scope_id: str, artifact_id: str) -> AtomicMemoryRecord:
+        row = conn.execute(
+            "SELECT a.head_revision, a.kind, r.content, a.state, a.state_version, a.merged_into_id "
+            "FROM ctx_artifacts a JOIN ctx_revisions r ON r.scope_id = a.scope_id AND r.family = a.family "
+            "AND r.artifact_id = a.artifact_id AND r.revision = a.head_revision "
+            "WHERE a.scope_id = ? AND a.family = ? AND a.artifact_id = ?",
+            (scope_id, Family.ATOMIC_MEMORY.value, artifact_id),
+        ).fetchone()
+        if row is None:
+            raise ArtifactNotFound()
+        return _atomic_record(artifact_id, row)
+
+    async def list_atomic(
+        self, scope_id: str, states: frozenset[MemoryState], kind: str | None, after: str | None, limit: int
+    ) -> list[AtomicMemoryRecord]:
+        def run(conn: sqlite3.Connection) -> list[AtomicMemoryRecord]:
+            marks = ",".join("?" for _ in states)
+            sql = (
+                "SELECT a.artifact_id, a.head_revision, a.kind, r.content, a.state, a.state_version, a.merged_into_id "
+                "FROM ctx_artifacts a JOIN ctx_revisions r ON r.scope_id = a.scope_id AND r.family = a.family "
+                "AND r.artifact_id = a.artifact_id AND r.revision = a.head_revision "
+                f"WHERE a.scope_id = ? AND a.family = ? AND a.state IN ({marks}) AND a.artifact_id > ? "
+            )
+            args: list[Any] = [scope_id, Family.ATOMIC_MEMORY.value, *sorted(s.value for s in states), after or ""]
+            if kind is not None:
+                sql += "AND a.kind = ? "
+                args.append(kind)
+            sql += "ORDER BY a.artifact_id LIMIT ?"
+            args.append(limit)
+            return [_atomic_record(r[0], r[1:]) for r in conn.execute(sql, args).fetchall()]
+
+        return await self._db.read(run)
+
+    @staticmethod
+    def _check_input(conn: sqlite3.Connection, scope_id: str, target: AtomicMemoryInput) -> tuple[int, MemoryState]:
+        row = conn.execute(
+            "SELECT rid, head_revision, state, state_version FROM ctx_artifacts WHERE scope_id = ? AND family = ? "
+            "AND artifact_id = ?",
+            (scope_id, Family.ATOMIC_MEMORY.value, target.artifact.artifact_id),
+        ).fetchone()
+        if row is None or target.artifact.family != Family.ATOMIC_MEMORY.value:
+            raise ArtifactNotFound()
+        rid, head, state, version = row
+        if head != target.artifact.revision or version != target.state_version:
+            raise AtomicMemoryChanged()
+        return rid, MemoryState(state)
+
+    async def change_state(
+        self, scope_id: str, target: AtomicMemoryInput, state: MemoryState
+    ) -> tuple[AtomicMemoryRecord, bool]:
+        def run(conn: sqlite3.Connection) -> tuple[AtomicMemoryRecord, bool]:
+            rid, current = self._check_input(conn, scope_id, target)
+            step = transition(current, state)
+            if step == "invalid":
+                raise InvalidLifecycle()
+            if step == "ok":
+                conn.execute(
+                    "UPDATE ctx_artifacts SET state = ?, state_version = state_version + 1, searchable = 0 "
+                    "WHERE rid = ?",
+                    (state.value, rid),
+                )
+                self._index(conn, rid, scope_id, Family.ATOMIC_MEMORY.value, None)
+            return self._record(conn, scope_id, target.artifact.artifact_id), step == "ok"
+
+        return await self._db.write(run)
+
+    async def merge(
+        self, scope_id: str, inputs: Sequence[AtomicMemoryInput], artifact_id: str, rev: NewRevision
+    ) -> list[AtomicMemoryRecord]:
+        def run(conn: sqlite3.Connection) -> list[AtomicMemoryRecord]:
+            rids: list[int] = []
+            for target in inputs:
+                rid, current = self._check_input(conn, scope_id, target)
+                if current is not MemoryState.ACTIVE:
+                    raise InvalidLifecycle()
+                rids.append(rid)
+            self._create(conn, scope_id, Family.ATOMIC_MEMORY.value, artifact_id, rev)
+            for rid in rids:
+                conn.execute(
+                    "UPDATE ctx_artifacts SET state = ?, state_version = state_version + 1, merged_into_id = ?, "
+                    "searchable = 0 WHERE rid = ?",
+                    (MemoryState.MERGED.value, artifact_id, rid),
+                )
+                self._index(conn, rid, scope_id, Family.ATOMIC_MEMORY.value, None)
+            ids = sorted({t.artifact.artifact_id for t in inputs} | {artifact_id})
+            return [self._record(conn, scope_id, i) for i in ids]
+
+        return await self._db.write(run)
+
+    # ---- search -------------------------------------------------------------------------------
+
+    async def search_text(
+        self,
+        scope_id: str,
+        family: str,
+        terms: Sequence[str],
+        limit: int,
+        kind: str | None = None,
+        min_match: int = 1,
+    ) -> list[SearchRow]:
+        if not terms:
+            return []
+        key = fts_key(scope_id, family)
+
+        def run(conn: sqlite3.Connection) -> list[SearchRow]:
+            # Terms absent from this scope and family cannot help a document reach the floor: drop them, and
+            # push the floor into the match so BM25 only scores documents admission could accept.
+            present = [
+                t
+                for t in terms[:MAX_QUERY_TERMS]
+                if conn.execute(
+                    "SELECT 1 FROM ctx_fts WHERE ctx_fts MATCH ? LIMIT 1", (f'k:"{key}" AND t:"{t}"',)
+                ).fetchone()
+                is not None
+            ]
+            groups = floor_groups(present, min_match)
+            if not present or groups == []:
+                return []
+            if groups is None:
+                body = " OR ".join(f'"{t}"' for t in present)
+            else:
+                body = " OR ".join("(" + " AND ".join(f'"{t}"' for t in g) + ")" for g in groups)
+            match = f'k:"{key}" AND t:({body})'
+            # Rank on the FTS table and the small artifacts row first; read revision bodies only for the top rows.
+            kind_filter = "AND a.kind = ? " if kind is not None else ""
+            sql = (
+                "WITH top AS (SELECT a.rid, a.artifact_id, m.s FROM "
+                "(SELECT rowid AS rid, bm25(ctx_fts, 0.0, 1.0) AS s FROM ctx_fts WHERE ctx_fts MATCH ?) AS m "
+                "JOIN ctx_artifacts a ON a.rid = m.rid WHERE a.searchable = 1 AND a.scope_id = ? AND a.family = ? "
+                f"{kind_filter}ORDER BY m.s, a.artifact_id LIMIT ?) "
+                "SELECT top.artifact_id, r.revision, r.content, r.content_digest, r.created_at, r.created_by, "
+                "r.source_id, r.previous_revision, r.reason, r.restored_from_revision, top.s "
+                "FROM top JOIN ctx_artifacts a ON a.rid = top.rid JOIN ctx_revisions r "
+                "ON r.scope_id = a.scope_id AND r.family = a.family AND r.artifact_id = a.artifact_id "
+                "AND r.revision = a.head_revision ORDER BY top.s, top.artifact_id"
+            )
+            args: list[Any] = [match, scope_id, family, *([kind] if kind is not None else []), limit]
+            return [
+                SearchRow(_head_from_row(scope_id, family, r[:10]), float(r[10]))
+                for r in conn.execute(sql, args).fetchall()
+            ]
+
+        return await self._db.read(run)
+
+    async def search_vector(
+        self,
+        scope_id: str,
+        family: str,
+        vector: Sequence[float],
+        limit: int,
+        min_cosine: float,
+        kind: str | None = None,
+    ) -> list[SearchRow]:
+        query = list(vector)
+
+        def run(conn: sqlite3.Connection) -> list[SearchRow]:
+            sql = (
+                "SELECT artifact_id, vector FROM ctx_artifacts WHERE scope_id = ? AND family = ? "
+                "AND searchable = 1 AND vector IS NOT NULL "
+            )
+            args: list[Any] = [scope_id, family]
+            if kind is not None:
+                sql += "AND kind = ?"
+                args.append(kind)
+            scored: list[tuple[float, str]] = []
+            for artifact_id, blob in conn.execute(sql, args):
+                vec = unpack_vector(blob)
+                if vec is None or len(vec) != len(query):
+                    continue
+                cos = cosine_unit(vec, query)
+                if cos >= min_cosine:
+                    scored.append((cos, artifact_id))
+            best = heapq.nsmallest(limit, scored, key=lambda x: (-x[0], x[1]))
+            out: list[SearchRow] = []
+            for cos, artifact_id in best:
+                row = conn.execute(
+                    _HEAD_SQL + "WHERE a.scope_id = ? AND a.family = ? AND a.artifact_id = ?",
+                    (scope_id, family, artifact_id),
+                ).fetchone()
+                out.append(SearchRow(_head_from_row(scope_id, family, row), cos))
+            return out
+
+        return await self._db.read(run)
+
+    async def vectors_complete(self, scope_id: str, family: str) -> bool:
+        def run(conn: sqlite3.Connection) -> bool:
+            row = conn.execute(
+                "SELECT 1 FROM ctx_artifacts WHERE scope_id = ? AND family = ? AND searchable = 1 "
+                "AND vector IS NULL LIMIT 1",
+                (scope_id, family),
+            ).fetchone()
+            return row is None
+
+        return await self._db.read(run)
+
+    async def missing_vectors(self, limit: int) -> list[MissingVector]:
+        def run(conn: sqlite3.Connection) -> list[MissingVector]:
+            rows = conn.execute(
+                "SELECT scope_id, family, artifact_id, head_revision, search_text FROM ctx_artifacts "
+                "WHERE searchable = 1 AND vector IS NULL ORDER BY rid LIMIT ?",
+                (limit,),
+            ).fetchall()
+            return [MissingVector(*r) for r in rows]
+
+        return await self._db.read(run)
+
+    async def set_vector(
+        self, scope_id: str, family: str, artifact_id: str, revision: int, vector: Sequence[float]
+    ) -> bool:
+        def run(conn: sqlite3.Connection) -> bool:
+            cur = conn.execute(
+                "UPDATE ctx_artifacts SET vector = ? WHERE scope_id = ? AND family = ? AND artifact_id = ? "
+                "AND head_revision = ?",
+                (pack_vector(vector), scope_id, family, artifact_id, revision),
+            )
+            return cur.rowcount == 1
+
+        return await self._db.write(run)
+
+
+def _atomic_record(artifact_id: str, row: Sequence[Any]) -> AtomicMemoryRecord:
+    head, kind, content, state, version, merged_into = row
+    text = json.loads(content)["text"]
+    return AtomicMemoryRecord(
+        ArtifactRef(Family.ATOMIC_MEMORY.value, artifact_id, head), kind, text, MemoryState(state), version, merged_into
+    )
