@@ -24,8 +24,12 @@ import aiohttp
 from aiohttp import web
 
 from gateway.api import check, ops, provider
+from gateway.api import context as context_api
 from gateway.carriers import CARRIERS, ROUTES
+from gateway.config.load import resolve
 from gateway.config.runtime import Runtime, RuntimeHolder
+from gateway.context.store.database import open_database
+from gateway.context.store.migrations import Migration
 from gateway.errors import ClientError, GatewayError, ServiceError
 from gateway.ledgers.release import MemoryReleaseLedger
 from gateway.ledgers.usage import MemoryUsageLedger
@@ -38,6 +42,8 @@ from gateway.state import (
     CALL,
     CAPACITY,
     CONFIG_PATH,
+    CONTEXT,
+    DATABASE,
     METRICS,
     PRINCIPAL_CALLS,
     RELEASE_LEDGER,
@@ -185,6 +191,33 @@ async def _ledgers(app: web.Application) -> AsyncIterator[None]:
     yield
 
 
+# Every table owner's migrations, applied when the database opens (the context store's own
+# come first, from the store module).
+STORE_MIGRATIONS: tuple[Migration, ...] = ()
+
+
+async def _database(app: web.Application) -> AsyncIterator[None]:
+    """The one database (SQLite file by default, PostgreSQL for replicas) and the context
+    service on it. Store settings are read once: changing them needs a restart."""
+    runtime = app[RUNTIME].current
+    settings = runtime.config.store
+    db = await open_database(
+        settings.backend,
+        path=resolve(runtime.base_dir, settings.path),
+        dsn=runtime.store_dsn,
+        schema=settings.pg_schema,
+        pool_max=settings.pool_max,
+        migrations=STORE_MIGRATIONS,
+    )
+    app[DATABASE] = db
+    app[CONTEXT] = service = context_api.service(app, db)
+    try:
+        await service.start()
+        yield
+    finally:
+        await db.close()
+
+
 async def _offload(app: web.Application) -> AsyncIterator[None]:
     """Worker processes for large bodies (started on first use; a gateway without its
     configuration file, as some embedders build it, decides every body on the loop)."""
@@ -217,6 +250,7 @@ def create_app(
     app.router.add_get("/metrics", ops.metrics)
     app.on_response_prepare.append(_stamp_request_id)
     app.cleanup_ctx.append(_ledgers)
+    app.cleanup_ctx.append(_database)
     app.cleanup_ctx.append(_upstream)
     app.cleanup_ctx.append(_offload)
     return app

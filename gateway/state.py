@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from gateway.config.runtime import Runtime, RuntimeHolder
+from gateway.context.service import ContextService
+from gateway.context.store.database import Database
 from gateway.ledgers.release import ReleaseLedger
 from gateway.ledgers.usage import UsageLedger
 from gateway.obs.metrics import Metrics
@@ -74,6 +76,8 @@ PRINCIPAL_CALLS = web.AppKey("wiregate_principal_calls", PrincipalCalls)
 RELEASE_LEDGER = web.AppKey("wiregate_release_ledger", ReleaseLedger)
 USAGE_LEDGER = web.AppKey("wiregate_usage_ledger", UsageLedger)
 CONFIG_PATH = web.AppKey("wiregate_config_path", Path)
+DATABASE = web.AppKey("wiregate_database", Database)  # the one store: context, shared ledgers
+CONTEXT = web.AppKey("wiregate_context", ContextService)
 
 
 @dataclass(slots=True)

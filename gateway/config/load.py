@@ -392,6 +392,14 @@ def load_runtime(config_path: Path, *, now: datetime | None = None, generation: 
         keyring = load_keyring(keyring_path)
     except KeyRingError as exc:
         raise ConfigError(f"binding key ring: {exc}") from None
+    store_dsn = None
+    if config.store.dsn is not None:
+        store_dsn = read_reference(config.store.dsn, base, "store.dsn", private).strip()
+    embeddings = config.context.embeddings_profile
+    if embeddings is not None and (
+        embeddings not in profiles or "embeddings" not in profiles[embeddings].profile.carriers
+    ):
+        raise ConfigError(f"{config_path}: context.embeddings_profile {embeddings!r} is not an embeddings profile")
     warnings = private.check(principals_path)
     limits = CarrierLimits(max_depth=config.limits.json_depth, embedded_json_depth=config.limits.embedded_json_depth)
     log_key = hmac.new(keyring.active.secret, b"wiregate.log-digest.v1", hashlib.sha256).digest()
@@ -405,6 +413,7 @@ def load_runtime(config_path: Path, *, now: datetime | None = None, generation: 
         keyring=keyring,
         generation=generation,
         log_key=log_key,
+        store_dsn=store_dsn,
         warnings=warnings,
     )
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class _Strict(BaseModel):
@@ -105,6 +105,39 @@ class LoggingSettings(_Strict):
     trace_ids: Literal["digest", "raw"] = "digest"
 
 
+class StoreSettings(_Strict):
+    """The one database: the context store, and the ledgers replicas must share."""
+
+    backend: Literal["sqlite", "postgres"] = "sqlite"
+    # SQLite: one file (WAL), relative to the configuration directory.
+    path: str = "data/wiregate.db"
+    # PostgreSQL: a connection string as a reference, never inline (it may hold a password).
+    dsn: str | None = Field(None, pattern=r"^(env:[A-Za-z_][A-Za-z0-9_]*|file:.+)$")
+    pg_schema: str = Field("wiregate", pattern=r"^[a-z_][a-z0-9_]{0,62}$")
+    pool_max: int = Field(8, ge=1, le=256)
+
+    @model_validator(mode="after")
+    def _dsn_for_postgres(self) -> StoreSettings:
+        if self.backend == "postgres" and self.dsn is None:
+            raise ValueError("store.backend = postgres needs store.dsn (env:NAME or file:PATH)")
+        return self
+
+
+class ContextConfig(_Strict):
+    """The context layer (SPEC §10): memory routes, prepare, reuse bindings."""
+
+    enabled: bool = True
+    # How long a reuse binding from prepare stays valid for replay.
+    reuse_ttl_s: float = Field(900.0, gt=0, le=86400)
+    # Vectors for vector/hybrid search come from this embeddings profile, through the
+    # gateway's own checks; none: fts only (auto falls back to fts).
+    embeddings_profile: str | None = None
+    embeddings_model: str = "text-embedding-3-small"
+    embed_timeout_s: float = Field(10.0, gt=0, le=120)
+    # Largest memory request body (PowerContext 1.4.1: 16 MiB).
+    request_bytes: int = Field(16 * 1024 * 1024, ge=1024)
+
+
 class GatewayConfig(_Strict):
     deployment_id: str = Field(pattern=r"^[A-Za-z0-9._-]{1,64}$")
     server: ServerSettings = ServerSettings()
@@ -113,6 +146,8 @@ class GatewayConfig(_Strict):
     streaming: StreamingSettings = StreamingSettings()
     bindings: BindingSettings = BindingSettings()
     logging: LoggingSettings = LoggingSettings()
+    store: StoreSettings = StoreSettings()
+    context: ContextConfig = ContextConfig()
     profiles_dir: str = "profiles"
     principals_file: str = "principals.toml"
     policy_file: str = "policy.toml"

@@ -100,6 +100,7 @@ class Runtime:
     keyring: KeyRing
     generation: int = 0
     log_key: bytes = field(default=b"", repr=False)  # keys `obs.logging.digest`
+    store_dsn: str | None = field(default=None, repr=False)  # resolved store.dsn (may hold a password)
     warnings: tuple[str, ...] = ()  # loud, content-free findings of the load (file modes)
 
     @functools.cached_property
