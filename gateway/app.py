@@ -242,6 +242,7 @@ def create_app(
     for route, name in ROUTES.items():
         app.router.add_post(route, provider.handler_for(CARRIERS[name]))
     app.router.add_post("/v1/context/check", check.handle)
+    context_api.add_routes(app)
     app.router.add_get("/v1/models", ops.models)
     app.router.add_get("/v1/capabilities", ops.capabilities)
     app.router.add_get("/v1/usage/report", ops.usage_report)

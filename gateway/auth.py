@@ -16,6 +16,7 @@ from gateway.vocab import ReasonCode
 
 SCOPE_HEADER = "x-wiregate-scope"
 ON_BEHALF_HEADER = "x-wiregate-on-behalf-of"
+CONTEXT_ACTIONS = frozenset({"context.read", "context.prepare", "context.write"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,10 +56,22 @@ def require(principal: Principal, action: str) -> None:
         raise ClientError(403, "permission_denied", (ReasonCode.FORBIDDEN_ACTION,))
 
 
-def identify(runtime: Runtime, headers: Mapping[str, str], action: str, *, body_scope: str | None = None) -> Identity:
+def identify(
+    runtime: Runtime,
+    headers: Mapping[str, str],
+    action: str,
+    *,
+    body_scope: str | None = None,
+    any_scope: bool = False,
+) -> Identity:
     """Authenticate, check the action, resolve scope (body, then header, then the
-    principal's default) and delegation."""
+    principal's default) and delegation. `any_scope`: the route authorises each scope it
+    touches itself (the context routes: per scope, creators included)."""
     principal = authenticate(runtime, headers)
+    if any_scope:
+        if not principal.actions & CONTEXT_ACTIONS and not any(acts for _, acts in principal.scope_actions):
+            raise ClientError(403, "permission_denied", (ReasonCode.FORBIDDEN_ACTION,))
+        return Identity(principal, principal.default_scope, _delegation(principal, headers))
     require(principal, action)
     header_scope = headers.get(SCOPE_HEADER)
     scope = body_scope or header_scope or principal.default_scope
@@ -66,7 +79,11 @@ def identify(runtime: Runtime, headers: Mapping[str, str], action: str, *, body_
         raise ClientError(422, "invalid_request", (ReasonCode.INVALID_REQUEST,))
     if scope not in principal.scopes and "*" not in principal.scopes:
         raise ClientError(403, "permission_denied", (ReasonCode.FORBIDDEN_ACTION,))
+    return Identity(principal, scope, _delegation(principal, headers))
+
+
+def _delegation(principal: Principal, headers: Mapping[str, str]) -> str | None:
     subject = headers.get(ON_BEHALF_HEADER)
     if subject is not None and (not principal.may("delegate") or subject not in principal.may_act_for):
         raise ClientError(403, "permission_denied", (ReasonCode.FORBIDDEN_ACTION,))
-    return Identity(principal, scope, subject)
+    return subject

@@ -99,7 +99,7 @@ class Env:
         return key
 
 
-ALL_ACTIONS = ["proxy", "context.check", "context.prepare", "context.write", "observe", "admin"]
+ALL_ACTIONS = ["proxy", "context.check", "context.read", "context.prepare", "context.write", "observe", "admin"]
 
 
 def policy_text(*, version: str = "test-1", extra: str = "", engine: str = "hyperscan") -> str:

@@ -1,20 +1,63 @@
 """The context routes (SPEC §10, PowerContext 1.4.1 compatible): scopes, artifacts, atomic
 memory, search and prepare, on the context service.
 
-Owns: request validation in 1.4.1's schemas, authorisation per principal and scope, the
-write check hook, 1.4.1's status codes, headers (ETag, Location) and error shape, and the
-reuse envelope (the binding is sealed here, by the key ring).
-Must not: touch the database (the service does), or put content in logs, metrics or errors.
+Every route: authenticate the gateway key, read the body (bounded, strict JSON: duplicate
+keys are an error), validate it against 1.4.1's request schema (closed objects, strict
+types), authorise the principal for the action on every scope the route touches, run the
+write check on what would be stored, call the service, and answer with 1.4.1's status
+codes, headers (ETag, Location) and `{"error": {code, message, details}}` shape.
+
+Authorisation (SPEC §3, COMPAT §4): a principal acts on a scope it names in `scopes` (or
+`*`), or on a scope it created; `scope_actions` narrows or widens the actions per scope.
+`context.read` reads; `context.prepare` and `context.write` include reading (what they
+return or change is content of that scope anyway); `admin` and `observe` never do.
+
+Owns: request validation, authorisation, the write-check hook, 1.4.1's wire details and
+the reuse envelope (the binding is sealed here, by the key ring).
+Must not: touch the database (the service does), or put content — texts, queries, keys of
+the client's JSON — in logs, metrics or error bodies.
 """
 
 from __future__ import annotations
 
-from aiohttp import web
+import fnmatch
+import hashlib
+import json
+import re
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
+from urllib.parse import quote
 
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
+
+from gateway import auth
+from gateway.checks import claims as claims_
 from gateway.checks.store import refusal_reasons, write_verdict
+from gateway.config.runtime import Principal, Runtime
+from gateway.context import errors as cx
+from gateway.context.model import ArtifactRef, AtomicMemoryInput
 from gateway.context.service import ContextService, ContextSettings
+from gateway.context.store.base import ScopeRecord
 from gateway.context.store.database import Database
-from gateway.state import RUNTIME
+from gateway.errors import ClientError
+from gateway.http.body import read_body
+from gateway.obs import logging as log
+from gateway.state import CALL, CONTEXT, RUNTIME
+from gateway.vocab import Outcome
+
+PREPARED_SCHEMA = "powercontext.prepared-context.v1"
+WITH_REUSE_SCHEMA = "powercontext.prepared-context-with-reuse.v1"
+REUSE_SCHEMA = "powercontext.context-reuse.v1"
+REUSE_CONSTRAINTS = {
+    "preserve": ["content", "citations", "trust", "order"],
+    "refresh_on": ["permission_change", "source_ineligible", "context_boundary"],
+}
+READ_ACTIONS = frozenset({"context.read", "context.prepare", "context.write"})
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def service(app: web.Application, db: Database) -> ContextService:
@@ -28,3 +71,776 @@ def service(app: web.Application, db: Database) -> ContextService:
     return ContextService(
         db.context, check_write=check_write, settings=ContextSettings(embed_timeout_s=cfg.embed_timeout_s)
     )
+
+
+# --- request schemas (1.4.1, closed and strict) ----------------------------------------------
+
+NonBlank = Annotated[StrictStr, Field(min_length=1, pattern=r".*\S.*")]
+ScopeId = Annotated[StrictStr, Field(min_length=1, max_length=256, pattern=r".*\S.*")]
+Visible = Annotated[StrictStr, Field(min_length=1, max_length=128, pattern=r"^[\x21-\x7E]+$")]
+
+
+class _Closed(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class ExternalReference(_Closed):
+    kind: Annotated[StrictStr, Field(min_length=1, max_length=128, pattern=r".*\S.*")]
+    value: Annotated[StrictStr, Field(min_length=1, max_length=2000, pattern=r".*\S.*")]
+
+
+class CreateScope(_Closed):
+    title: Annotated[StrictStr, Field(min_length=1, max_length=256, pattern=r".*\S.*")]
+    summary: Annotated[StrictStr, Field(min_length=1, max_length=2000, pattern=r".*\S.*")]
+    idempotency_key: Annotated[StrictStr, Field(min_length=1, max_length=256, pattern=r".*\S.*")]
+    parent_scope_id: ScopeId | None = None
+    context_references: list[ScopeId] = Field(default_factory=list)
+    external_references: list[ExternalReference] = Field(default_factory=list)
+
+
+class Ref(_Closed):
+    family: Visible
+    artifact_id: Visible
+    revision: Annotated[StrictInt, Field(ge=1)]
+
+    def ref(self) -> ArtifactRef:
+        return ArtifactRef(self.family, self.artifact_id, self.revision)
+
+
+class MemoryInput(_Closed):
+    artifact: Ref
+    state_version: Annotated[StrictInt, Field(ge=0)]
+
+    def input(self) -> AtomicMemoryInput:
+        return AtomicMemoryInput(self.artifact.ref(), self.state_version)
+
+
+class AtomicContent(_Closed):
+    schema_: Literal["powercontext.atomic-memory.v1"] | None = Field(None, alias="schema")
+    kind: Annotated[StrictStr, Field(min_length=1, max_length=128)]
+    text: Annotated[StrictStr, Field(min_length=1)]
+
+    def wire(self) -> dict[str, Any]:
+        return self.model_dump(by_alias=True, exclude_none=True)
+
+
+class CreateArtifact(_Closed):
+    family: Literal["atomic-memory", "topic-memory", "experience", "profile"]
+    content: dict[str, Any]
+
+
+class ReplaceArtifact(_Closed):
+    content: dict[str, Any]
+    restored_from_revision: Annotated[StrictInt, Field(ge=1)] | None = None
+    reason: StrictStr | None = None
+
+
+TagMatch = Literal["all", "any"]
+Tags = Annotated[list[Annotated[StrictStr, Field(min_length=1)]], Field(max_length=16)]
+
+
+class ListAtomic(_Closed):
+    scope_id: ScopeId
+    states: list[Literal["active", "forgotten", "merged", "retired"]] | None = None
+    kind: Annotated[StrictStr, Field(min_length=1)] | None = None
+    tags: Tags = Field(default_factory=list)
+    tag_match: TagMatch | None = None
+    limit: Annotated[StrictInt, Field(ge=1, le=100)] = 50
+    cursor: Annotated[StrictStr, Field(max_length=4096)] | None = None
+
+
+class SearchAtomic(_Closed):
+    scope_id: ScopeId
+    query: Annotated[StrictStr, Field(min_length=1, max_length=8192)]
+    mode: Literal["text", "vector", "hybrid"] = "text"
+    kind: Annotated[StrictStr, Field(min_length=1)] | None = None
+    tags: Tags = Field(default_factory=list)
+    tag_match: TagMatch | None = None
+    limit: Annotated[StrictInt, Field(ge=1, le=100)] = 20
+
+
+class Lifecycle(_Closed):
+    scope_id: ScopeId
+    target: MemoryInput
+    # 1.4.1 allows only "forgotten" here; wiregate also retires (SPEC §10.2), an extension.
+    state: Literal["forgotten", "retired"]
+
+
+class Merge(_Closed):
+    scope_id: ScopeId
+    inputs: Annotated[list[MemoryInput], Field(min_length=2)]
+    content: AtomicContent
+    source_refs: list[dict[str, Any]] = Field(default_factory=list)
+    artifact_refs: list[Ref] = Field(default_factory=list)
+
+
+class SearchArtifacts(_Closed):
+    query: Annotated[StrictStr, Field(min_length=1, max_length=8192, pattern=r".*\S.*")]
+    limit: Annotated[StrictInt, Field(ge=1, le=200)] = 10
+    mode: Annotated[StrictStr, Field(min_length=1, pattern=r".*\S.*")] | None = None
+    filters: dict[str, Any] | None = None
+    admission: dict[str, Any] | None = None
+    fusion: dict[str, Any] | None = None
+    min_score: Annotated[float, Field(ge=0, le=1)] | None = None
+    include_scores: StrictBool = False
+    rerank: dict[str, Any] | None = None
+
+
+class Remember(_Closed):
+    scope_id: ScopeId
+    kind: Annotated[StrictStr, Field(min_length=1, max_length=128)]
+    text: Annotated[StrictStr, Field(min_length=1)]
+    reason: Annotated[StrictStr, Field(max_length=512)] | None = None
+    expected_revision: Annotated[StrictInt, Field(ge=1)] | None = None
+
+
+class TagFilter(_Closed):
+    tags: Annotated[list[Annotated[StrictStr, Field(min_length=1, max_length=64)]], Field(min_length=1, max_length=16)]
+    match: TagMatch = "all"
+
+
+class SearchMemory(_Closed):
+    scope_id: ScopeId
+    query: Annotated[StrictStr, Field(min_length=1, max_length=8192)]
+    limit: Annotated[StrictInt, Field(ge=1, le=50)] = 10
+    mode: Literal["auto", "fts", "vector", "hybrid"] = "auto"
+    tag_filter: TagFilter | None = None
+
+
+class Prepare(_Closed):
+    scope_id: ScopeId
+    query: Annotated[StrictStr, Field(min_length=1, max_length=8192, pattern=r"(?s).*\S.*")]
+    max_bytes: Annotated[StrictInt, Field(ge=512, le=32768)] = 8000
+    include_code: StrictBool | None = None
+    explain: StrictBool | None = None
+    assembly: dict[str, Any] | None = None
+    bootstrap_receipt_id: Annotated[StrictStr, Field(min_length=1, max_length=64, pattern=r"^[\x21-\x7E]+$")] | None = (
+        None
+    )
+    # The seeds' opt-ins (omitted, null and false are the same)
+    include_receipt: StrictBool | None = None
+    include_reuse: StrictBool | None = None
+
+
+# --- errors in 1.4.1's shape -------------------------------------------------------------------
+
+
+class Unauthorized(cx.ContextError):
+    status, code, message = 401, "unauthorized", "A valid credential is required."
+
+
+class Forbidden(cx.ContextError):
+    status, code, message = 403, "forbidden", "The principal may not perform this operation."
+
+
+class RequestTooLarge(cx.ContextError):
+    status, code, message = 413, "request_too_large", "The HTTP request body exceeds the limit."
+
+
+class ContractViolation(cx.ContextError):
+    status, code, message = 422, "invalid_request", "The request violates the API contract."
+
+
+class NotModified(Exception):
+    def __init__(self, etag: str) -> None:
+        super().__init__("not modified")
+        self.etag = etag
+
+
+_ETAG = re.compile(r'^"revision:[0-9]{1,12}"$')
+
+
+def _error_response(err: cx.ContextError) -> web.Response:
+    headers = {"WWW-Authenticate": "Bearer"} if err.status == 401 else {}
+    body = err.to_wire()
+    details = body["error"]["details"]
+    if (
+        isinstance(err, cx.RevisionConflict)
+        and isinstance(details, dict)
+        and not _ETAG.match(str(details.get("provided_etag")))
+    ):
+        details["provided_etag"] = None  # only ever echo an ETag of ours, never client text
+    return web.json_response(body, status=err.status, headers=headers)
+
+
+def _validation_details(exc: ValidationError, schema: type[BaseModel]) -> dict[str, Any]:
+    """pydantic's errors without input values; a location segment that is not one of the
+    schema's own field names (a client's unknown key, say) is written `*`."""
+    known = _field_names(schema)
+    out = []
+    for error in exc.errors(include_url=False, include_context=False, include_input=False):
+        loc = ["body", *(p if isinstance(p, int) or p in known else "*" for p in error["loc"])]
+        out.append({"type": error["type"], "loc": loc, "msg": _MESSAGES.get(error["type"], "Invalid value")})
+    return {"errors": out}
+
+
+_MESSAGES = {
+    "missing": "Field required",
+    "extra_forbidden": "Extra inputs are not permitted",
+    "string_too_short": "String too short",
+    "string_too_long": "String too long",
+    "string_pattern_mismatch": "String does not match the pattern",
+    "string_type": "Input should be a valid string",
+    "int_type": "Input should be a valid integer",
+    "bool_type": "Input should be a valid boolean",
+    "greater_than_equal": "Input is too small",
+    "less_than_equal": "Input is too large",
+    "literal_error": "Input is not one of the allowed values",
+    "too_short": "List too short",
+    "too_long": "List too long",
+    "dict_type": "Input should be a valid dictionary",
+    "list_type": "Input should be a valid list",
+    "model_type": "Input should be an object",
+    "json_invalid": "Invalid JSON",
+}
+
+
+def _field_names(schema: type[BaseModel]) -> set[str]:
+    names: set[str] = set()
+    stack: list[Any] = [schema]
+    seen: set[Any] = set()
+    while stack:
+        model = stack.pop()
+        if model in seen:
+            continue
+        seen.add(model)
+        for name, info in model.model_fields.items():
+            names.add(info.alias or name)
+            for arg in _types_in(info.annotation):
+                if isinstance(arg, type) and issubclass(arg, BaseModel):
+                    stack.append(arg)
+    return names
+
+
+def _types_in(annotation: Any) -> list[Any]:
+    out = [annotation]
+    for arg in getattr(annotation, "__args__", ()) or ():
+        out.extend(_types_in(arg))
+    return out
+
+
+# --- the route wrapper -------------------------------------------------------------------------
+
+
+class Ctx:
+    """What a route handler gets: the runtime, the principal, the service, and helpers to
+    authorise scopes."""
+
+    def __init__(self, request: web.Request, runtime: Runtime, identity: auth.Identity) -> None:
+        self.request = request
+        self.runtime = runtime
+        self.identity = identity
+        self.principal = identity.principal
+        self.service: ContextService = request.app[CONTEXT]
+
+    async def allow(self, scope_id: str, action: str) -> ScopeRecord:
+        """The scope, if this principal may `action` on it; else 403 (an unknown scope the
+        principal could not see is 404 only when it could act on it: no existence oracle)."""
+        record = await self.service.find_scope(scope_id) if _plausible(scope_id) else None
+        if not may(self.principal, scope_id, action, record):
+            raise Forbidden()
+        if record is None:
+            raise cx.ScopeNotFound()
+        return record
+
+    async def may_read(self, scope_id: str) -> bool:
+        record = await self.service.find_scope(scope_id) if _plausible(scope_id) else None
+        return may(self.principal, scope_id, "context.read", record)
+
+
+def _plausible(scope_id: str) -> bool:
+    return 0 < len(scope_id) <= 256 and scope_id == scope_id.strip()
+
+
+def may(principal: Principal, scope_id: str, action: str, record: ScopeRecord | None) -> bool:
+    """May `principal` take `action` on `scope_id`? Reading is implied by prepare and write."""
+    creator = record is not None and record.created_by == principal.id
+    named = any(fnmatch.fnmatchcase(scope_id, pattern) for pattern in principal.scopes)
+    if not (named or creator):
+        return False
+    actions = principal.actions
+    for pattern, scoped in principal.scope_actions:
+        if fnmatch.fnmatchcase(scope_id, pattern):
+            actions = scoped
+            break
+    if action == "context.read":
+        return bool(actions & READ_ACTIONS)
+    return action in actions
+
+
+def route(action: str, schema: type[BaseModel] | None = None) -> Callable[..., Handler]:
+    """Wrap a handler: authenticate (the route's action in general), read and validate the
+    body, and render context errors in 1.4.1's shape."""
+
+    def wrap(fn: Callable[..., Awaitable[web.StreamResponse]]) -> Handler:
+        async def handler(request: web.Request) -> web.StreamResponse:
+            call = request[CALL]
+            runtime = request.app[RUNTIME].current
+            try:
+                try:
+                    identity = auth.identify(runtime, request.headers, action, any_scope=True)
+                except ClientError as err:
+                    raise (Unauthorized() if err.status == 401 else Forbidden()) from None
+                call.identify(identity, runtime)
+                ctx = Ctx(request, runtime, identity)
+                if schema is None:
+                    return await fn(ctx)
+                raw, dto = await _read(request, runtime, schema)
+                return await fn(ctx, dto, raw)
+            except NotModified as nm:
+                return web.Response(status=304, headers={"ETag": nm.etag})
+            except cx.ContextError as err:
+                call.outcome = Outcome.REFUSED
+                if isinstance(err, cx.MemoryWriteRejected):
+                    call.reason_codes = err.reason_codes
+                    log.info("memory_write_rejected", request_id=call.request_id, reason_codes=err.reason_codes)
+                return _error_response(err)
+
+        handler.__name__ = fn.__name__
+        return handler
+
+    return wrap
+
+
+async def _read(request: web.Request, runtime: Runtime, schema: type[BaseModel]) -> tuple[bytes, Any]:
+    limit = runtime.config.context.request_bytes
+    if request.content_length is not None and request.content_length > limit:
+        raise RequestTooLarge()
+    try:
+        raw = await read_body(request, runtime.config.limits)
+    except ClientError as err:
+        if err.status == 413:
+            raise RequestTooLarge() from None
+        if err.status == 415:
+            details = {"errors": [{"type": "media_type", "loc": ["header"], "msg": "JSON expected"}]}
+            raise ContractViolation(details) from None
+        raise
+    if len(raw) > limit:
+        raise RequestTooLarge()
+    try:
+        doc = json.loads(raw, object_pairs_hook=_no_duplicates)
+    except (ValueError, RecursionError):  # JSONDecodeError, UnicodeDecodeError, a duplicate key
+        raise ContractViolation(
+            {"errors": [{"type": "json_invalid", "loc": ["body"], "msg": "Invalid JSON"}]}
+        ) from None
+    try:
+        return raw, schema.model_validate(doc)
+    except ValidationError as exc:
+        raise ContractViolation(_validation_details(exc, schema)) from None
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        raise ValueError("duplicate key")  # ambiguous: never guess which value was meant
+    return out
+
+
+def _checked(ctx: Ctx, raw: bytes) -> None:
+    """The whole write body as received goes through the write check too (the service
+    checks the normalised texts it would store)."""
+    reasons = refusal_reasons(write_verdict(ctx.runtime, (), raw))
+    if reasons:
+        raise cx.MemoryWriteRejected(reasons)
+
+
+def _json(body: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> web.Response:
+    return web.Response(
+        body=json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode(),
+        status=status,
+        headers=dict(headers or {}),
+        content_type="application/json",
+    )
+
+
+def _int_query(request: web.Request, name: str, default: int | None, low: int, high: int) -> int | None:
+    value = request.query.get(name)
+    if value is None:
+        return default
+    if not value.isdigit() or not low <= int(value) <= high:
+        raise cx.InvalidRequest(name, "is out of range")
+    return int(value)
+
+
+def _cursor(request: web.Request) -> str | None:
+    value = request.query.get("cursor")
+    if value is not None and not 1 <= len(value) <= 4096:
+        raise cx.InvalidCursor()
+    return value
+
+
+def _if_none_match(request: web.Request, etag: str) -> None:
+    header = request.headers.get("If-None-Match")
+    if header is None:
+        return
+    for candidate in header.split(","):
+        candidate = candidate.strip()
+        if candidate.startswith("W/"):
+            candidate = candidate[2:]
+        if candidate == etag or candidate == "*":
+            raise NotModified(etag)
+
+
+# --- scopes ------------------------------------------------------------------------------------
+
+
+@route("context.write", CreateScope)
+async def create_scope(ctx: Ctx, dto: CreateScope, raw: bytes) -> web.Response:
+    for ref in [*dto.context_references, *([dto.parent_scope_id] if dto.parent_scope_id else [])]:
+        await ctx.allow(ref, "context.read")  # a scope may only reference what its creator may read
+    _checked(ctx, raw)
+    scope, _created = await ctx.service.create_scope(
+        title=dto.title,
+        summary=dto.summary,
+        idempotency_key=dto.idempotency_key,
+        principal=ctx.principal.id,
+        parent_scope_id=dto.parent_scope_id,
+        context_references=dto.context_references,
+        external_references=[e.model_dump() for e in dto.external_references],
+    )
+    return _json(scope.to_wire(), 201)
+
+
+@route("context.read")
+async def list_scopes(ctx: Ctx) -> web.Response:
+    """Scopes this principal may read (a page may hold fewer than `limit` items)."""
+    request = ctx.request
+    limit = _int_query(request, "limit", None, 1, 100)
+    page = await ctx.service.list_scopes(limit=limit, cursor=_cursor(request))
+    items = [s.to_wire() for s in page.items if may(ctx.principal, s.scope_id, "context.read", s)]
+    return _json({"items": items, "next_cursor": page.next_cursor})
+
+
+@route("context.read")
+async def get_scope(ctx: Ctx) -> web.Response:
+    scope = await ctx.allow(ctx.request.match_info["scope_id"], "context.read")
+    return _json(scope.to_wire())
+
+
+# --- artifacts ---------------------------------------------------------------------------------
+
+
+def _family(request: web.Request) -> str:
+    return request.match_info["family"]
+
+
+@route("context.write", CreateArtifact)
+async def create_artifact(ctx: Ctx, dto: CreateArtifact, raw: bytes) -> web.Response:
+    scope_id = ctx.request.match_info["scope_id"]
+    await ctx.allow(scope_id, "context.write")
+    _checked(ctx, raw)
+    created = await ctx.service.create_artifact(scope_id, dto.family, dto.content, principal=ctx.principal.id)
+    location = "/v1/scopes/{}/artifacts/{}/{}".format(
+        quote(scope_id, safe=""), quote(created.family, safe=""), quote(created.artifact_id, safe="")
+    )
+    return _json(created.to_created(), 201, {"ETag": created.etag, "Location": location})
+
+
+@route("context.read")
+async def list_artifacts(ctx: Ctx) -> web.Response:
+    request = ctx.request
+    scope_id = request.match_info["scope_id"]
+    await ctx.allow(scope_id, "context.read")
+    limit = _int_query(request, "limit", None, 1, 100)
+    page = await ctx.service.list_artifacts(scope_id, _family(request), limit=limit, cursor=_cursor(request))
+    return _json({"items": [r.to_collection_item() for r in page.items], "next_cursor": page.next_cursor})
+
+
+@route("context.read")
+async def get_artifact(ctx: Ctx) -> web.Response:
+    info = ctx.request.match_info
+    await ctx.allow(info["scope_id"], "context.read")
+    head = await ctx.service.get_artifact(info["scope_id"], info["family"], info["artifact_id"])
+    _if_none_match(ctx.request, head.etag)
+    return _json(head.to_wire(), headers={"ETag": head.etag})
+
+
+@route("context.write", ReplaceArtifact)
+async def replace_artifact(ctx: Ctx, dto: ReplaceArtifact, raw: bytes) -> web.Response:
+    info = ctx.request.match_info
+    await ctx.allow(info["scope_id"], "context.write")
+    _checked(ctx, raw)
+    if dto.restored_from_revision is not None:
+        raise cx.CapabilityNotSupported("restored_from_revision")
+    rev = await ctx.service.replace_artifact(
+        info["scope_id"],
+        info["family"],
+        info["artifact_id"],
+        dto.content,
+        if_match=ctx.request.headers.get("If-Match"),
+        principal=ctx.principal.id,
+        reason=dto.reason,
+    )
+    return _json(rev.to_wire(), headers={"ETag": rev.etag})
+
+
+@route("context.read")
+async def list_revisions(ctx: Ctx) -> web.Response:
+    request = ctx.request
+    info = request.match_info
+    await ctx.allow(info["scope_id"], "context.read")
+    limit = _int_query(request, "limit", None, 1, 100)
+    page = await ctx.service.list_artifact_revisions(
+        info["scope_id"], info["family"], info["artifact_id"], limit=limit, cursor=_cursor(request)
+    )
+    return _json({"items": [r.to_collection_item() for r in page.items], "next_cursor": page.next_cursor})
+
+
+@route("context.read")
+async def get_revision(ctx: Ctx) -> web.Response:
+    info = ctx.request.match_info
+    await ctx.allow(info["scope_id"], "context.read")
+    text = info["revision"]
+    if not text.isdigit() or int(text) < 1 or len(text) > 9:
+        raise ContractViolation(
+            {"errors": [{"type": "int_parsing", "loc": ["path", "revision"], "msg": "Input should be a valid integer"}]}
+        )
+    rev = await ctx.service.get_artifact_revision(info["scope_id"], info["family"], info["artifact_id"], int(text))
+    return _json(rev.to_wire())
+
+
+@route("context.read")
+async def get_state(ctx: Ctx) -> web.Response:
+    info = ctx.request.match_info
+    await ctx.allow(info["scope_id"], "context.read")
+    state = await ctx.service.get_atomic_state(info["scope_id"], info["artifact_id"])
+    _if_none_match(ctx.request, state.etag)
+    return _json(state.to_wire(), headers={"ETag": state.etag})
+
+
+@route("context.read", SearchArtifacts)
+async def search_artifacts(ctx: Ctx, dto: SearchArtifacts, raw: bytes) -> web.Response:
+    info = ctx.request.match_info
+    scope_id, family = info["scope_id"], info["family"]
+    await ctx.allow(scope_id, "context.read")
+    if family not in ("atomic-memory", "topic-memory", "experience"):
+        if family in ("profile", "handoff", "prompt", "skill"):
+            raise cx.ArtifactSearchNotSupported("family")
+        raise cx.ArtifactFamilyNotFound()
+    mode = {None: "fts", "text": "fts"}.get(dto.mode, dto.mode)
+    if mode not in ("fts", "vector", "hybrid"):
+        raise cx.InvalidRequest("mode", "is not a search mode")
+    if family == "atomic-memory" and dto.limit > 100:
+        raise cx.InvalidRequest("limit", "is out of range")
+    kind = _filter_kind(dto.filters)
+    result = await ctx.service.search(scope_id, family, dto.query, mode=mode, limit=min(dto.limit, 100), kind=kind)
+    items = []
+    for hit in result.hits:
+        head = hit.head
+        item: dict[str, Any] = {
+            "family": head.family,
+            "artifact_id": head.artifact_id,
+            "revision": head.revision,
+            "content": dict(head.content),
+            "lineage": {
+                "sources": [{"source_type": "content", "source_id": head.source_id}],
+                "artifacts": [head.previous.to_wire()] if head.previous else [],
+                "publication_source": None,
+                "publication_digest": None,
+            },
+        }
+        if dto.include_scores:
+            item["scores"] = {"retrieval": min(1.0, hit.score * 60), "channels": {}}
+        if dto.min_score is None or min(1.0, hit.score * 60) >= dto.min_score:
+            items.append(item)
+    return _json({"results": items})
+
+
+def _filter_kind(filters: Mapping[str, Any] | None) -> str | None:
+    if not filters:
+        return None
+    if not set(filters) <= {"kind", "tags", "tag_match"}:
+        raise cx.InvalidRequest("filters", "names an unknown filter")
+    kind = filters.get("kind")
+    if kind is not None and (not isinstance(kind, str) or not kind):
+        raise cx.InvalidRequest("filters", "kind must be a string")
+    if filters.get("tags"):
+        raise cx.CapabilityNotSupported("tags")
+    return kind
+
+
+# --- atomic memory -----------------------------------------------------------------------------
+
+
+@route("context.read", ListAtomic)
+async def list_atomic(ctx: Ctx, dto: ListAtomic, raw: bytes) -> web.Response:
+    await ctx.allow(dto.scope_id, "context.read")
+    if dto.tags:
+        raise cx.CapabilityNotSupported("tags")
+    page = await ctx.service.list_atomic_memories(
+        dto.scope_id, states=dto.states, kind=dto.kind, limit=dto.limit, cursor=dto.cursor
+    )
+    return _json({"items": [r.to_wire() for r in page.items], "next_cursor": page.next_cursor})
+
+
+@route("context.read", SearchAtomic)
+async def search_atomic(ctx: Ctx, dto: SearchAtomic, raw: bytes) -> web.Response:
+    await ctx.allow(dto.scope_id, "context.read")
+    if dto.tags:
+        raise cx.CapabilityNotSupported("tags")
+    mode = "fts" if dto.mode == "text" else dto.mode
+    result = await ctx.service.search(
+        dto.scope_id, "atomic-memory", dto.query, mode=mode, limit=dto.limit, kind=dto.kind
+    )
+    return _json(await _with_states(ctx, dto.scope_id, result))
+
+
+async def _with_states(ctx: Ctx, scope_id: str, result: Any) -> dict[str, Any]:
+    """Search hits as 1.4.1 `AtomicMemorySearchHit`s (the record carries its state version)."""
+    hits = []
+    for h in result.hits:
+        state = await ctx.service.get_atomic_state(scope_id, h.head.artifact_id)
+        hits.append(
+            {
+                "memory": {
+                    "artifact": h.head.ref.to_wire(),
+                    "kind": str(h.head.content.get("kind", "")),
+                    "text": str(h.head.content.get("text", "")),
+                    "state": state.state.value,
+                    "state_version": state.state_version,
+                    "merged_into_id": state.merged_into_id,
+                },
+                "score": h.score,
+                "matched_by": list(h.matched_by),
+            }
+        )
+    return {"mode": result.wire_mode, "hits": hits}
+
+
+@route("context.write", Lifecycle)
+async def lifecycle(ctx: Ctx, dto: Lifecycle, raw: bytes) -> web.Response:
+    await ctx.allow(dto.scope_id, "context.write")
+    result = await ctx.service.change_lifecycle(dto.scope_id, dto.target.input(), dto.state)
+    return _json(result.to_wire())
+
+
+@route("context.write", Merge)
+async def merge(ctx: Ctx, dto: Merge, raw: bytes) -> web.Response:
+    await ctx.allow(dto.scope_id, "context.write")
+    if dto.source_refs or dto.artifact_refs:
+        raise cx.CapabilityNotSupported("merge_references")
+    _checked(ctx, raw)
+    result = await ctx.service.merge_atomic_memories(
+        dto.scope_id, [i.input() for i in dto.inputs], dto.content.wire(), principal=ctx.principal.id
+    )
+    return _json(result.to_wire())
+
+
+@route("context.write", Remember)
+async def remember(ctx: Ctx, dto: Remember, raw: bytes) -> web.Response:
+    await ctx.allow(dto.scope_id, "context.write")
+    if dto.expected_revision is not None:
+        raise LegacyUnsupported()
+    _checked(ctx, raw)
+    result = await ctx.service.remember(dto.scope_id, dto.kind, dto.text, principal=ctx.principal.id)
+    return _json(result.to_wire())
+
+
+class LegacyUnsupported(cx.ContextError):
+    status, code, message = 422, "legacy_memory_operation_unsupported", "This legacy memory operation is unsupported."
+
+
+@route("context.read", SearchMemory)
+async def search_memory(ctx: Ctx, dto: SearchMemory, raw: bytes) -> web.Response:
+    await ctx.allow(dto.scope_id, "context.read")
+    if dto.tag_filter is not None:
+        raise cx.CapabilityNotSupported("tags")
+    result = await ctx.service.search(dto.scope_id, "atomic-memory", dto.query, mode=dto.mode, limit=dto.limit)
+    return _json(await _with_states(ctx, dto.scope_id, result))
+
+
+# --- prepare -----------------------------------------------------------------------------------
+
+
+@route("context.prepare", Prepare)
+async def prepare(ctx: Ctx, dto: Prepare, raw: bytes) -> web.Response:
+    await ctx.allow(dto.scope_id, "context.prepare")  # references are authorised by the service
+    if dto.include_code:
+        raise cx.CapabilityNotSupported("include_code")
+    if dto.assembly is not None:
+        raise cx.CapabilityNotSupported("assembly")
+    call = ctx.request[CALL]
+    started = time.perf_counter()
+    result = await ctx.service.prepare(
+        dto.scope_id,
+        dto.query,
+        dto.max_bytes,
+        bool(dto.include_receipt),
+        principal_may_read=ctx.may_read,
+    )
+    if dto.include_receipt and result.receipt is None:
+        log.warning("receipt_omitted", request_id=call.request_id, diagnostic=result.receipt_diagnostic)
+    log.info(
+        "prepare",
+        request_id=call.request_id,
+        status=result.context["status"],
+        content_bytes=result.context["content_bytes"],
+        items=len(result.dependencies),
+        receipt=result.receipt is not None,
+        reuse=bool(dto.include_reuse),
+        duration_ms=round((time.perf_counter() - started) * 1000, 3),
+    )
+    if not dto.include_reuse:
+        body: dict[str, Any] = dict(result.context)
+        if result.receipt is not None:
+            body["receipt"] = result.receipt
+        return _json(body)
+    envelope: dict[str, Any] = {
+        "schema": WITH_REUSE_SCHEMA,
+        "context": result.context,
+        "reuse": reuse_block(ctx, dto.scope_id, result.context, result.dependencies),
+    }
+    if result.receipt is not None:
+        envelope["receipt"] = result.receipt
+    return _json(envelope)
+
+
+def reuse_block(ctx: Ctx, scope_id: str, context: Mapping[str, Any], deps: Sequence[Any]) -> dict[str, Any]:
+    """The reuse envelope's `reuse`: a binding sealed by the key ring naming the exact
+    content, the party it was prepared for, every dependency revision and the expiry."""
+    runtime = ctx.runtime
+    now = time.time()
+    content = context.get("content") or ""
+    made = claims_.new(
+        claims_.ReuseClaims,
+        runtime.keyring,
+        audience=runtime.config.deployment_id,
+        now=now,
+        ttl_s=runtime.config.context.reuse_ttl_s,
+        principal=ctx.principal.id,
+        delegate=ctx.identity.on_behalf_of,
+        scope=scope_id,
+        content_digest="sha256:" + hashlib.sha256(content.encode("utf-8")).hexdigest(),
+        dependencies=tuple(d.to_wire() for d in deps),
+    )
+    return {
+        "schema": REUSE_SCHEMA,
+        "constraints": REUSE_CONSTRAINTS,
+        "expires_at": datetime.fromtimestamp(made.expires_at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "binding": claims_.seal_claims(runtime.keyring, made),
+    }
+
+
+# --- routes ------------------------------------------------------------------------------------
+
+
+def add_routes(app: web.Application) -> None:
+    r = app.router
+    r.add_post("/v1/scopes", create_scope)
+    r.add_get("/v1/scopes", list_scopes)
+    r.add_get("/v1/scopes/{scope_id}", get_scope)
+    r.add_post("/v1/scopes/{scope_id}/artifacts", create_artifact)
+    r.add_get("/v1/scopes/{scope_id}/artifacts/{family}", list_artifacts)
+    r.add_post("/v1/scopes/{scope_id}/artifacts/{family}/search", search_artifacts)
+    r.add_get("/v1/scopes/{scope_id}/artifacts/atomic-memory/{artifact_id}/state", get_state)
+    r.add_get("/v1/scopes/{scope_id}/artifacts/{family}/{artifact_id}", get_artifact)
+    r.add_put("/v1/scopes/{scope_id}/artifacts/{family}/{artifact_id}", replace_artifact)
+    r.add_get("/v1/scopes/{scope_id}/artifacts/{family}/{artifact_id}/revisions", list_revisions)
+    r.add_get("/v1/scopes/{scope_id}/artifacts/{family}/{artifact_id}/revisions/{revision}", get_revision)
+    r.add_post("/v1/atomic-memory/list", list_atomic)
+    r.add_post("/v1/atomic-memory/search", search_atomic)
+    r.add_post("/v1/atomic-memory/lifecycle", lifecycle)
+    r.add_post("/v1/atomic-memory/merges", merge)
+    r.add_post("/v1/memory/remember", remember)
+    r.add_post("/v1/memory/search", search_memory)
+    r.add_post("/v1/context/prepare", prepare)

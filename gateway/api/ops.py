@@ -7,11 +7,13 @@ Must not: expose content or identities beyond the caller's own.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from aiohttp import web
 
 from gateway import __version__, auth
 from gateway.carriers import CARRIERS, ROUTES, SHORT_NAMES
+from gateway.config.runtime import Runtime
 from gateway.proxy.upstream import UPSTREAM
 from gateway.state import METRICS, RUNTIME, USAGE_LEDGER
 from gateway.usage import KINDS
@@ -72,11 +74,73 @@ async def usage_report(request: web.Request) -> web.Response:
     return web.json_response(body)
 
 
+def powercontext_capabilities(runtime: Runtime) -> dict[str, Any]:
+    """PowerContext 1.4.1's `Capabilities` object (closed): what wiregate's context layer
+    offers, in the fields a 1.4.1 client knows."""
+    vector = runtime.config.context.embeddings_profile is not None
+    return {
+        "prompts": {},
+        "artifact_dreaming": False,
+        "artifact_dreaming_operations": [],
+        "source_types": ["content"],
+        "artifact_families": ["atomic-memory", "topic-memory", "experience", "profile"],
+        "memory_extraction": False,
+        "extraction": None,
+        "experience_generation": False,
+        "managed_skill_generation": False,
+        "external_skill_registry": False,
+        "handoff_generation": False,
+        "search_modes": ["auto", "fts", "vector", "hybrid"] if vector else ["auto", "fts"],
+        "context_versions": ["powercontext.prepared-context.v1"],
+    }
+
+
+def context_capabilities(runtime: Runtime) -> dict[str, Any]:
+    """What only wiregate declares about its context layer: the seeds' opt-ins and schemas."""
+    cfg = runtime.config.context
+    return {
+        "enabled": cfg.enabled,
+        "store": runtime.config.store.backend,
+        "prepare_opt_ins": ["include_receipt", "include_reuse"],
+        "schemas": [
+            "powercontext.prepared-context.v1",
+            "powercontext.prepared-context-with-reuse.v1",
+            "powercontext.prepared-context-receipt.v1",
+            "powercontext.context-reuse.v1",
+        ],
+        "families": ["atomic-memory", "topic-memory", "experience", "profile"],
+        "lifecycle_states": ["active", "forgotten", "merged", "retired"],
+        "replay": {
+            "header": "x-wiregate-prepared-context",
+            "location_schema": "powercontext.model-json-text-location.v1",
+            "carriers": sorted(SHORT_NAMES),
+            "max_per_request": 16,
+            "reuse_ttl_s": cfg.reuse_ttl_s,
+        },
+        "limits": {
+            "max_bytes": [512, 32768],
+            "entries": 8,
+            "experiences": 2,
+            "item_bytes": 2000,
+            "min_truncation_bytes": 64,
+            "receipt_bytes": 8192,
+            "query_chars": 8192,
+            "request_bytes": cfg.request_bytes,
+        },
+    }
+
+
 async def capabilities(request: web.Request) -> web.Response:
+    """A PowerContext client (it always sends `X-PowerContext-Dream-Contract`) gets 1.4.1's
+    closed `Capabilities` object exactly; anyone else gets those fields and wiregate's own
+    beside them."""
     runtime = request.app[RUNTIME].current
     auth.authenticate(runtime, request.headers)
+    if "x-powercontext-dream-contract" in request.headers:
+        return web.Response(text=json.dumps(powercontext_capabilities(runtime)), content_type="application/json")
     limits = runtime.config.limits
     body = {
+        **powercontext_capabilities(runtime),
         "schema": "wiregate.capabilities.v1",
         "version": __version__,
         "deployment_id": runtime.config.deployment_id,
@@ -96,5 +160,6 @@ async def capabilities(request: web.Request) -> web.Response:
             "provenance": ["known", "estimated", "unknown"],
             "estimators": ["runes/4@1", "character:weighted@1"],
         },
+        "context": context_capabilities(runtime),
     }
     return web.Response(text=json.dumps(body), content_type="application/json")

@@ -154,7 +154,9 @@ class GatewayConfig(_Strict):
     keyring_file: str = "keys/bindings-keyring.json"
 
 
-Action = Literal["proxy", "context.prepare", "context.write", "context.check", "observe", "admin", "delegate"]
+Action = Literal[
+    "proxy", "context.read", "context.prepare", "context.write", "context.check", "observe", "admin", "delegate"
+]
 
 
 class PrincipalEntry(_Strict):
@@ -168,6 +170,9 @@ class PrincipalEntry(_Strict):
     scopes: tuple[str, ...] = ("default",)
     default_scope: str = "default"
     may_act_for: tuple[str, ...] = ()  # subjects this principal may delegate for
+    # Per-scope actions (scope id or glob → actions), first match wins; scopes not named
+    # here use `actions`. Only narrows or widens what `scopes` already lets it reach.
+    scope_actions: dict[str, tuple[Action, ...]] = {}
 
     @field_validator("key_sha256")
     @classmethod

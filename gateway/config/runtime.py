@@ -34,6 +34,7 @@ class Principal:
     scopes: tuple[str, ...]
     default_scope: str
     may_act_for: tuple[str, ...]
+    scope_actions: tuple[tuple[str, frozenset[str]], ...] = ()
 
     @classmethod
     def from_entry(cls, entry: PrincipalEntry) -> Principal:
@@ -46,6 +47,7 @@ class Principal:
             scopes=entry.scopes,
             default_scope=entry.default_scope,
             may_act_for=entry.may_act_for,
+            scope_actions=tuple((pattern, frozenset(acts)) for pattern, acts in entry.scope_actions.items()),
         )
 
     def may(self, action: str) -> bool:

@@ -360,6 +360,10 @@ class ContextService:
         )
         return await self._store.create_scope(new)
 
+    async def find_scope(self, scope_id: str) -> ScopeRecord | None:
+        """The scope, or None (authorisation looks before it decides what to say)."""
+        return await self._store.get_scope(scope_id)
+
     async def get_scope(self, scope_id: str) -> ScopeRecord:
         scope = await self._store.get_scope(scope_id)
         if scope is None:

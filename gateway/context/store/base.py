@@ -105,7 +105,7 @@ class ArtifactRevision:
             "artifacts": [self.previous.to_wire()] if self.previous else [],
             "content_digest": self.content_digest,
             "created_at": self.created_at,
-            "created_by": self.created_by,
+            "created_by": None,  # 1.4.1: an AccessPrincipal only on rollbacks; ordinary revisions omit it
             "restored_from_revision": self.restored_from_revision,
             "reason": self.reason,
         }
@@ -122,7 +122,7 @@ class ArtifactRevision:
             "published_at": None,
             "source_count": None,
             "created_at": self.created_at,
-            "created_by": self.created_by,
+            "created_by": None,  # 1.4.1: an AccessPrincipal only on rollbacks; ordinary revisions omit it
             "restored_from_revision": self.restored_from_revision,
             "reason": self.reason,
         }
