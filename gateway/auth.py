@@ -7,7 +7,8 @@ Must not: log or forward the presented key, or trust any client-supplied identit
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import fnmatch
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 from gateway.config.runtime import Principal, Runtime
@@ -17,6 +18,7 @@ from gateway.vocab import ReasonCode
 SCOPE_HEADER = "x-wiregate-scope"
 ON_BEHALF_HEADER = "x-wiregate-on-behalf-of"
 CONTEXT_ACTIONS = frozenset({"context.read", "context.prepare", "context.write"})
+READ_ACTIONS = CONTEXT_ACTIONS  # prepare and write return or change a scope's content: they include reading
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +65,7 @@ def identify(
     *,
     body_scope: str | None = None,
     any_scope: bool = False,
+    creator_of: Callable[[str], str | None] | None = None,
 ) -> Identity:
     """Authenticate, check the action, resolve scope (body, then header, then the
     principal's default) and delegation. `any_scope`: the route authorises each scope it
@@ -77,7 +80,7 @@ def identify(
     scope = body_scope or header_scope or principal.default_scope
     if body_scope is not None and header_scope is not None and header_scope != body_scope:
         raise ClientError(422, "invalid_request", (ReasonCode.INVALID_REQUEST,))
-    if scope not in principal.scopes and "*" not in principal.scopes:
+    if not reaches(principal, scope) and (creator_of is None or creator_of(scope) != principal.id):
         raise ClientError(403, "permission_denied", (ReasonCode.FORBIDDEN_ACTION,))
     return Identity(principal, scope, _delegation(principal, headers))
 
@@ -87,3 +90,42 @@ def _delegation(principal: Principal, headers: Mapping[str, str]) -> str | None:
     if subject is not None and (not principal.may("delegate") or subject not in principal.may_act_for):
         raise ClientError(403, "permission_denied", (ReasonCode.FORBIDDEN_ACTION,))
     return subject
+
+
+def reaches(principal: Principal, scope_id: str) -> bool:
+    """Does one of the principal's `scopes` patterns name this scope?"""
+    return any(fnmatch.fnmatchcase(scope_id, pattern) for pattern in principal.scopes)
+
+
+def may_on_scope(principal: Principal, scope_id: str, action: str, created_by: str | None) -> bool:
+    """May `principal` take a context `action` on `scope_id`? It must reach the scope (its
+    `scopes` patterns, or it created it) and hold the action there (`scope_actions`, first
+    matching pattern, else `actions`). Reading is implied by prepare and write."""
+    if not (reaches(principal, scope_id) or (created_by is not None and created_by == principal.id)):
+        return False
+    actions = principal.actions
+    for pattern, scoped in principal.scope_actions:
+        if fnmatch.fnmatchcase(scope_id, pattern):
+            actions = scoped
+            break
+    if action == "context.read":
+        return bool(actions & READ_ACTIONS)
+    return action in actions
+
+
+async def creators(
+    runtime: Runtime,
+    headers: Mapping[str, str],
+    find: Callable[[str], Awaitable[str | None]] | None,
+    *,
+    body_scope: str | None = None,
+) -> Callable[[str], str | None] | None:
+    """For `identify`: who created the scope this request names, when the principal's own
+    `scopes` do not reach it (a creator may use the scopes it created). Authenticates first:
+    an unknown key never causes a lookup."""
+    principal = authenticate(runtime, headers)
+    scope = body_scope or headers.get(SCOPE_HEADER)
+    if find is None or scope is None or reaches(principal, scope) or not 0 < len(scope) <= 256:
+        return None
+    creator = await find(scope)
+    return lambda asked: creator if asked == scope else None

@@ -83,6 +83,7 @@ class ReasonCode(StrEnum):
     BINDING_MISMATCH = "binding_mismatch"
     PREPARED_CONTEXT_MISMATCH = "prepared_context_mismatch"
     PREPARED_CONTEXT_STALE = "prepared_context_stale"
+    PREPARED_CONTEXT_UNBOUND = "prepared_context_unbound"
     POLICY_UNAVAILABLE = "policy_unavailable"
     INSPECTION_ERROR = "inspection_error"
     MATCH_LIMIT = "match_limit"

@@ -13,6 +13,7 @@ Must not: echo payload content, bindings' claims, or validation input values.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
@@ -31,7 +32,8 @@ from gateway.checks.runner import Party
 from gateway.config.runtime import LoadedProfile, Runtime
 from gateway.http.body import read_body
 from gateway.inspection.verdict import Verdict, withhold
-from gateway.state import CALL, RELEASE_LEDGER, RUNTIME, USAGE_LEDGER
+from gateway.proxy import replay
+from gateway.state import CALL, CONTEXT, RELEASE_LEDGER, RUNTIME, USAGE_LEDGER
 from gateway.vocab import Decision, Mode, Outcome, Phase, ReasonCode
 
 RESULT_SCHEMA = "powercontext.context-check.v1"
@@ -138,7 +140,10 @@ async def handle(request: web.Request) -> web.Response:
         dto = CheckRequest.validate_json(raw)
     except ValidationError:
         raise _invalid() from None
-    identity = auth.identify(runtime, request.headers, "context.check", body_scope=dto.scope_id)
+    service = request.app.get(CONTEXT)
+    finder = service.scope_creator if service else None
+    creator_of = await auth.creators(runtime, request.headers, finder, body_scope=dto.scope_id)
+    identity = auth.identify(runtime, request.headers, "context.check", body_scope=dto.scope_id, creator_of=creator_of)
     call.identify(identity, runtime)
     loaded = runtime.profiles.get(dto.target_profile)
     if loaded is None or dto.target_profile not in identity.principal.profiles:
@@ -153,7 +158,12 @@ async def handle(request: web.Request) -> web.Response:
         phase = Phase.BEFORE_SEND if isinstance(dto, BeforeSendCheck) else Phase.BEFORE_RELEASE
         return web.json_response(_result(phase, outcome_verdict, now))
     if isinstance(dto, BeforeSendCheck):
-        body = _before_send(runtime, party, dto, now)
+        replays = tuple(
+            prepared.Replay(p.binding, p.location.pointer, p.location.start_byte, p.location.end_byte)
+            for p in dto.prepared_contexts
+        )
+        eligible = await replay.eligibility(request.app.get(CONTEXT), runtime, replays, identity.principal)
+        body = _before_send(runtime, party, dto, now, replays, eligible)
     else:
         body = await _before_release(request, runtime, party, dto, now)
     call.outcome = Outcome.OK
@@ -165,7 +175,14 @@ def _carriers(loaded: LoadedProfile) -> list[Carrier]:
     return [CARRIERS[SHORT_NAMES[c]] for c in loaded.profile.carriers]
 
 
-def _before_send(runtime: Runtime, party: Party, dto: BeforeSendCheck, now: float) -> dict[str, Any]:
+def _before_send(
+    runtime: Runtime,
+    party: Party,
+    dto: BeforeSendCheck,
+    now: float,
+    replays: tuple[prepared.Replay, ...],
+    eligible: Mapping[str, bool],
+) -> dict[str, Any]:
     body = dto.payload.body.encode("utf-8", "surrogatepass")
     parsed: list[ParsedRequest] = []
     names: list[str] = []
@@ -192,10 +209,8 @@ def _before_send(runtime: Runtime, party: Party, dto: BeforeSendCheck, now: floa
         bound_headers=relevant_headers(dto.payload.headers, party.profile),
         carriers=",".join(names),
         inspect_headers=dto.payload.headers,  # every header the caller supplied, names as written
-        replays=tuple(
-            prepared.Replay(p.binding, p.location.pointer, p.location.start_byte, p.location.end_byte)
-            for p in dto.prepared_contexts
-        ),
+        replays=replays,
+        eligible=eligible,
     )
     outcome = runner.before_send(runtime, given, route=None, mode=Mode.ENFORCE, now=now)
     cfg = runtime.config.bindings

@@ -20,7 +20,6 @@ the client's JSON — in logs, metrics or error bodies.
 
 from __future__ import annotations
 
-import fnmatch
 import hashlib
 import json
 import re
@@ -55,7 +54,6 @@ REUSE_CONSTRAINTS = {
     "preserve": ["content", "citations", "trust", "order"],
     "refresh_on": ["permission_change", "source_ineligible", "context_boundary"],
 }
-READ_ACTIONS = frozenset({"context.read", "context.prepare", "context.write"})
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -353,19 +351,7 @@ def _plausible(scope_id: str) -> bool:
 
 
 def may(principal: Principal, scope_id: str, action: str, record: ScopeRecord | None) -> bool:
-    """May `principal` take `action` on `scope_id`? Reading is implied by prepare and write."""
-    creator = record is not None and record.created_by == principal.id
-    named = any(fnmatch.fnmatchcase(scope_id, pattern) for pattern in principal.scopes)
-    if not (named or creator):
-        return False
-    actions = principal.actions
-    for pattern, scoped in principal.scope_actions:
-        if fnmatch.fnmatchcase(scope_id, pattern):
-            actions = scoped
-            break
-    if action == "context.read":
-        return bool(actions & READ_ACTIONS)
-    return action in actions
+    return auth.may_on_scope(principal, scope_id, action, record.created_by if record is not None else None)
 
 
 def route(action: str, schema: type[BaseModel] | None = None) -> Callable[..., Handler]:

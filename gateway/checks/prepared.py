@@ -5,30 +5,48 @@ delegation, scope, expiry), resolve `location.pointer` in the payload to a strin
 half-open UTF-8 byte range (which must fall on character boundaries), and require its
 SHA-256 to equal the bound content digest — so the block, its trust wrapper and its
 position are exactly what was prepared. Every dependency the binding names must still be
-eligible; until the context store lands, nothing can vouch for a dependency, so a binding
-that names any is treated as stale (fail closed).
+eligible: the caller looked each one up in the context store beforehand (`eligibility`,
+async) and passes the answers in; a dependency nobody answered for is stale (fail closed).
+Under a policy that requires bindings, text carrying the prepared-context markers that no
+verified replay covers is withheld too.
 Must not: reveal the content it compares, or accept anything it cannot verify.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Mapping, Sequence
+import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from gateway.carriers import jsonraw
 from gateway.carriers.jsonraw import JsonError
-from gateway.checks.bindings import BindingError
-from gateway.checks.claims import ReuseClaims, open_claims
+from gateway.checks.bindings import BindingError, open_binding
+from gateway.checks.claims import ReuseClaims, decode, open_claims
 from gateway.keyring import KeyRing
 from gateway.vocab import ReasonCode
 
 BEGIN_MARKER = "BEGIN_POWERCONTEXT_PREPARED_CONTEXT_V1"
 END_MARKER = "END_POWERCONTEXT_PREPARED_CONTEXT_V1"
 
-# dependency → still eligible? (the context store answers; None = nobody can say)
-DependencyCheck = Callable[[Mapping[str, Any]], bool | None]
+
+def dependency_key(dep: Mapping[str, Any]) -> str:
+    """A dependency as the key its eligibility answer is filed under."""
+    return json.dumps(dep, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+
+def dependencies(ring: KeyRing, token: str, *, audience: str, now: float) -> tuple[str, tuple[dict[str, Any], ...]]:
+    """The scope and dependencies a reuse binding names, for the store lookups done before
+    verification (an unreadable binding names none: verification refuses it anyway)."""
+    try:
+        data = open_binding(ring, token)
+        claims = decode(ReuseClaims, data)
+    except BindingError:
+        return "", ()
+    if data.get("aud") != audience or now >= claims.expires_at:
+        return "", ()
+    return claims.scope, claims.dependencies
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,26 +92,38 @@ def verify(
     scope: str,
     now: float,
     max_depth: int,
-    dependency_ok: DependencyCheck | None = None,
+    eligible: Mapping[str, bool] | None = None,
+    marked: Sequence[tuple[str, bytes]] = (),
+    require_binding: bool = False,
 ) -> list[str]:
-    """Reason codes for every replay that fails (empty: all verified)."""
-    if not replays:
-        return []
-    try:
-        doc = jsonraw.loads(body, max_depth=max_depth)
-    except JsonError:
-        return [ReasonCode.PREPARED_CONTEXT_MISMATCH]
+    """Reason codes for every replay that fails (empty: all verified). `eligible`: the
+    store's answer per `dependency_key`; `marked`: (pointer, UTF-8 text) of every request
+    string carrying the begin marker, checked against the verified ranges when bindings are
+    required."""
     reasons: list[str] = []
     spans: dict[str, list[tuple[int, int]]] = {}
-    for replay in replays:
-        reason = _verify_one(replay, doc, ring, audience, principal, delegate, scope, now, dependency_ok)
-        if reason is None:
-            taken = spans.setdefault(replay.pointer, [])
-            if any(not (replay.end_byte <= s or replay.start_byte >= e) for s, e in taken):
-                reason = ReasonCode.PREPARED_CONTEXT_MISMATCH  # two blocks claiming the same bytes
-            taken.append((replay.start_byte, replay.end_byte))
-        if reason is not None and reason not in reasons:
-            reasons.append(reason)
+    if replays:
+        try:
+            doc = jsonraw.loads(body, max_depth=max_depth)
+        except JsonError:
+            return [ReasonCode.PREPARED_CONTEXT_MISMATCH]
+        for replay in replays:
+            reason = _verify_one(replay, doc, ring, audience, principal, delegate, scope, now, eligible or {})
+            if reason is None:
+                taken = spans.setdefault(replay.pointer, [])
+                if any(not (replay.end_byte <= s or replay.start_byte >= e) for s, e in taken):
+                    reason = ReasonCode.PREPARED_CONTEXT_MISMATCH  # two blocks claiming the same bytes
+                taken.append((replay.start_byte, replay.end_byte))
+            if reason is not None and reason not in reasons:
+                reasons.append(reason)
+    if require_binding and not reasons:
+        for pointer, data in marked:
+            covered = spans.get(pointer, [])
+            at = data.find(BEGIN_MARKER.encode())
+            while at != -1:
+                if not any(s <= at < e for s, e in covered):
+                    return [ReasonCode.PREPARED_CONTEXT_UNBOUND]
+                at = data.find(BEGIN_MARKER.encode(), at + 1)
     return reasons
 
 
@@ -106,7 +136,7 @@ def _verify_one(
     delegate: str | None,
     scope: str,
     now: float,
-    dependency_ok: DependencyCheck | None,
+    eligible: Mapping[str, bool],
 ) -> str | None:
     try:
         claims = open_claims(
@@ -142,7 +172,6 @@ def _verify_one(
     if BEGIN_MARKER not in text or END_MARKER not in text or text.index(BEGIN_MARKER) > text.index(END_MARKER):
         return ReasonCode.PREPARED_CONTEXT_MISMATCH  # the trust wrapper is part of what was prepared
     for dep in claims.dependencies:
-        ok = dependency_ok(dep) if dependency_ok is not None else None
-        if ok is not True:
+        if eligible.get(dependency_key(dep)) is not True:
             return ReasonCode.PREPARED_CONTEXT_STALE
     return None

@@ -28,6 +28,7 @@ from gateway.config.runtime import LoadedProfile, Runtime
 from gateway.inspection.verdict import COVERAGE_PROFILE, Coverage, Finding, Verdict, decide, withhold
 from gateway.ledgers.release import ReleaseLedger
 from gateway.obs import logging as log
+from gateway.units import pointer
 from gateway.vocab import Decision, Mode, Phase, ReasonCode
 
 # Re-exported for callers that assemble check inputs.
@@ -80,7 +81,7 @@ class SendInput:
     target: Target | None = None
     inspect_headers: Mapping[str, str] | None = None
     replays: Sequence[prepared.Replay] = ()
-    dependency_ok: prepared.DependencyCheck | None = None
+    eligible: Mapping[str, bool] | None = None  # the store's answer per dependency (prepared.dependency_key)
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +127,8 @@ def _inspect_request(runtime: Runtime, given: SendInput, now: float) -> Verdict:
 
 def _replayed_context(runtime: Runtime, given: SendInput, now: float) -> Verdict:
     party = given.party
+    require = runtime.policy.prepared_context == "require_binding"
+    marked = _marked(given.parsed) if require else []
     reasons = prepared.verify(
         given.replays,
         body=given.body,
@@ -136,11 +139,23 @@ def _replayed_context(runtime: Runtime, given: SendInput, now: float) -> Verdict
         scope=party.scope,
         now=now,
         max_depth=runtime.carrier_limits.max_depth,
-        dependency_ok=given.dependency_ok,
+        eligible=given.eligible,
+        marked=marked,
+        require_binding=require,
     )
     if not reasons:
         return _allow(runtime)
     return decide([], withhold_reasons=reasons, complete=True, policy_version=runtime.policy.version)
+
+
+def _marked(parsed: Sequence[ParsedRequest]) -> list[tuple[str, bytes]]:
+    """Every request string that carries the prepared-context begin marker, by pointer."""
+    out: list[tuple[str, bytes]] = []
+    for p in parsed:
+        for unit in p.units:
+            if unit.kind == "string" and prepared.BEGIN_MARKER in unit.text:
+                out.append((pointer(unit.path), unit.text.encode("utf-8", "surrogatepass")))
+    return out
 
 
 def _inspect_response(runtime: Runtime, given: ReleaseInput, now: float) -> Verdict:

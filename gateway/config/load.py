@@ -370,6 +370,7 @@ def load_policy(
         engine=engine,
         secret_value_count=len(values),
         content_digest=content.hexdigest(),
+        prepared_context=file.prepared_context,
     )
 
 

@@ -252,3 +252,7 @@ class PolicyFile(_Strict):
     # Content may only go to profiles whose signed `retention` promise (the provider's
     # data-retention terms, e.g. "zero-data-retention") is one of these. Empty: any.
     retention_required: tuple[str, ...] = ()
+    # Text carrying the prepared-context markers: "verify_if_bound" checks every replay a
+    # request names and lets unnamed marker text through as ordinary (inspected) content;
+    # "require_binding" withholds marker text no verified replay covers.
+    prepared_context: Literal["verify_if_bound", "require_binding"] = "verify_if_bound"

@@ -77,7 +77,8 @@ class Policy:
     engine: Engine
     secret_value_count: int
     retention_required: frozenset[str] = frozenset()
-    content_digest: str = field(default="", repr=False)  # the file, its rules and literals
+    content_digest: str = field(default="", repr=False)
+    prepared_context: str = "verify_if_bound"  # the file, its rules and literals
 
     def retention_ok(self, profile: UpstreamProfile) -> bool:
         """May content go to this profile under its data-retention promise?"""

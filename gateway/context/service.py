@@ -364,6 +364,10 @@ class ContextService:
         """The scope, or None (authorisation looks before it decides what to say)."""
         return await self._store.get_scope(scope_id)
 
+    async def scope_creator(self, scope_id: str) -> str | None:
+        record = await self._store.get_scope(scope_id)
+        return record.created_by if record is not None else None
+
     async def get_scope(self, scope_id: str) -> ScopeRecord:
         scope = await self._store.get_scope(scope_id)
         if scope is None:

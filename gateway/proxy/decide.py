@@ -12,7 +12,7 @@ Must not: do network I/O or touch app state.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +23,7 @@ from gateway.carriers.jsonraw import JsonError
 from gateway.checks import runner
 from gateway.checks.destination import Target
 from gateway.checks.inspect import relevant_headers
+from gateway.checks.prepared import Replay
 from gateway.checks.runner import CheckOutcome, Party
 from gateway.config.runtime import LoadedProfile, Runtime
 from gateway.errors import ClientError
@@ -117,6 +118,8 @@ def prepare_send(
     *,
     session: str | None,
     route: str,
+    replays: Sequence[Replay] = (),
+    eligible: Mapping[str, bool] | None = None,
 ) -> Prepared:
     planned = plan(carrier, parsed, raw, party, session, runtime)  # 4
     estimate = admit(planned.parsed, carrier, party.profile)  # 5
@@ -127,6 +130,8 @@ def prepare_send(
         bound_headers=relevant_headers(upstream_headers, party.profile),
         carriers=carrier.name,
         target=target,
+        replays=replays,
+        eligible=eligible,
     )
     outcome = runner.before_send(runtime, given, route=route)  # 6
     return Prepared(planned.body, planned.cache, planned.usage_injected, estimate, outcome)

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 from gateway.auth import Identity
 from gateway.caching import CachePlan
 from gateway.carriers.base import Carrier, ParsedRequest
+from gateway.checks.prepared import Replay
 from gateway.checks.runner import CheckOutcome
 from gateway.config.runtime import LoadedProfile, Runtime
 from gateway.proxy.upstream import AttemptRecord
@@ -37,6 +38,7 @@ class Exchange:
     client_headers: Mapping[str, str] = field(repr=False)  # passthrough candidates
     session: str | None = None
     offloaded: bool = False  # a worker process parses and checks this request
+    replays: tuple[Replay, ...] = ()  # prepared contexts the request names (x-wiregate-prepared-context)
 
 
 # --- events ---------------------------------------------------------------------------------

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -51,7 +51,7 @@ from gateway.config.runtime import LoadedProfile, Runtime
 from gateway.errors import ClientError, GatewayError, ServiceError, UpstreamError
 from gateway.http.body import read_body
 from gateway.obs import logging as log
-from gateway.proxy import decide, projections, release, routing
+from gateway.proxy import decide, projections, release, replay, routing
 from gateway.proxy.exchange import (
     Admitted,
     Attempted,
@@ -66,7 +66,7 @@ from gateway.proxy.exchange import (
 )
 from gateway.proxy.offload import OFFLOAD, Stale, parsed_stub
 from gateway.proxy.upstream import UPSTREAM, Sent, upstream_headers
-from gateway.state import CALL, CAPACITY, METRICS, PRINCIPAL_CALLS, RELEASE_LEDGER, RUNTIME, Call
+from gateway.state import CALL, CAPACITY, CONTEXT, METRICS, PRINCIPAL_CALLS, RELEASE_LEDGER, RUNTIME, Call
 from gateway.vocab import Decision, Mode, Outcome, Phase, ReasonCode
 
 SESSION_HEADER = "x-wiregate-session"
@@ -78,7 +78,9 @@ async def handle(request: web.Request, carrier: Carrier) -> web.StreamResponse:
     runtime = app[RUNTIME].current  # one configuration for the whole call
     limits = runtime.config.limits
     call.carrier = carrier.name
-    identity = auth.identify(runtime, request.headers, "proxy")  # 1 (before reading a byte)
+    service = app.get(CONTEXT)
+    creator_of = await auth.creators(runtime, request.headers, service.scope_creator if service else None)
+    identity = auth.identify(runtime, request.headers, "proxy", creator_of=creator_of)  # 1 (before reading a byte)
     call.identify(identity, runtime)
     principal_calls = app[PRINCIPAL_CALLS]
     if not principal_calls.try_acquire(identity.principal.id, limits.per_principal_concurrent):
@@ -114,6 +116,7 @@ async def receive(
     limits = runtime.config.limits
     raw = await read_body(request, limits)  # 1
     call.bytes_in = len(raw)
+    replays = replay.parse(request.headers.getall(replay.HEADER, []))
     offload = request.app[OFFLOAD]
     offloaded = offload.wanted(runtime, len(raw))
     if offloaded:  # 3, in a worker: the loop keeps only the model and the stream flag
@@ -140,6 +143,7 @@ async def receive(
         client_headers=request.headers,
         session=request.headers.get(SESSION_HEADER),
         offloaded=offloaded,
+        replays=replays,
     )
 
 
@@ -164,12 +168,14 @@ class Attempt:
 
 async def send_along_chain(app: web.Application, ex: Exchange, trail: Trail) -> Attempt:
     identity = ex.identity
+    # Replayed prepared context: the store vouches for its dependencies once, before any check.
+    eligible = await replay.eligibility(app.get(CONTEXT), ex.runtime, ex.replays, identity.principal)
     for index, loaded in enumerate(ex.chain):
         more = index + 1 < len(ex.chain)
         party = Party(identity.principal.id, identity.on_behalf_of, identity.scope, loaded)
         target = Target.for_profile(loaded, ex.carrier.name, ex.carrier.path)
         headers = upstream_headers(loaded.profile, loaded.credential, ex.client_headers)
-        prepared = await prepare(app, ex, party, target, headers)  # 4-6
+        prepared = await prepare(app, ex, party, target, headers, eligible)  # 4-6
         trail.add(Planned(loaded.profile.id, len(prepared.body), prepared.cache, prepared.usage_injected))
         trail.add(Admitted(loaded.profile.id, prepared.input_estimate))
         send = prepared.outcome
@@ -227,19 +233,43 @@ async def _send(
 
 
 async def prepare(
-    app: web.Application, ex: Exchange, party: Party, target: Target, headers: dict[str, str]
+    app: web.Application,
+    ex: Exchange,
+    party: Party,
+    target: Target,
+    headers: dict[str, str],
+    eligible: Mapping[str, bool],
 ) -> decide.Prepared:
     """Steps 4-6 for one profile (`decide.prepare_send`), in a worker for a large body."""
     if ex.offloaded:
         try:
             return await app[OFFLOAD].prepare_send(
-                ex.runtime, ex.carrier.name, ex.raw, party, target, headers, session=ex.session, route=ex.route
+                ex.runtime,
+                ex.carrier.name,
+                ex.raw,
+                party,
+                target,
+                headers,
+                session=ex.session,
+                route=ex.route,
+                replays=ex.replays,
+                eligible=eligible,
             )
         except Stale:
             log.warning("offload_stale", request_id=ex.request_id)
     parsed = ex.parsed if not ex.offloaded else decide.parse_request(ex.carrier, ex.raw, ex.runtime)
     return decide.prepare_send(
-        ex.runtime, ex.carrier, parsed, ex.raw, party, target, headers, session=ex.session, route=ex.route
+        ex.runtime,
+        ex.carrier,
+        parsed,
+        ex.raw,
+        party,
+        target,
+        headers,
+        session=ex.session,
+        route=ex.route,
+        replays=ex.replays,
+        eligible=eligible,
     )
 
 

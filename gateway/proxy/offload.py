@@ -27,7 +27,7 @@ import dataclasses
 import gc
 import multiprocessing
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -39,6 +39,7 @@ from aiohttp import web
 from gateway.carriers import CARRIERS
 from gateway.carriers.base import ParsedRequest
 from gateway.checks.destination import Target
+from gateway.checks.prepared import Replay
 from gateway.checks.runner import Party
 from gateway.config.runtime import Runtime
 from gateway.errors import GatewayError, ServiceError
@@ -141,6 +142,8 @@ def _w_send(
     headers: dict[str, str],
     session: str | None,
     route: str,
+    replays: tuple[Replay, ...] = (),
+    eligible: dict[str, bool] | None = None,
 ) -> decide.Prepared | Failure:
     runtime = _runtime(key)
     try:
@@ -155,6 +158,8 @@ def _w_send(
             headers,
             session=session,
             route=route,
+            replays=replays,
+            eligible=eligible,
         )
     except GatewayError as err:
         return Failure.of(err)
@@ -276,10 +281,13 @@ class Offload:
         *,
         session: str | None,
         route: str,
+        replays: tuple[Replay, ...] = (),
+        eligible: Mapping[str, bool] | None = None,
     ) -> decide.Prepared:
         spec = (party.principal, party.delegate, party.scope, party.profile.profile.id)
+        answers = dict(eligible) if eligible is not None else None
         result = await self._run(
-            "send", _w_send, runtime_key(runtime), carrier, raw, spec, target, headers, session, route
+            "send", _w_send, runtime_key(runtime), carrier, raw, spec, target, headers, session, route, replays, answers
         )
         if isinstance(result, Failure):
             result.raise_()
