@@ -241,3 +241,39 @@ def test_require_binding_policy(gateways: GatewayFactory, mock: MockProviderServ
             extra_headers={"x-wiregate-scope": scope},
         )
         assert reply.choices
+
+
+def test_prepared_block_is_a_cache_breakpoint_and_the_replay_still_verifies(
+    gw: tuple[Env, GatewayThread], mock: MockProviderServer
+) -> None:
+    """Cache planning marks the end of a real prepared-context block (its own content
+    part); the marker is added beside the text, so the replay verifies on the final body;
+    the next turn reads the cached prefix."""
+    env, gateway = gw
+    scope, _made, prepared = _setup(env, gateway)
+    content = prepared["context"]["content"]
+    header = _header(prepared["reuse"]["binding"], "/messages/0/content/0/text", 0, len(content.encode()))
+    instructions = "You are the billing assistant. " + "Follow the house style guide. " * 400
+    client = anthropic_client(gateway, env)
+    messages: list[dict[str, Any]] = [
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": content}, {"type": "text", "text": "How are amounts stored?"}],
+        },
+        {"role": "assistant", "content": "In integer cents."},
+        {"role": "user", "content": "And refunds?"},
+    ]
+    usages = []
+    for _ in range(2):
+        reply = client.messages.create(
+            model="claude-test-model",
+            max_tokens=64,
+            system=instructions,
+            messages=messages,
+            extra_headers={"x-wiregate-scope": scope, "x-wiregate-prepared-context": header},
+        )
+        usages.append(reply.usage)
+        sent = json.loads(mock.state.records()[-1].body)
+        block = sent["messages"][0]["content"][0]
+        assert block["text"] == content and "cache_control" in block  # the breakpoint ends the prepared block
+    assert (usages[1].cache_read_input_tokens or 0) > 0  # the second turn read the cached prefix

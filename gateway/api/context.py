@@ -44,6 +44,7 @@ from gateway.context.store.database import Database
 from gateway.errors import ClientError
 from gateway.http.body import read_body
 from gateway.obs import logging as log
+from gateway.proxy import internal
 from gateway.state import CALL, CONTEXT, RUNTIME
 from gateway.vocab import Outcome
 
@@ -65,9 +66,15 @@ def service(app: web.Application, db: Database) -> ContextService:
     def check_write(texts: list[str]) -> tuple[str, ...]:
         return refusal_reasons(write_verdict(holder.current, texts))
 
+    async def embed(texts: list[str]) -> list[list[float]]:
+        return await internal.embed(app, texts)  # through the gateway's own checks
+
     cfg = holder.current.config.context
     return ContextService(
-        db.context, check_write=check_write, settings=ContextSettings(embed_timeout_s=cfg.embed_timeout_s)
+        db.context,
+        check_write=check_write,
+        embed=embed if cfg.embeddings_profile is not None else None,
+        settings=ContextSettings(embed_timeout_s=cfg.embed_timeout_s),
     )
 
 

@@ -133,6 +133,8 @@ class ContextConfig(_Strict):
     # gateway's own checks; none: fts only (auto falls back to fts).
     embeddings_profile: str | None = None
     embeddings_model: str = "text-embedding-3-small"
+    # Vector size to ask for (OpenAI's `dimensions`); none: the model's own.
+    embeddings_dimensions: int | None = Field(None, ge=1, le=8192)
     embed_timeout_s: float = Field(10.0, gt=0, le=120)
     # Largest memory request body (PowerContext 1.4.1: 16 MiB).
     request_bytes: int = Field(16 * 1024 * 1024, ge=1024)

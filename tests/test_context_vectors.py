@@ -1,0 +1,85 @@
+"""Vector and hybrid search with embeddings from an embeddings profile, through the
+gateway's own checks (SPEC §10.2): every embedding call reaches the provider as a checked
+outbound call; a failure under `auto` falls back to fts and the receipt records why."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from gateway.mockprovider import MockProviderServer
+from tests.conftest import GatewayFactory
+from tests.harness import Env, GatewayThread, raw_client
+
+TEXT = "The ledger service stores amounts in integer cents."
+
+
+@pytest.fixture(scope="module")
+def gw(gateways: GatewayFactory) -> Iterator[tuple[Env, GatewayThread]]:
+    extra = '[context]\nembeddings_profile = "mock-openai"\nembeddings_dimensions = 512\n'
+    with gateways("context-vectors", config_extra=extra) as started:
+        yield started
+
+
+def _post(env: Env, gateway: GatewayThread, path: str, body: Any) -> Any:
+    return raw_client(gateway, env).post(path, json=body, headers={"authorization": f"Bearer {env.gateway_key}"})
+
+
+def _scope_with_memories(env: Env, gateway: GatewayThread, texts: list[str]) -> str:
+    sid = _post(env, gateway, "/v1/scopes", {"title": "v", "summary": "v", "idempotency_key": uuid.uuid4().hex}).json()[
+        "scope_id"
+    ]
+    for text in texts:
+        r = _post(
+            env,
+            gateway,
+            f"/v1/scopes/{sid}/artifacts",
+            {"family": "atomic-memory", "content": {"kind": "fact", "text": text}},
+        )
+        assert r.status_code == 201
+    return str(sid)
+
+
+def _embedding_calls(mock: MockProviderServer, since: int) -> list[Any]:
+    return [r for r in mock.state.records() if r.seq > since and r.path.endswith("/embeddings")]
+
+
+def test_vector_and_hybrid_search(gw: tuple[Env, GatewayThread], mock: MockProviderServer) -> None:
+    env, gateway = gw
+    since = mock.state.records()[-1].seq if mock.state.records() else 0
+    sid = _scope_with_memories(env, gateway, [TEXT, "Deploys happen on Tuesdays."])
+    writes = _embedding_calls(mock, since)
+    assert len(writes) == 2  # one embedding per write, sent through the profile
+    assert json.loads(writes[0].body)["input"] == [TEXT]
+
+    vector = _post(env, gateway, "/v1/atomic-memory/search", {"scope_id": sid, "query": TEXT, "mode": "vector"}).json()
+    assert vector["mode"] == "vector"
+    assert [h["memory"]["text"] for h in vector["hits"]] == [TEXT]
+    assert vector["hits"][0]["matched_by"] == ["vector"]
+    hybrid = _post(env, gateway, "/v1/atomic-memory/search", {"scope_id": sid, "query": TEXT, "mode": "hybrid"}).json()
+    assert hybrid["mode"] == "hybrid" and sorted(hybrid["hits"][0]["matched_by"]) == ["text", "vector"]
+    auto = _post(env, gateway, "/v1/memory/search", {"scope_id": sid, "query": TEXT, "mode": "auto"}).json()
+    assert auto["mode"] == "hybrid"
+
+
+def test_auto_falls_back_to_fts_and_the_receipt_says_why(
+    gw: tuple[Env, GatewayThread], mock: MockProviderServer
+) -> None:
+    env, gateway = gw
+    sid = _scope_with_memories(env, gateway, ["Invoices are archived after seven years."])
+    scenario = "e" + uuid.uuid4().hex[:12]
+    mock.state.add_scenario(scenario, [{"status": 503, "error_message": "overloaded"}] * 6)
+    query = f"invoices archived mock-scenario:{scenario}"
+    body = {"scope_id": sid, "query": query, "include_receipt": True}
+    prepared = _post(env, gateway, "/v1/context/prepare", body).json()
+    assert prepared["status"] == "ready" and "seven years" in prepared["content"]
+    searches = prepared["receipt"]["retrieval"]["searches"]
+    memory = [s for s in searches if s["family"] == "atomic-memory"]
+    assert memory and memory[0]["mode"] == "fts" and memory[0]["fallback_reason"] == "inference_unavailable"
+    # an explicit vector search cannot fall back: it says the provider is unavailable
+    r = _post(env, gateway, "/v1/atomic-memory/search", {"scope_id": sid, "query": query, "mode": "vector"})
+    assert r.status_code == 503 and r.json()["error"]["code"] == "inference_unavailable"
