@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import secrets
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -58,10 +59,19 @@ class Backend:
             await self._pg[0].drop_schema()
 
 
+def require_pg() -> None:
+    """PostgreSQL tests skip where no server runs, except in CI (WIREGATE_REQUIRE_PG=1),
+    where a missing server is a failure."""
+    if not pg_available():
+        if os.environ.get("WIREGATE_REQUIRE_PG") == "1":
+            pytest.fail("PostgreSQL is required here but not reachable on 127.0.0.1:5432")
+        pytest.skip("PostgreSQL is not reachable on 127.0.0.1:5432")
+
+
 @pytest_asyncio.fixture(params=BACKENDS)
 async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Backend]:
-    if request.param == "postgres" and not pg_available():
-        pytest.skip("PostgreSQL is not reachable on 127.0.0.1:5432")
+    if request.param == "postgres":
+        require_pg()
     b = Backend(request.param, tmp_path)
     try:
         yield b

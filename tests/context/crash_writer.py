@@ -6,11 +6,23 @@ import asyncio
 import sys
 
 from gateway.context.service import ContextService
+from gateway.context.store.base import ContextStore
+from gateway.context.store.postgres import PostgresContextStore, PostgresDatabase
 from gateway.context.store.sqlite import SqliteContextStore, SqliteDatabase
 
 
-async def main(path: str) -> None:
-    store = SqliteContextStore(SqliteDatabase(path))
+def open_store(where: str) -> ContextStore:
+    """`sqlite:<path>` or `postgres:<schema>` (the local test server)."""
+    kind, _, arg = where.partition(":")
+    if kind == "postgres":
+        from tests.context.conftest import PG_DSN
+
+        return PostgresContextStore(PostgresDatabase(PG_DSN, schema=arg))
+    return SqliteContextStore(SqliteDatabase(arg))
+
+
+async def main(where: str) -> None:
+    store = open_store(where)
     await store.open()
     svc = ContextService(store, check_write=lambda texts: ())
     await svc.start()

@@ -1,24 +1,43 @@
-"""Durability: a SIGKILLed writer loses no acknowledged write and leaves no half revision (SQLite)."""
+"""Durability: a SIGKILLed writer loses no acknowledged write and leaves no half revision
+(SQLite and PostgreSQL)."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import secrets
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from gateway.context.store.sqlite import SqliteContextStore, SqliteDatabase
+import pytest
+
+from gateway.context.store.postgres import PostgresDatabase
+from tests.context.conftest import PG_DSN, require_pg
+from tests.context.crash_writer import open_store
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_sigkill_keeps_every_acknowledged_write(tmp_path: Path) -> None:
-    path = str(tmp_path / "crash.db")
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_sigkill_keeps_every_acknowledged_write(tmp_path: Path, backend: str) -> None:
+    if backend == "postgres":
+        require_pg()
+        where = "postgres:wgcrash_" + secrets.token_hex(5)
+    else:
+        where = "sqlite:" + str(tmp_path / "crash.db")
+    try:
+        _crash_and_verify(where)
+    finally:
+        if backend == "postgres":
+            asyncio.run(PostgresDatabase(PG_DSN, schema=where.partition(":")[2]).drop_schema())
+
+
+def _crash_and_verify(where: str) -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.context.crash_writer", path],
+        [sys.executable, "-m", "tests.context.crash_writer", where],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -41,11 +60,11 @@ def test_sigkill_keeps_every_acknowledged_write(tmp_path: Path) -> None:
             acknowledged.append((parts[0], int(parts[1]), len(parts) == 3))
     assert len(acknowledged) >= 20
 
-    asyncio.run(_verify(path, acknowledged))
+    asyncio.run(_verify(where, acknowledged))
 
 
-async def _verify(path: str, acknowledged: list[tuple[str, int, bool]]) -> None:
-    store = SqliteContextStore(SqliteDatabase(path))
+async def _verify(where: str, acknowledged: list[tuple[str, int, bool]]) -> None:
+    store = open_store(where)
     await store.open()
     try:
         for artifact_id, i, revised in acknowledged:
