@@ -30,8 +30,8 @@ bench: $(STAMP)
 	$(BIN)/python bench/run_all.py
 
 lint: $(STAMP)
-	$(BIN)/ruff check gateway tests bench
-	$(BIN)/ruff format --check gateway tests bench
+	$(BIN)/ruff check gateway tests bench examples
+	$(BIN)/ruff format --check gateway tests bench examples
 	$(BIN)/mypy gateway
 	$(BIN)/lint-imports
 

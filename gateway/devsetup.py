@@ -261,7 +261,7 @@ def init(directory: Path, *, force: bool = False) -> dict[str, Any]:
             + principal_block(
                 "dev",
                 [digest],
-                ["proxy", "context.check", "context.prepare", "context.write", "observe", "admin"],
+                ["proxy", "context.check", "context.read", "context.prepare", "context.write", "observe", "admin"],
                 ["mock-openai", "mock-anthropic", "openai", "anthropic"],
             )
         ).encode(),

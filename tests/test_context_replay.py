@@ -277,3 +277,33 @@ def test_prepared_block_is_a_cache_breakpoint_and_the_replay_still_verifies(
         block = sent["messages"][0]["content"][0]
         assert block["text"] == content and "cache_control" in block  # the breakpoint ends the prepared block
     assert (usages[1].cache_read_input_tokens or 0) > 0  # the second turn read the cached prefix
+
+
+def test_readme_example_runs(gw: tuple[Env, GatewayThread]) -> None:
+    """examples/context_replay.py, the README's runnable example, works as written."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env, gateway = gw
+    key_file = env.dir / "example-key"
+    key_file.write_text(env.gateway_key)
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [
+            sys.executable,
+            "examples/context_replay.py",
+            "--socket",
+            str(gateway.uds),
+            "--key-file",
+            str(key_file),
+            "--model",
+            "gpt-4.1",
+        ],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "replay verified" in done.stdout and "prepared_context_stale" in done.stdout
