@@ -54,6 +54,12 @@ ALLOWED_FIELDS = frozenset(
         "wait_ms",
         "engine",
         "observed",
+        "stage",
+        "items",
+        "content_bytes",
+        "receipt",
+        "reuse",
+        "diagnostic",
     }
 )
 _MAX_STR = 300
