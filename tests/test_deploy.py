@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import shlex
 import shutil
 import signal
@@ -36,8 +37,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
+from tests.context.conftest import PG_DSN, require_pg
 from tests.deploy import kubelet, procs
 from tests.deploy.manifests import (
     dashboard_exprs,
@@ -430,6 +433,7 @@ def _pod_files(objects: list[dict[str, Any]], root: Path) -> tuple[kubelet.Pod, 
     text = _set(text, 'host = "0.0.0.0"', 'host = "127.0.0.1"')
     text = _set(text, "port = 8443", "port = 0")
     text = text.replace('"/run/wiregate/', f'"{root}/run/wiregate/')
+    text = text.replace('"/var/lib/wiregate/', f'"{root}/var/lib/wiregate/')
     os.chmod(config, 0o644)
     config.write_text(text)
     return pod, config
@@ -461,6 +465,8 @@ def test_kubernetes_pod_files_serve_through_the_entrypoint(tmp_path: Path) -> No
         # 0440 + fsGroup: loud warnings, not refusals.
         warnings = [r["reason"] for r in gw.records() if r.get("event") == "insecure_configuration"]
         assert warnings and all("readable by its group" in w or "group or others" in w for w in warnings)
+        # The store lives on the pod's writable data volume, not in the read-only config.
+        assert (root / "var/lib/wiregate/wiregate.db").is_file()
         assert gw.terminate() == 0
     finally:
         gw.close()
@@ -562,6 +568,7 @@ def test_systemd_unit_command_line_serves_the_socket_under_its_sandbox(make_env,
         assert {
             "ProtectSystem=strict",
             "UMask=0077",
+            "SystemCallErrorNumber=EPERM",
             "CapabilityBoundingSet=",
             "NoNewPrivileges=yes",
             "MemoryDenyWriteExecute=yes(seccomp)",
@@ -592,7 +599,10 @@ def test_systemd_unit_command_line_serves_the_socket_under_its_sandbox(make_env,
         gw.close()
     assert rc == 0, gw.output()[-3000:]
     assert not sock.exists()
-    assert list(Path(paths["/var/lib/wiregate"]).iterdir()) == []
+    # What stays in the StateDirectory is the store alone (its WAL checkpointed away), 0600.
+    state = Path(paths["/var/lib/wiregate"])
+    assert [p.name for p in state.iterdir()] == ["wiregate.db"]
+    assert oct((state / "wiregate.db").stat().st_mode & 0o777) == "0o600"
 
 
 def test_systemd_analyze_verifies_the_unit_and_rates_it_ok(tmp_path: Path) -> None:
@@ -722,6 +732,24 @@ def test_prometheus_scrapes_the_gateway_with_the_observe_key(compose: dict[str, 
         assert result.returncode == 0, result.stdout + result.stderr
 
 
+def _compose_store_here(config: Path) -> str:
+    """init-dev.sh points the store at compose's PostgreSQL through WIREGATE_STORE_DSN; here
+    that is the local server, in a schema of the test's own (returned, for _drop_schema)."""
+    text = config.read_text()
+    assert '\n[store]\nbackend = "postgres"\ndsn = "env:WIREGATE_STORE_DSN"\n' in text
+    require_pg()
+    schema = f"compose_{secrets.token_hex(4)}"
+    config.write_text(
+        _set(text, 'dsn = "env:WIREGATE_STORE_DSN"', f'dsn = "env:WIREGATE_STORE_DSN"\npg_schema = "{schema}"')
+    )
+    return schema
+
+
+def _drop_schema(schema: str) -> None:
+    with psycopg.connect(PG_DSN, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
 def test_compose_init_script_provisions_an_observe_only_key(tmp_path: Path) -> None:
     root = tmp_path / "wiregate-dev"
     root.mkdir()
@@ -746,7 +774,10 @@ def test_compose_init_script_provisions_an_observe_only_key(tmp_path: Path) -> N
     text = _set(text, 'host = "0.0.0.0"', 'host = "127.0.0.1"')
     text = _set(text, "port = 8443", "port = 0")
     config.write_text(text.replace('"/run/wiregate/wiregate.sock"', f'"{tmp_path}/wiregate.sock"'))
-    gw = procs.Proc([str(ENTRYPOINT)], _env(WIREGATE_CONFIG=str(config)), tmp_path / "gateway.log")
+    schema = _compose_store_here(config)
+    gw = procs.Proc(
+        [str(ENTRYPOINT)], _env(WIREGATE_CONFIG=str(config), WIREGATE_STORE_DSN=PG_DSN), tmp_path / "gateway.log"
+    )
     try:
         port = gw.https_port()
         ca = observe / "ca.pem"
@@ -766,8 +797,14 @@ def test_compose_init_script_provisions_an_observe_only_key(tmp_path: Path) -> N
         )
         assert status == 403, "the Prometheus key may not proxy"
         assert gw.terminate() == 0
+        with psycopg.connect(PG_DSN) as conn:
+            tables = conn.execute(
+                "SELECT count(*) FROM information_schema.tables WHERE table_schema = %s", (schema,)
+            ).fetchone()
+        assert tables is not None and tables[0] > 0, "the gateway migrated its store in PostgreSQL"
     finally:
         gw.close()
+        _drop_schema(schema)
 
 
 def _free_port() -> int:
@@ -798,7 +835,10 @@ def test_real_prometheus_scrapes_with_the_compose_config_and_evaluates_the_dashb
     text = _set(_set(config.read_text(), 'host = "0.0.0.0"', 'host = "127.0.0.1"'), "port = 8443", "port = 0")
     config.write_text(text.replace('"/run/wiregate/wiregate.sock"', f'"{tmp_path}/wiregate.sock"'))
     prom_config = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
-    gw = procs.Proc([str(ENTRYPOINT)], _env(WIREGATE_CONFIG=str(config)), tmp_path / "gateway.log")
+    schema = _compose_store_here(config)
+    gw = procs.Proc(
+        [str(ENTRYPOINT)], _env(WIREGATE_CONFIG=str(config), WIREGATE_STORE_DSN=PG_DSN), tmp_path / "gateway.log"
+    )
     prom = None
     try:
         port = gw.https_port()
@@ -856,6 +896,7 @@ def test_real_prometheus_scrapes_with_the_compose_config_and_evaluates_the_dashb
         if prom is not None:
             prom.terminate()
         gw.terminate()
+        _drop_schema(schema)
 
 
 def test_grafana_provisioning_points_at_the_dashboard_and_datasource(compose: dict[str, Any]) -> None:

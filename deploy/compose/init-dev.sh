@@ -38,6 +38,15 @@ grep -q '^host = "0.0.0.0"$' "$conf/wiregate.toml"
 grep -q '^path = "/run/wiregate/wiregate.sock"$' "$conf/wiregate.toml"
 rmdir "$conf/run" 2>/dev/null || true
 
+# The context store and ledgers go to the compose file's PostgreSQL (the DSN, with its
+# password, comes from the gateway's environment, never from this read-only volume).
+cat >>"$conf/wiregate.toml" <<'EOF_STORE'
+
+[store]
+backend = "postgres"
+dsn = "env:WIREGATE_STORE_DSN"
+EOF_STORE
+
 # Prometheus gets a key that may only read /metrics (action `observe`, no `proxy`).
 umask 0027
 mkdir -p "$root/observe"

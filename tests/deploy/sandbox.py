@@ -9,8 +9,9 @@ What it applies, read from the unit's [Service] section (each as systemd 252 doe
   * UMask=; CapabilityBoundingSet= (empty: every capability dropped from the bounding set,
     so even root holds none after execve); AmbientCapabilities=; NoNewPrivileges=;
   * SystemCallFilter= (allow-list: @default, then each line in order, groups expanded by
-    `systemd-analyze syscall-filter`; anything else kills the process, as systemd does
-    without SystemCallErrorNumber=) and SystemCallArchitectures=native;
+    `systemd-analyze syscall-filter`; anything else fails with SystemCallErrorNumber=
+    when the unit sets it, else kills the process, as systemd does) and
+    SystemCallArchitectures=native;
   * RestrictAddressFamilies= (socket() with another family fails with EAFNOSUPPORT);
   * LockPersonality= (personality() changes fail with EPERM);
   * MemoryDenyWriteExecute=: systemd 252's seccomp rules (no W+X mmap, no mprotect or
@@ -242,10 +243,17 @@ def build_filters(service: dict[str, list[str]], applied: list[str]) -> list[tup
     sc = Seccomp()
     filters = []
     if service.get("SystemCallFilter"):
-        if service.get("SystemCallErrorNumber"):
-            raise SandboxError("SystemCallErrorNumber= is not emulated")
         allow = allowed_syscalls(service["SystemCallFilter"], syscall_groups())
-        ctx = sc.filter(SCMP_ACT_KILL_PROCESS)  # native architecture only: others are killed
+        error = service.get("SystemCallErrorNumber", [""])[-1]
+        if error:
+            # A filtered call fails with this errno instead of killing the process.
+            if not hasattr(errno, error):
+                raise SandboxError(f"unknown SystemCallErrorNumber={error}")
+            default = scmp_act_errno(getattr(errno, error))
+            applied.append(f"SystemCallErrorNumber={error}")
+        else:
+            default = SCMP_ACT_KILL_PROCESS
+        ctx = sc.filter(default)  # native architecture only: others get the default action
         count = sum(sc.rule(ctx, SCMP_ACT_ALLOW, name) for name in sorted(allow))
         filters.append((sc, ctx))
         applied.append(f"SystemCallFilter({count} system calls)")
