@@ -32,7 +32,7 @@ from gateway.context.store.database import open_database
 from gateway.context.store.migrations import Migration
 from gateway.errors import ClientError, GatewayError, ServiceError
 from gateway.ledgers.release import MemoryReleaseLedger
-from gateway.ledgers.usage import MemoryUsageLedger
+from gateway.ledgers.stored import LEDGER_MIGRATIONS, StoredReleaseLedger, StoredUsageLedger
 from gateway.obs import logging as log
 from gateway.obs.metrics import Metrics
 from gateway.proxy import projections, release
@@ -44,6 +44,7 @@ from gateway.state import (
     CONFIG_PATH,
     CONTEXT,
     DATABASE,
+    LOCAL_RELEASE_LEDGER,
     METRICS,
     PRINCIPAL_CALLS,
     RELEASE_LEDGER,
@@ -184,16 +185,9 @@ async def _upstream(app: web.Application) -> AsyncIterator[None]:
         await session.close()  # readiness sees it closed
 
 
-async def _ledgers(app: web.Application) -> AsyncIterator[None]:
-    """The release and usage ledgers (in memory: one process remembers its own)."""
-    app[RELEASE_LEDGER] = MemoryReleaseLedger()
-    app[USAGE_LEDGER] = MemoryUsageLedger()
-    yield
-
-
 # Every table owner's migrations, applied when the database opens (the context store's own
 # come first, from the store module).
-STORE_MIGRATIONS: tuple[Migration, ...] = ()
+STORE_MIGRATIONS: tuple[Migration, ...] = LEDGER_MIGRATIONS
 
 
 async def _database(app: web.Application) -> AsyncIterator[None]:
@@ -210,11 +204,20 @@ async def _database(app: web.Application) -> AsyncIterator[None]:
         migrations=STORE_MIGRATIONS,
     )
     app[DATABASE] = db
+    # Bindings a caller presents may come back to any replica: their ledger is the shared
+    # database. A proxied call's own send binding never leaves its exchange: in process.
+    app[RELEASE_LEDGER] = StoredReleaseLedger(db)
+    app[LOCAL_RELEASE_LEDGER] = MemoryReleaseLedger()
+    app[USAGE_LEDGER] = usage_ledger = StoredUsageLedger(db)
     app[CONTEXT] = service = context_api.service(app, db)
     try:
         await service.start()
         yield
     finally:
+        try:
+            await usage_ledger.close()
+        except Exception as exc:  # the database went away: say so, still close it
+            log.error("usage_flush_failed", error_class=type(exc).__name__)
         await db.close()
 
 
@@ -250,7 +253,6 @@ def create_app(
     app.router.add_get("/readyz", ops.readyz)
     app.router.add_get("/metrics", ops.metrics)
     app.on_response_prepare.append(_stamp_request_id)
-    app.cleanup_ctx.append(_ledgers)
     app.cleanup_ctx.append(_database)
     app.cleanup_ctx.append(_upstream)
     app.cleanup_ctx.append(_offload)

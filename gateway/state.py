@@ -74,6 +74,7 @@ METRICS = web.AppKey("wiregate_metrics", Metrics)
 CAPACITY = web.AppKey("wiregate_capacity", Capacity)
 PRINCIPAL_CALLS = web.AppKey("wiregate_principal_calls", PrincipalCalls)
 RELEASE_LEDGER = web.AppKey("wiregate_release_ledger", ReleaseLedger)
+LOCAL_RELEASE_LEDGER = web.AppKey("wiregate_local_release_ledger", ReleaseLedger)
 USAGE_LEDGER = web.AppKey("wiregate_usage_ledger", UsageLedger)
 CONFIG_PATH = web.AppKey("wiregate_config_path", Path)
 DATABASE = web.AppKey("wiregate_database", Database)  # the one store: context, shared ledgers

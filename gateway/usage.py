@@ -115,6 +115,23 @@ class UsageRecord:
             **{k: self.counts[k].as_json() for k in KINDS},
         }
 
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> UsageRecord:
+        """The inverse of `as_json` (a ledger that stores records reads them back)."""
+        counts = {k: Count(doc[k]["value"], doc[k]["provenance"]) for k in KINDS}
+        return cls(
+            request_id=doc["request_id"],
+            attempt=doc["attempt"],
+            profile=doc["profile"],
+            carrier=doc["carrier"],
+            outcome=doc["outcome"],
+            status=doc["status"],
+            counts=counts,
+            estimator=doc["estimator"],
+            account=doc["account"],
+            region=doc["region"],
+        )
+
 
 def with_estimates(
     counts: dict[str, Count], *, input_estimate: int | None, output_estimate: int | None, estimator: str

@@ -66,7 +66,7 @@ from gateway.proxy.exchange import (
 )
 from gateway.proxy.offload import OFFLOAD, Stale, parsed_stub
 from gateway.proxy.upstream import UPSTREAM, Sent, upstream_headers
-from gateway.state import CALL, CAPACITY, CONTEXT, METRICS, PRINCIPAL_CALLS, RELEASE_LEDGER, RUNTIME, Call
+from gateway.state import CALL, CAPACITY, CONTEXT, LOCAL_RELEASE_LEDGER, METRICS, PRINCIPAL_CALLS, RUNTIME, Call
 from gateway.vocab import Decision, Mode, Outcome, Phase, ReasonCode
 
 SESSION_HEADER = "x-wiregate-session"
@@ -460,7 +460,7 @@ async def read_and_check(
         read.released,
         (read.verdict, read.mode),
         request_binding=attempt.send.binding,
-        ledger=app[RELEASE_LEDGER],
+        ledger=app[LOCAL_RELEASE_LEDGER],
         seconds=time.perf_counter() - started,
     )
     note_check(app, ex.request_id, outcome, attempt.party.profile.profile.id)

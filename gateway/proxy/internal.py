@@ -29,7 +29,7 @@ from gateway.errors import GatewayError
 from gateway.obs import logging as log
 from gateway.proxy import decide
 from gateway.proxy.upstream import UPSTREAM, upstream_headers
-from gateway.state import RELEASE_LEDGER, RUNTIME
+from gateway.state import LOCAL_RELEASE_LEDGER, RUNTIME
 from gateway.vocab import Mode
 
 PRINCIPAL = "wiregate.context"
@@ -92,7 +92,7 @@ async def embed(app: web.Application, texts: list[str]) -> list[list[float]]:
         read.released,
         (read.verdict, read.mode),
         request_binding=send.binding,
-        ledger=app[RELEASE_LEDGER],
+        ledger=app[LOCAL_RELEASE_LEDGER],
     )
     if not outcome.proceed or not read.complete:
         log.info("embedding_withheld", reason_codes=outcome.verdict.reason_codes, profile=loaded.profile.id)

@@ -1,0 +1,133 @@
+"""The ledgers in the database (SQLite and PostgreSQL): two ledger objects on one database
+stand for two replicas sharing it. One payload per send binding whichever replica admits it;
+usage totals that agree with the in-memory ledger's arithmetic; a stop flushes queued usage."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import psycopg
+import pytest
+import pytest_asyncio
+
+from gateway.context.store.database import Database, open_database
+from gateway.ledgers.stored import LEDGER_MIGRATIONS, StoredReleaseLedger, StoredUsageLedger
+from gateway.ledgers.usage import MemoryUsageLedger
+from gateway.usage import KINDS, UNKNOWN, Count, UsageRecord
+from tests.context.conftest import PG_DSN, require_pg
+
+pytestmark = pytest.mark.asyncio
+
+
+@pytest_asyncio.fixture(params=["sqlite", "postgres"])
+async def databases(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[tuple[Database, Database]]:
+    """Two handles on one database, as two replicas hold them."""
+    if request.param == "postgres":
+        require_pg()
+        schema = f"ledgers_{secrets.token_hex(4)}"
+        kw = {"dsn": PG_DSN, "schema": schema}
+    else:
+        schema = ""
+        kw = {"path": tmp_path / "wiregate.db"}
+    one = await open_database(request.param, migrations=LEDGER_MIGRATIONS, **kw)  # type: ignore[arg-type]
+    two = await open_database(request.param, migrations=LEDGER_MIGRATIONS, **kw)  # type: ignore[arg-type]
+    try:
+        yield one, two
+    finally:
+        await one.close()
+        await two.close()
+        if schema:
+            with psycopg.connect(PG_DSN, autocommit=True) as conn:
+                conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+async def test_one_payload_per_binding_across_replicas(databases: tuple[Database, Database]) -> None:
+    a, b = (StoredReleaseLedger(db) for db in databases)
+    now = 1_000.0
+    assert await a.admit("bind-1", "digest-x", now + 60, now)
+    assert await b.admit("bind-1", "digest-x", now + 60, now), "the same payload again is idempotent"
+    assert not await b.admit("bind-1", "digest-y", now + 60, now), "another payload under the binding"
+    assert not await a.admit("bind-1", "digest-y", now + 60, now)
+    assert await b.admit("bind-2", "digest-y", now + 60, now)
+
+
+async def test_racing_replicas_admit_exactly_one_payload(databases: tuple[Database, Database]) -> None:
+    a, b = (StoredReleaseLedger(db) for db in databases)
+    now = 1_000.0
+    for n in range(20):
+        binding = f"race-{n}"
+        results = await asyncio.gather(
+            a.admit(binding, "left", now + 60, now), b.admit(binding, "right", now + 60, now)
+        )
+        assert sorted(results) == [False, True], results
+
+
+async def test_expired_entries_are_purged(databases: tuple[Database, Database]) -> None:
+    ledger = StoredReleaseLedger(databases[0], purge_every_s=10)
+    assert await ledger.admit("old", "d", 100.0, 50.0)
+    assert await ledger.admit("live", "d", 10_000.0, 50.0)
+    assert await ledger.size() == 2
+    assert await ledger.admit("new", "d", 10_000.0, 200.0)  # the purge runs first: "old" ended at 100
+    assert await ledger.size() == 2
+
+
+def _record(n: int, profile: str) -> UsageRecord:
+    counts = {k: Count(n * (i + 1), "known") for i, k in enumerate(KINDS)}
+    if n % 3 == 0:
+        counts["cache_write_1h"] = UNKNOWN
+    if n % 4 == 0:
+        counts["output"] = Count(n, "estimated")
+    return UsageRecord(
+        request_id=f"r{n}",
+        attempt=n % 2,
+        profile=profile,
+        carrier="openai.chat",
+        outcome=["released", "blocked", "withheld"][n % 3],
+        status=200 if n % 3 == 0 else None,
+        counts=counts,
+        estimator="chars4@1" if n % 4 == 0 else None,
+    )
+
+
+async def test_usage_totals_agree_with_the_memory_ledger_across_replicas(
+    databases: tuple[Database, Database],
+) -> None:
+    a, b = (StoredUsageLedger(db, keep_recent=5) for db in databases)
+    memory = MemoryUsageLedger(keep_recent=5)
+    records = [_record(n, ["p-one", "p-two"][n % 2]) for n in range(1, 40)]
+    for n, record in enumerate(records):
+        await (a if n % 2 else b).add(record)
+        await memory.add(record)
+    await a.flush()
+    await b.flush()
+    want = await memory.report()
+    assert await a.report() == want
+    assert await b.report() == want
+    assert want["profiles"]["p-one"]["records"] == 19  # n = 2, 4, …, 38
+    recent = await a.recent()
+    assert len(recent) == 5 and {r.request_id for r in recent} <= {r.request_id for r in records}
+    assert all(r == next(x for x in records if x.request_id == r.request_id) for r in recent)
+
+
+async def test_a_stop_flushes_queued_usage(databases: tuple[Database, Database]) -> None:
+    writer = StoredUsageLedger(databases[0], flush_after_s=3600)  # only a stop writes
+    for n in range(1, 8):
+        await writer.add(_record(n, "p"))
+    reader = StoredUsageLedger(databases[1])
+    assert (await reader.report())["profiles"] == {}
+    await writer.close()
+    assert (await reader.report())["profiles"]["p"]["records"] == 7
+
+
+async def test_the_queue_is_bounded_while_the_database_is_away(tmp_path: Path) -> None:
+    db = await open_database("sqlite", path=tmp_path / "w.db", migrations=LEDGER_MIGRATIONS)
+    ledger = StoredUsageLedger(db, flush_after_s=3600, max_pending=3)
+    for n in range(1, 6):
+        await ledger.add(_record(n, "p"))
+    assert ledger.dropped == 2
+    await ledger.close()
+    assert (await ledger.report())["profiles"]["p"]["records"] == 3
+    await db.close()
