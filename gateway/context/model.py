@@ -8,6 +8,8 @@ Must not: do I/O, read clocks or randomness, or know how values are stored or re
 
 from __future__ import annotations
 
+import re
+
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -45,8 +47,11 @@ class SearchMode(StrEnum):
     HYBRID = "hybrid"
 
 
+_VISIBLE_ASCII = re.compile(r"[\x21-\x7e]{1,128}")
+
+
 def _visible_ascii(value: str) -> bool:
-    return 1 <= len(value) <= 128 and all("\x21" <= ch <= "\x7e" for ch in value)
+    return _VISIBLE_ASCII.fullmatch(value) is not None
 
 
 def valid_scope_id(value: str) -> bool:
