@@ -44,6 +44,7 @@ from gateway.state import (
     CONFIG_PATH,
     CONTEXT,
     DATABASE,
+    DRAINING,
     LOCAL_RELEASE_LEDGER,
     METRICS,
     PRINCIPAL_CALLS,
@@ -52,6 +53,7 @@ from gateway.state import (
     USAGE_LEDGER,
     Call,
     Capacity,
+    Draining,
     PrincipalCalls,
 )
 from gateway.vocab import Dialect, Outcome, ReasonCode
@@ -239,6 +241,7 @@ def create_app(
     app[RUNTIME] = holder
     app[METRICS] = metrics or Metrics()
     app[CAPACITY] = Capacity(app[METRICS])
+    app[DRAINING] = Draining()
     app[PRINCIPAL_CALLS] = PrincipalCalls()
     if config_path is not None:
         app[CONFIG_PATH] = config_path

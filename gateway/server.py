@@ -23,7 +23,7 @@ from gateway.config.runtime import RuntimeHolder
 from gateway.http.connections import GuardedRunner, TLSSite
 from gateway.listeners import prepare_socket_path, server_tls_context, socket_umask
 from gateway.obs import logging as log
-from gateway.state import METRICS
+from gateway.state import DRAINING, METRICS
 
 
 @dataclass
@@ -70,6 +70,15 @@ class RunningGateway:
         return True
 
     async def stop(self) -> None:
+        """Readiness turns 503 first (for `server.drain_s`), then the listeners close and
+        in-flight calls finish within `server.shutdown_grace_s`; the ledgers flush last."""
+        app = self.runner.app
+        if not app[DRAINING].on:
+            app[DRAINING].on = True
+            log.info("draining")
+            drain = self.holder.current.config.server.drain_s
+            if drain > 0:
+                await asyncio.sleep(drain)
         await self.runner.cleanup()
         if self.uds_path is not None:
             await asyncio.to_thread(self.uds_path.unlink, missing_ok=True)

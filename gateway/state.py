@@ -75,6 +75,16 @@ CAPACITY = web.AppKey("wiregate_capacity", Capacity)
 PRINCIPAL_CALLS = web.AppKey("wiregate_principal_calls", PrincipalCalls)
 RELEASE_LEDGER = web.AppKey("wiregate_release_ledger", ReleaseLedger)
 LOCAL_RELEASE_LEDGER = web.AppKey("wiregate_local_release_ledger", ReleaseLedger)
+
+
+class Draining:
+    """Set once a stop has begun: readiness answers 503 from then on."""
+
+    def __init__(self) -> None:
+        self.on = False
+
+
+DRAINING = web.AppKey("wiregate_draining", Draining)
 USAGE_LEDGER = web.AppKey("wiregate_usage_ledger", UsageLedger)
 CONFIG_PATH = web.AppKey("wiregate_config_path", Path)
 DATABASE = web.AppKey("wiregate_database", Database)  # the one store: context, shared ledgers

@@ -15,7 +15,7 @@ from gateway import __version__, auth
 from gateway.carriers import CARRIERS, ROUTES, SHORT_NAMES
 from gateway.config.runtime import Runtime
 from gateway.proxy.upstream import UPSTREAM
-from gateway.state import METRICS, RUNTIME, USAGE_LEDGER
+from gateway.state import DATABASE, DRAINING, METRICS, RUNTIME, USAGE_LEDGER
 from gateway.usage import KINDS
 from gateway.vocab import Dialect
 
@@ -25,10 +25,18 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
+    """Ready: not stopping, configuration loaded (with profiles; the inspection databases are
+    compiled as part of loading it), the upstream client open, and the store answering."""
     app = request.app
+    if app[DRAINING].on:
+        return web.json_response({"status": "draining"}, status=503)
     upstream = app.get(UPSTREAM)
-    ready = upstream is not None and not upstream.session.closed and bool(app[RUNTIME].current.profiles)
-    return web.json_response({"status": "ready" if ready else "not_ready"}, status=200 if ready else 503)
+    if upstream is None or upstream.session.closed or not app[RUNTIME].current.profiles:
+        return web.json_response({"status": "not_ready"}, status=503)
+    database = app.get(DATABASE)
+    if database is None or not await database.ping():
+        return web.json_response({"status": "not_ready", "reason": "store_unreachable"}, status=503)
+    return web.json_response({"status": "ready"})
 
 
 async def metrics(request: web.Request) -> web.Response:

@@ -33,6 +33,9 @@ class ServerSettings(_Strict):
     uds: UdsListener | None = UdsListener()
     # How long in-flight requests may finish on shutdown.
     shutdown_grace_s: float = Field(10.0, ge=0, le=300)
+    # On SIGTERM /readyz answers 503 "draining" for this long before the listeners close, so a
+    # load balancer stops sending new calls first; in-flight calls then get shutdown_grace_s.
+    drain_s: float = Field(0.0, ge=0, le=60)
     # uvloop measurably lowers added latency; "asyncio" is the standard-library loop.
     event_loop: Literal["uvloop", "asyncio"] = "uvloop"
     # Worker processes that parse and check large bodies off the event loop (0: decide

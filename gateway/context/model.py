@@ -9,7 +9,6 @@ Must not: do I/O, read clocks or randomness, or know how values are stored or re
 from __future__ import annotations
 
 import re
-
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
