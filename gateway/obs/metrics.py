@@ -30,7 +30,8 @@ class Metrics:
         )
         self.stage_seconds = Histogram(
             "wiregate_stage_seconds",
-            "Latency of each stage of the wire path",
+            "Latency of each stage of the wire path: read, parse, plan, check_before_send, upstream (to the"
+            " response headers), buffer, check_before_release, release; checks (all checks of a call)",
             ["stage"],
             buckets=_LATENCY_BUCKETS,
             registry=r,

@@ -114,8 +114,12 @@ async def receive(
     request: web.Request, runtime: Runtime, carrier: Carrier, identity: auth.Identity, call: Call
 ) -> Exchange:
     limits = runtime.config.limits
+    stages = request.app[METRICS].stage_seconds
+    started = time.perf_counter()
     raw = await read_body(request, limits)  # 1
     call.bytes_in = len(raw)
+    stages.labels("read").observe(time.perf_counter() - started)
+    started = time.perf_counter()
     replays = replay.parse(request.headers.getall(replay.HEADER, []))
     offload = request.app[OFFLOAD]
     offloaded = offload.wanted(runtime, len(raw))
@@ -126,6 +130,7 @@ async def receive(
             offloaded = False
     if not offloaded:
         parsed = decide.parse_request(carrier, raw, runtime)  # 3
+    stages.labels("parse").observe(time.perf_counter() - started)
     now = datetime.now(UTC)  # 2: the profile chain
     requested = request.headers.get(routing.PROFILE_HEADER)
     first = routing.primary(runtime, identity.principal, carrier.short_name, parsed.model, requested, now)
@@ -168,6 +173,7 @@ class Attempt:
 
 async def send_along_chain(app: web.Application, ex: Exchange, trail: Trail) -> Attempt:
     identity = ex.identity
+    stages = app[METRICS].stage_seconds
     # Replayed prepared context: the store vouches for its dependencies once, before any check.
     eligible = await replay.eligibility(app.get(CONTEXT), ex.runtime, ex.replays, identity.principal)
     for index, loaded in enumerate(ex.chain):
@@ -175,7 +181,11 @@ async def send_along_chain(app: web.Application, ex: Exchange, trail: Trail) -> 
         party = Party(identity.principal.id, identity.on_behalf_of, identity.scope, loaded)
         target = Target.for_profile(loaded, ex.carrier.name, ex.carrier.path)
         headers = upstream_headers(loaded.profile, loaded.credential, ex.client_headers)
+        started = time.perf_counter()
         prepared = await prepare(app, ex, party, target, headers, eligible)  # 4-6
+        spent = time.perf_counter() - started
+        stages.labels("check_before_send").observe(prepared.outcome.seconds)
+        stages.labels("plan").observe(max(0.0, spent - prepared.outcome.seconds))
         trail.add(Planned(loaded.profile.id, len(prepared.body), prepared.cache, prepared.usage_injected))
         trail.add(Admitted(loaded.profile.id, prepared.input_estimate))
         send = prepared.outcome
@@ -222,11 +232,13 @@ async def _send(
     if remaining <= 0:
         raise errors.upstream_unavailable(ReasonCode.UPSTREAM_TIMEOUT)
     metrics = app[METRICS]
+    started = time.perf_counter()
     try:
         async with asyncio.timeout(min(remaining, loaded.profile.timeouts.total_s)):
             sent = await app[UPSTREAM].send(target, loaded, body, headers, deadline=ex.deadline)
     except TimeoutError:
         sent = Sent(response=None, failure=ReasonCode.UPSTREAM_TIMEOUT)
+    metrics.stage_seconds.labels("upstream").observe(time.perf_counter() - started)  # to the response headers
     for attempt in sent.attempts:
         metrics.upstream_attempts.labels(loaded.profile.id, attempt.outcome).inc()
     return sent
@@ -336,20 +348,29 @@ async def respond(request: web.Request, ex: Exchange, trail: Trail, attempt: Att
     is_stream = response.content_type == "text/event-stream"
     heartbeats: Heartbeats | None = None
     streaming = runtime.config.streaming
+    stages = request.app[METRICS].stage_seconds
     try:
         if mode is not Mode.ENFORCE:
             return await pass_through(request, ex, trail, attempt, mode)
         if is_stream and streaming.heartbeat_after_s > 0 and 200 <= response.status < 300:
             heartbeats = Heartbeats(request, passed)
+        started = time.perf_counter()
         body = await buffer(request.app, ex, trail, attempt, heartbeats)  # 8
+        stages.labels("buffer").observe(time.perf_counter() - started)
+        started = time.perf_counter()
         decided = await check_response(request.app, ex, trail, attempt, body, passed)  # 9
+        stages.labels("check_before_release").observe(time.perf_counter() - started)
     except Exception as exc:
         if heartbeats is None or heartbeats.out is None:
             raise
         return await _error_event(request, ex, trail, heartbeats, exc)
     finally:
         response.close()  # never back to the pool half-read; a no-op once fully read
-    return await release_decided(ex, trail, attempt, decided, passed, heartbeats)  # 10
+    started = time.perf_counter()
+    try:
+        return await release_decided(ex, trail, attempt, decided, passed, heartbeats)  # 10
+    finally:
+        stages.labels("release").observe(time.perf_counter() - started)
 
 
 async def buffer(
