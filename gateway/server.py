@@ -23,6 +23,7 @@ from gateway.config.runtime import RuntimeHolder
 from gateway.http.connections import GuardedRunner, TLSSite
 from gateway.listeners import prepare_socket_path, server_tls_context, socket_umask
 from gateway.obs import logging as log
+from gateway.proxy.offload import OFFLOAD
 from gateway.state import DRAINING, METRICS
 
 
@@ -162,8 +163,17 @@ async def serve(config_path: Path) -> None:
     stop = asyncio.Event()
     reloads: set[asyncio.Task[bool]] = set()
 
+    offload = running.runner.app[OFFLOAD]
+    offload.warm_soon(running.holder.current)  # large calls find warm workers
+
+    async def reload_and_warm() -> bool:
+        reloaded = await running.reload()
+        if reloaded:
+            offload.warm_soon(running.holder.current)
+        return reloaded
+
     def reload() -> None:
-        task = asyncio.create_task(running.reload())
+        task = asyncio.create_task(reload_and_warm())
         reloads.add(task)
         task.add_done_callback(reloads.discard)
 

@@ -28,7 +28,7 @@ from gateway.keyring import rotate_keyring_file
 from gateway.mockprovider import MockProviderServer
 from gateway.obs.metrics import Metrics
 from gateway.proxy import offload
-from gateway.state import METRICS
+from gateway.state import METRICS, RUNTIME
 from tests.conftest import GatewayFactory
 from tests.harness import Env, GatewayThread, raw_client
 
@@ -45,7 +45,15 @@ def pair(gateways: GatewayFactory) -> Iterator[tuple[tuple[Env, GatewayThread], 
         gateways("offloaded", secrets_=[SECRET], config_extra=OFFLOADED) as workers,
         gateways("inloop", secrets_=[SECRET], config_extra=IN_LOOP) as loop,
     ):
+        assert _warm(workers[1])
         yield workers, loop
+
+
+def _warm(gateway: GatewayThread) -> bool:
+    """Have every worker load the gateway's runtime (as `wiregate serve` starts doing at once)."""
+    assert gateway.running is not None
+    app = gateway.running.app
+    return bool(gateway.call(app[offload.OFFLOAD].warm(app[RUNTIME].current), timeout=120))
 
 
 def _count(gateway: GatewayThread, stage: str, outcome: str) -> float:
@@ -183,11 +191,15 @@ def test_a_worker_never_decides_under_another_runtime(gateways: GatewayFactory, 
         env.write_secrets([SECRET, other])  # on disk only, before any worker started
         body_old = json.dumps(_chat(f"{PAD} {SECRET}")).encode()
         body_new = json.dumps(_chat(f"{PAD} {other}")).encode()
+        assert not _warm(gateway), "no worker may hold the runtime on disk as the pinned one"
         assert _outcome(env, gateway, body_old)[0] == 403
         assert _outcome(env, gateway, body_new)[0] == 200  # the pinned policy does not know it yet
-        assert _count(gateway, "parse", "stale") == 2
+        assert _count(gateway, "parse", "cold") == 2  # decided on the loop
         assert _count(gateway, "parse", "done") == 0
         assert gateway.reload()
+        assert _outcome(env, gateway, body_new)[0] == 403  # cold after a reload: on the loop
+        assert _count(gateway, "parse", "cold") == 3
+        assert _warm(gateway)
         assert _outcome(env, gateway, body_new)[0] == 403
         assert _count(gateway, "parse", "done") == 1
 

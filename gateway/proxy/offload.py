@@ -13,7 +13,11 @@ A worker checks that its runtime is the one the call is pinned to (generation, p
 version, profile digests, key ring); a worker that cannot load that same runtime reports
 it stale and the call is decided on the loop instead — never under another policy. The
 pool is bounded: past `2 × workers` decisions in flight a call gets 503
-`capacity_exceeded`. The pool starts on first use and stops with the app.
+`capacity_exceeded`. The pool starts on first use (or when `wiregate serve` starts) and
+stops with the app. A worker that has not yet loaded the call's runtime would take seconds
+(loading the configuration compiles the inspection databases), so until every worker holds
+it — after a start, after a reload — calls are decided on the loop while the workers warm
+up in the background (metric outcome `cold`).
 
 Owns: the pool, the worker-side entry points and the runtime identity check.
 Must not: decide anything itself (decide.py does), or send content anywhere but to its
@@ -23,9 +27,11 @@ own workers over their pipes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import gc
 import multiprocessing
+import os
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ProcessPoolExecutor
@@ -84,6 +90,11 @@ class Stale(Exception):
     """The worker cannot load the runtime the call is pinned to."""
 
 
+class Cold(Stale):
+    """The workers have not loaded the call's runtime yet (just started, or just reloaded):
+    the call is decided on the loop while they warm up in the background."""
+
+
 @dataclass(frozen=True, slots=True)
 class Summary:
     model: str
@@ -102,6 +113,14 @@ def _init(config_path: str) -> None:
 
 def _warm(seconds: float) -> None:
     time.sleep(seconds)  # holds this worker while the pool starts the others
+
+
+def _w_warm(key: str, hold: float) -> int:
+    """Load (and compile) the runtime `key` names; hold the worker a moment so that the
+    other warm-up tasks of the same round land on the other workers."""
+    _runtime(key)
+    time.sleep(hold)
+    return os.getpid()
 
 
 def _runtime(key: str) -> Runtime:
@@ -206,6 +225,8 @@ class Offload:
         self._pool: ProcessPoolExecutor | None = None
         self._starting = asyncio.Lock()
         self._in_flight = 0
+        self._warm_key: str | None = None  # every worker holds this runtime
+        self._warming: asyncio.Task[bool] | None = None
 
     @property
     def enabled(self) -> bool:
@@ -255,6 +276,7 @@ class Offload:
             if self._pool is not None:
                 held = [self._pool]
                 self._pool = None
+                self._warm_key = None  # the next pool's workers start cold
                 await asyncio.to_thread(_dispose, held)
             log.error("check_worker_lost", stage=stage)
             raise ServiceError(503, "gateway_busy", (ReasonCode.CAPACITY_EXCEEDED,), retryable=True) from None
@@ -263,7 +285,54 @@ class Offload:
             self.metrics.offload_in_flight.dec()
             self.metrics.offloaded.labels(stage, outcome).inc()
 
+    def _ready(self, runtime: Runtime, stage: str) -> str:
+        """The runtime's key when every worker holds it; otherwise start warming them and
+        raise Cold (this call is decided on the loop: a cold worker would take seconds)."""
+        key = runtime_key(runtime)
+        if self._warm_key == key:
+            return key
+        self.warm_soon(runtime)
+        self.metrics.offloaded.labels(stage, "cold").inc()
+        raise Cold
+
+    def warm_soon(self, runtime: Runtime) -> None:
+        """Warm the workers for `runtime` in the background (`wiregate serve` does this at
+        start and after each reload, so that large calls rarely find them cold)."""
+        if not self.enabled or self._warm_key == runtime_key(runtime):
+            return
+        if self._warming is None or self._warming.done():
+            self._warming = asyncio.create_task(self._warm_quietly(runtime), name="offload-warm")
+
+    async def _warm_quietly(self, runtime: Runtime) -> bool:
+        try:
+            return await self.warm(runtime)
+        except Exception as exc:  # the next large call tries again
+            log.error("check_worker_warm_failed", error_class=type(exc).__name__)
+            return False
+
+    async def warm(self, runtime: Runtime, rounds: int = 4) -> bool:
+        """Start the pool and have every worker load `runtime`; True once all of them hold it
+        (False when they cannot: the configuration on disk is not the one the gateway runs)."""
+        key = runtime_key(runtime)
+        if self._warm_key == key:
+            return True
+        pool = await self._executor()
+        warmed: set[int] = set()
+        for _ in range(rounds):
+            try:
+                futures = [await asyncio.to_thread(pool.submit, _w_warm, key, 0.2) for _ in range(self.workers)]
+                warmed.update(await asyncio.gather(*(asyncio.wrap_future(f) for f in futures)))
+            except Stale:
+                return False
+            except BrokenProcessPool:
+                return False  # the next call's _run replaces the pool
+            if len(warmed) >= self.workers:
+                self._warm_key = key
+                return True
+        return False
+
     async def parse(self, runtime: Runtime, carrier: str, raw: bytes) -> Summary:
+        self._ready(runtime, "parse")
         result = await self._run("parse", _w_parse, runtime_key(runtime), carrier, raw)
         if isinstance(result, Failure):
             result.raise_()
@@ -284,6 +353,7 @@ class Offload:
         replays: tuple[Replay, ...] = (),
         eligible: Mapping[str, bool] | None = None,
     ) -> decide.Prepared:
+        self._ready(runtime, "send")
         spec = (party.principal, party.delegate, party.scope, party.profile.profile.id)
         answers = dict(eligible) if eligible is not None else None
         result = await self._run(
@@ -307,6 +377,7 @@ class Offload:
         mode: Mode,
         incomplete: bool = False,
     ) -> decide.Read:
+        self._ready(runtime, "read")
         spec = (party.principal, party.delegate, party.scope, party.profile.profile.id)
         read = await self._run(
             "read",
@@ -325,6 +396,10 @@ class Offload:
         return dataclasses.replace(read, released=body) if read.released == SAME else read
 
     async def close(self) -> None:
+        if self._warming is not None and not self._warming.done():
+            self._warming.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._warming
         if self._pool is not None:
             held = [self._pool]
             self._pool = None
