@@ -1,7 +1,7 @@
 """`wiregate` command line: argument parsing only; each subcommand calls one function.
 
 wiregate init [--dir DIR] [--force]
-wiregate serve --config FILE
+wiregate serve --config FILE [--workers N]
 wiregate keys new-signing-key --out FILE
 wiregate keys rotate --keyring FILE
 wiregate profiles new --id ID --provider P --base-url URL --models PAT [PAT ...]
@@ -58,9 +58,26 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         print(f"wiregate serve: {exc}", file=sys.stderr)
         return 2
     log.configure(config.logging.level)
+    from gateway import workers
+
+    inherited = workers.shared_from_env()
+    if args.workers > 1 and inherited is None:
+        try:
+            return workers.Supervisor(path, args.workers).run()
+        except (ConfigError, ListenerError, OSError) as exc:
+            log.error("listen_failed", reason=str(exc), error_class=type(exc).__name__)
+            print(f"wiregate serve: {exc}", file=sys.stderr)
+            return 2
+    shared = None
+    if inherited is not None:
+        from gateway.server import Shared
+
+        index, port, uds = inherited
+        log.PROCESS_FIELDS["worker"] = index
+        shared = Shared(port, uds)
     runner = event_loop_runner(config.server.event_loop)
     try:
-        runner(serve(path))
+        runner(serve(path, shared))
     except ConfigError as exc:
         log.error("config_refused", reason=str(exc))
         print(f"wiregate serve: {exc}", file=sys.stderr)
@@ -250,6 +267,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("serve", help="serve HTTPS and the Unix socket")
     p.add_argument("--config", required=True)
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        choices=range(1, 257),
+        metavar="N",
+        help="N gateway processes sharing the HTTPS port (SO_REUSEPORT) and the Unix socket",
+    )
     p.set_defaults(func=_cmd_serve)
 
     keys = sub.add_parser("keys", help="profile-signing keys and the binding key ring").add_subparsers(

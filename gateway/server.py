@@ -11,6 +11,7 @@ import asyncio
 import gc
 import os
 import signal
+import socket
 import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -85,9 +86,26 @@ class RunningGateway:
             await asyncio.to_thread(self.uds_path.unlink, missing_ok=True)
 
 
-async def start(config_path: Path, *, https_port: int | None = None, uds_path: Path | None = None) -> RunningGateway:
-    """Load, build and start listening. Overrides are for tests and benchmarks. Everything
-    that reads files or compiles runs off the event loop."""
+@dataclass(frozen=True)
+class Shared:
+    """What a worker of `wiregate serve --workers N` gets from its supervisor: the HTTPS port
+    every worker binds with SO_REUSEPORT, and the Unix socket the supervisor bound (its path
+    is the supervisor's to remove)."""
+
+    https_port: int | None
+    uds: socket.socket | None
+
+
+async def start(
+    config_path: Path,
+    *,
+    https_port: int | None = None,
+    uds_path: Path | None = None,
+    shared: Shared | None = None,
+) -> RunningGateway:
+    """Load, build and start listening. Overrides are for tests and benchmarks; `shared`
+    for a worker under the supervisor. Everything that reads files or compiles runs off the
+    event loop."""
     config_path = await asyncio.to_thread(config_path.resolve)
     runtime = await asyncio.to_thread(load_runtime, config_path)
     holder = RuntimeHolder(runtime)
@@ -109,8 +127,15 @@ async def start(config_path: Path, *, https_port: int | None = None, uds_path: P
             cert, key = resolve(base, cfg.server.https.cert), resolve(base, cfg.server.https.key)
             tls = await asyncio.to_thread(server_tls_context, cert, key)
             port = cfg.server.https.port if https_port is None else https_port
+            if shared is not None and shared.https_port is not None:
+                port = shared.https_port
             site: web.BaseSite = TLSSite(
-                runner, cfg.server.https.host, port, ssl_context=tls, handshake_s=cfg.limits.request_head_s
+                runner,
+                cfg.server.https.host,
+                port,
+                ssl_context=tls,
+                handshake_s=cfg.limits.request_head_s,
+                reuse_port=shared is not None,
             )
             await site.start()
             running.sites.append(site)
@@ -119,7 +144,12 @@ async def start(config_path: Path, *, https_port: int | None = None, uds_path: P
             sockets = getattr(server, "sockets", None) or []
             running.https_port = sockets[0].getsockname()[1] if sockets else port
             log.info("listening", listener="https", address=f"{cfg.server.https.host}:{running.https_port}")
-        if cfg.server.uds is not None:
+        if cfg.server.uds is not None and shared is not None and shared.uds is not None:
+            site = web.SockSite(runner, shared.uds)
+            await site.start()
+            running.sites.append(site)
+            log.info("listening", listener="uds", address=str(shared.uds.getsockname()))
+        elif cfg.server.uds is not None:
             path = uds_path or resolve(base, cfg.server.uds.path)
             mode = int(cfg.server.uds.mode, 8)
             await asyncio.to_thread(prepare_socket_path, path)
@@ -152,9 +182,9 @@ def _log_warnings(warnings: tuple[str, ...]) -> None:
         log.warning("insecure_configuration", reason=warning)
 
 
-async def serve(config_path: Path) -> None:
+async def serve(config_path: Path, shared: Shared | None = None) -> None:
     """Foreground: serve until SIGINT/SIGTERM; SIGHUP reloads."""
-    running = await start(config_path)
+    running = await start(config_path, shared=shared)
     # Everything loaded so far (compiled databases, profiles, modules) lives for the whole
     # process: keep it out of the cyclic collector's scans.
     gc.collect()

@@ -60,8 +60,14 @@ ALLOWED_FIELDS = frozenset(
         "receipt",
         "reuse",
         "diagnostic",
+        "worker",
+        "workers",
+        "pid",
+        "exit_status",
     }
 )
+# Fields every line of this process carries (`worker` under `wiregate serve --workers N`).
+PROCESS_FIELDS: dict[str, Any] = {}
 _MAX_STR = 300
 
 LOGGER_NAME = "wiregate"
@@ -93,6 +99,7 @@ class JsonFormatter(logging.Formatter):
             "ts": self._ts(record.created),
             "level": record.levelname.lower(),
             "event": record.getMessage()[:_MAX_STR],
+            **PROCESS_FIELDS,
         }
         fields = getattr(record, "wg_fields", None)
         if isinstance(fields, dict):

@@ -223,7 +223,8 @@ class Offload:
         self.workers = workers
         self.metrics = metrics
         self._pool: ProcessPoolExecutor | None = None
-        self._starting = asyncio.Lock()
+        self._starting: asyncio.Future[ProcessPoolExecutor] | None = None
+        self._closed = False
         self._in_flight = 0
         self._warm_key: str | None = None  # every worker holds this runtime
         self._warming: asyncio.Task[bool] | None = None
@@ -248,10 +249,23 @@ class Offload:
         return pool
 
     async def _executor(self) -> ProcessPoolExecutor:
-        async with self._starting:
-            if self._pool is None:
-                self._pool = await asyncio.to_thread(self._start)
+        """The pool, started once. The start runs in a thread that a cancelled caller cannot
+        stop, so it is shielded and kept: `close` waits for it and stops what it started."""
+        if self._pool is not None:
             return self._pool
+        if self._closed:
+            raise ServiceError(503, "gateway_busy", (ReasonCode.CAPACITY_EXCEEDED,), retryable=True)
+        if self._starting is None:
+            self._starting = asyncio.ensure_future(asyncio.to_thread(self._start))
+        try:
+            pool = await asyncio.shield(self._starting)
+        except Exception:
+            self._starting = None  # the next call tries again
+            raise
+        if self._closed:  # closed while starting: close() disposes it
+            raise ServiceError(503, "gateway_busy", (ReasonCode.CAPACITY_EXCEEDED,), retryable=True)
+        self._pool = pool
+        return pool
 
     async def _run(self, stage: str, fn: Callable[..., T], *args: Any) -> T:
         if self._in_flight >= 2 * self.workers:
@@ -276,6 +290,7 @@ class Offload:
             if self._pool is not None:
                 held = [self._pool]
                 self._pool = None
+                self._starting = None
                 self._warm_key = None  # the next pool's workers start cold
                 await asyncio.to_thread(_dispose, held)
             log.error("check_worker_lost", stage=stage)
@@ -396,14 +411,20 @@ class Offload:
         return dataclasses.replace(read, released=body) if read.released == SAME else read
 
     async def close(self) -> None:
+        self._closed = True
         if self._warming is not None and not self._warming.done():
             self._warming.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._warming
-        if self._pool is not None:
-            held = [self._pool]
-            self._pool = None
-            await asyncio.to_thread(_dispose, held)
+        pool = self._pool
+        if pool is None and self._starting is not None:
+            try:
+                pool = await self._starting  # a start in progress: let it finish, then stop it
+            except Exception:
+                pool = None
+        self._pool = self._starting = None
+        if pool is not None:
+            await asyncio.to_thread(_dispose, [pool])
 
 
 def _dispose(held: list[ProcessPoolExecutor]) -> None:

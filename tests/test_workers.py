@@ -1,0 +1,100 @@
+"""`wiregate serve --workers N` (issue 12): N processes share the HTTPS port (SO_REUSEPORT)
+and the Unix socket, reload together on SIGHUP, stop together on SIGTERM, and a worker that
+dies is replaced."""
+
+from __future__ import annotations
+
+import os
+import signal
+import ssl
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import httpx
+
+from gateway import devsetup
+from gateway.mockprovider import MockProviderServer
+from tests.deploy import procs
+from tests.harness import build_env
+
+WIREGATE = Path(sys.executable).with_name("wiregate")
+
+
+def _chat(client: httpx.Client, key: str) -> int:
+    r = client.post(
+        "/v1/chat/completions",
+        json={"model": "gpt-4.1", "messages": [{"role": "user", "content": "hello"}]},
+        headers={"authorization": f"Bearer {key}"},
+    )
+    return r.status_code
+
+
+def _served_by(proc: procs.Proc) -> Counter[int]:
+    return Counter(
+        int(r["worker"])
+        for r in proc.records()
+        if r.get("event") == "request" and r.get("route") == "/v1/chat/completions"
+    )
+
+
+def _wait(predicate, timeout: float = 60) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+def test_two_workers_share_both_listeners_reload_restart_and_stop_together(
+    mock: MockProviderServer, tmp_path: Path
+) -> None:
+    env = build_env(tmp_path / "gw", mock.url)
+    sock = env.dir / "run" / "gw.sock"
+    proc = procs.Proc(
+        [str(WIREGATE), "serve", "--config", str(env.config), "--workers", "2"], dict(os.environ), tmp_path / "log"
+    )
+    try:
+        _wait(lambda: sum(1 for r in proc.records() if r.get("event") == "started") == 2)
+        port = proc.https_port()
+        tls = ssl.create_default_context(cafile=str(env.ca))
+        pids = {int(r["pid"]) for r in proc.records() if r.get("event") == "worker_started"}
+        assert len(pids) == 2 and proc.pid not in pids
+
+        def one_call_each_way(key: str) -> list[int]:
+            statuses = []
+            with httpx.Client(base_url=f"https://127.0.0.1:{port}", verify=tls, timeout=30) as client:
+                statuses.append(_chat(client, key))  # a new connection each time: the kernel picks a worker
+            uds = httpx.HTTPTransport(uds=str(sock))
+            with httpx.Client(transport=uds, base_url="http://localhost", timeout=30) as client:
+                statuses.append(_chat(client, key))
+            return statuses
+
+        for _ in range(30):
+            assert one_call_each_way(env.gateway_key) == [200, 200]
+        served = _served_by(proc)
+        assert set(served) == {0, 1} and sum(served.values()) == 60, served
+
+        # SIGHUP to the supervisor: every worker reloads (a principal added on disk now works everywhere).
+        key, digest = devsetup.new_gateway_key()
+        with (env.dir / "principals.toml").open("a") as fh:
+            fh.write(devsetup.principal_block("late", [digest], ["proxy"], ["mock-openai"], None))
+        assert one_call_each_way(key) == [401, 401]
+        proc.popen.send_signal(signal.SIGHUP)
+        _wait(lambda: sum(1 for r in proc.records() if r.get("event") == "config_reloaded") == 2)
+        for _ in range(10):
+            assert one_call_each_way(key) == [200, 200]
+
+        # A worker that dies is replaced; the gateway keeps answering meanwhile.
+        os.kill(next(iter(pids)), signal.SIGKILL)
+        _wait(lambda: sum(1 for r in proc.records() if r.get("event") == "worker_started") == 3)
+        _wait(lambda: sum(1 for r in proc.records() if r.get("event") == "started") == 3)
+        for _ in range(10):
+            assert one_call_each_way(env.gateway_key) == [200, 200]
+
+        # SIGTERM: all of them drain and stop; the socket file goes with the supervisor.
+        assert proc.terminate(120) == 0
+        assert not sock.exists()
+        assert sum(1 for r in proc.records() if r.get("event") == "draining") == 2
+    finally:
+        proc.close()
