@@ -182,7 +182,7 @@ class StoredUsageLedger:
         db: Database,
         *,
         keep_recent: int = 200,
-        flush_after_s: float = 0.05,
+        flush_after_s: float = 0.25,
         max_pending: int = 10_000,
     ) -> None:
         self._db = db
