@@ -76,6 +76,12 @@ class Metrics:
             ["kind", "profile", "provenance"],
             registry=r,
         )
+        self.cache_bets = Counter(
+            "wiregate_cache_bets",
+            "Cache writes settled by the session's next request: won (read) or lost (expired unread)",
+            ["profile", "ttl", "result"],
+            registry=r,
+        )
         self.usage_unknown = Counter(
             "wiregate_usage_unknown",
             "Attempts whose usage figure of a kind is unknown",

@@ -36,6 +36,7 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
+from gateway.cachepace import SessionPace
 from gateway.carriers import CARRIERS
 from gateway.carriers.base import ParsedRequest
 from gateway.checks.destination import Target
@@ -144,6 +145,7 @@ def _w_send(
     route: str,
     replays: tuple[Replay, ...] = (),
     eligible: dict[str, bool] | None = None,
+    pace: SessionPace | None = None,
 ) -> decide.Prepared | Failure:
     runtime = _runtime(key)
     try:
@@ -160,6 +162,7 @@ def _w_send(
             route=route,
             replays=replays,
             eligible=eligible,
+            pace=pace,
         )
     except GatewayError as err:
         return Failure.of(err)
@@ -283,11 +286,24 @@ class Offload:
         route: str,
         replays: tuple[Replay, ...] = (),
         eligible: Mapping[str, bool] | None = None,
+        pace: SessionPace | None = None,
     ) -> decide.Prepared:
         spec = (party.principal, party.delegate, party.scope, party.profile.profile.id)
         answers = dict(eligible) if eligible is not None else None
         result = await self._run(
-            "send", _w_send, runtime_key(runtime), carrier, raw, spec, target, headers, session, route, replays, answers
+            "send",
+            _w_send,
+            runtime_key(runtime),
+            carrier,
+            raw,
+            spec,
+            target,
+            headers,
+            session,
+            route,
+            replays,
+            answers,
+            pace,
         )
         if isinstance(result, Failure):
             result.raise_()

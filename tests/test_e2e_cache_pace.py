@@ -1,0 +1,109 @@
+"""Cache pacing end to end: the official anthropic SDK through the real gateway to the mock,
+on one virtual clock that both the mock's cache TTLs and the gateway's pace record read (time
+steps instead of passing, so a session minutes apart replays in a second). A slow session
+stops placing 5 min writes that expire unread and writes for an hour instead; a session
+whose gaps outlast an hour stops writing; the usage record says which plan and why, and the
+metrics count the bets won and lost."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.mockprovider import MockProviderServer
+from gateway.state import METRICS, PACE_LEDGER
+from tests import replay
+from tests.harness import UPSTREAM_KEY, Env, GatewayThread, anthropic_client, build_env, raw_client
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.fixture(scope="module")
+def paced() -> Iterator[tuple[Env, GatewayThread, MockProviderServer, Clock]]:
+    clock = Clock()
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        MockProviderServer(api_key=UPSTREAM_KEY) as mock,
+    ):
+        mock.state.clock = clock
+        env = build_env(Path(tmp) / "env", mock.url)
+        with GatewayThread(env.config) as gw:
+            assert gw.running is not None
+            gw.running.app[PACE_LEDGER].clock = clock
+            yield env, gw, mock, clock
+
+
+def _replay(
+    setup: tuple[Env, GatewayThread, MockProviderServer, Clock], session_id: str, gaps: list[float]
+) -> tuple[list[Any], list[dict[str, Any]]]:
+    env, gw, _, clock = setup
+    client = anthropic_client(gw, env, uds=True)
+    session = replay.build_session(len(gaps) + 1, seed=5)
+    usages = []
+    for turn in range(len(gaps) + 1):
+        if turn:
+            clock.t += gaps[turn - 1]
+        body = replay.anthropic_request(session, turn)
+        reply = client.messages.create(**body, extra_headers={"x-wiregate-session": session_id})
+        usages.append(reply.usage)
+    report = raw_client(gw, env).get("/v1/usage/report", headers={"authorization": f"Bearer {env.gateway_key}"})
+    records = [r for r in report.json()["recent"] if r["profile"] == "mock-anthropic"][-(len(gaps) + 1) :]
+    return usages, records
+
+
+def _bets(gw: GatewayThread) -> dict[tuple[str, str], float]:
+    assert gw.running is not None
+    out: dict[tuple[str, str], float] = {}
+    for metric in gw.running.app[METRICS].registry.collect():
+        for s in metric.samples:
+            if s.name == "wiregate_cache_bets_total" and s.labels["profile"] == "mock-anthropic":
+                out[(s.labels["ttl"], s.labels["result"])] = s.value
+    return out
+
+
+def test_slow_session_stops_placing_unprofitable_five_minute_writes(
+    paced: tuple[Env, GatewayThread, MockProviderServer, Clock],
+) -> None:
+    before = _bets(paced[1])
+    usages, records = _replay(paced, "slow-1", [400.0] * 5)  # every 6 min 40 s
+    # Turn 1 has no history: today's plan, and its 5 min write expires unread.
+    assert records[0]["cache_plan"] == ["no_history", "ttl_5m"]
+    assert usages[0].cache_creation.ephemeral_5m_input_tokens > 0
+    assert usages[1].cache_read_input_tokens == 0
+    # From turn 2 on: 1 h markers only, no 5 min write, and every later turn reads.
+    for usage, record in zip(usages[1:], records[1:], strict=True):
+        assert record["cache_plan"] == ["ttl_1h"] and record["cache_prices"] == "anthropic-2025@1"
+        assert usage.cache_creation.ephemeral_5m_input_tokens == 0
+    assert usages[1].cache_creation.ephemeral_1h_input_tokens > 0
+    assert all(u.cache_read_input_tokens > 0 for u in usages[2:])
+    assert records[2]["cache_write_5m"]["value"] == 0 and records[2]["cache_read"]["value"] > 0
+    after = _bets(paced[1])
+    assert after.get(("5m", "lost"), 0) - before.get(("5m", "lost"), 0) == 1
+    assert after.get(("1h", "won"), 0) - before.get(("1h", "won"), 0) == 4
+    assert after.get(("1h", "lost"), 0) == before.get(("1h", "lost"), 0)
+
+
+def test_a_session_whose_gaps_outlast_an_hour_writes_nothing(
+    paced: tuple[Env, GatewayThread, MockProviderServer, Clock],
+) -> None:
+    usages, records = _replay(paced, "rare-1", [7_200.0, 7_200.0, 7_200.0])
+    assert records[0]["cache_plan"] == ["no_history", "ttl_5m"]
+    for usage, record in zip(usages[2:], records[2:], strict=True):
+        assert record["cache_plan"] == ["skipped_unprofitable"]
+        assert usage.cache_creation_input_tokens == 0 and usage.cache_read_input_tokens == 0
+
+
+def test_a_fast_session_plans_as_before(paced: tuple[Env, GatewayThread, MockProviderServer, Clock]) -> None:
+    usages, records = _replay(paced, "fast-1", [20.0] * 4)
+    assert [r["cache_plan"] for r in records] == [["no_history", "ttl_5m"]] + [["ttl_5m"]] * 4
+    assert all(u.cache_read_input_tokens > 0 for u in usages[1:])
