@@ -8,6 +8,7 @@ metrics count the bets won and lost."""
 from __future__ import annotations
 
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,9 +16,18 @@ from typing import Any
 import pytest
 
 from gateway.mockprovider import MockProviderServer
+from gateway.mockprovider.state import TIME_SCALE_ENV, time_scale_from_env
 from gateway.state import METRICS, PACE_LEDGER
 from tests import replay
-from tests.harness import UPSTREAM_KEY, Env, GatewayThread, anthropic_client, build_env, raw_client
+from tests.harness import (
+    UPSTREAM_KEY,
+    Env,
+    GatewayThread,
+    anthropic_client,
+    build_env,
+    direct_anthropic,
+    raw_client,
+)
 
 
 class Clock:
@@ -107,3 +117,21 @@ def test_a_fast_session_plans_as_before(paced: tuple[Env, GatewayThread, MockPro
     usages, records = _replay(paced, "fast-1", [20.0] * 4)
     assert [r["cache_plan"] for r in records] == [["no_history", "ttl_5m"]] + [["ttl_5m"]] * 4
     assert all(u.cache_read_input_tokens > 0 for u in usages[1:])
+
+
+def test_the_mock_can_run_cache_time_faster(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(TIME_SCALE_ENV, "120")  # 1 s = 2 min: a 5 min entry lives 2.5 s
+    with MockProviderServer(api_key=UPSTREAM_KEY) as mock:
+        client = direct_anthropic(mock.url)
+        system = [{"type": "text", "text": "policy words " * 1500, "cache_control": {"type": "ephemeral"}}]
+        ask = {"model": "claude-test-model", "max_tokens": 16, "system": system}
+        first = client.messages.create(**ask, messages=[{"role": "user", "content": "one"}])
+        second = client.messages.create(**ask, messages=[{"role": "user", "content": "two"}])
+        assert first.usage.cache_creation_input_tokens > 0
+        assert second.usage.cache_read_input_tokens == first.usage.cache_creation_input_tokens
+        time.sleep(2.7)  # past 5 min of cache time since the read refreshed it
+        third = client.messages.create(**ask, messages=[{"role": "user", "content": "three"}])
+        assert third.usage.cache_read_input_tokens == 0 and third.usage.cache_creation_input_tokens > 0
+    monkeypatch.setenv(TIME_SCALE_ENV, "0")
+    with pytest.raises(ValueError):
+        time_scale_from_env()
