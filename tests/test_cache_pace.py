@@ -17,6 +17,7 @@ from gateway.cachepace import PaceChoice, PaceEvent, SessionPace
 from gateway.carriers import CARRIERS, jsonspan
 from gateway.config.load import ConfigError, load_profile, load_trusted_keys
 from gateway.profiles.model import DEFAULT_PRICES, CachePrices, CacheSettings, UpstreamProfile
+from gateway.usage import UsageRecord, all_unknown
 from tests.test_caching import ANTHROPIC, CTX, LONG, _conversation
 
 A = DEFAULT_PRICES["anthropic"]  # read 0.1, 5 min write 1.25, 1 h write 2
@@ -263,3 +264,12 @@ def test_prices_are_signed_with_the_profile(make_env: Any) -> None:
     path.write_text(json.dumps(signed))
     with pytest.raises(ConfigError, match="refused"):
         load_profile(path, trusted, now, env.dir)
+
+
+def test_usage_records_carry_the_plan_and_read_back_older_ones() -> None:
+    record = UsageRecord("r1", 0, "p", "anthropic.messages", "released", 200, all_unknown(), None, None, None)
+    doc = {**record.as_json(), "cache_plan": ["ttl_1h"], "cache_prices": "anthropic-2025@1"}
+    back = UsageRecord.from_json(doc)
+    assert back.cache_plan == ("ttl_1h",) and back.cache_prices == "anthropic-2025@1"
+    older = {k: v for k, v in doc.items() if k not in ("cache_plan", "cache_prices")}  # stored before this change
+    assert UsageRecord.from_json(older).cache_plan == () and UsageRecord.from_json(older).cache_prices is None

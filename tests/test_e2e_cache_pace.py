@@ -3,22 +3,26 @@ on one virtual clock that both the mock's cache TTLs and the gateway's pace reco
 steps instead of passing, so a session minutes apart replays in a second). A slow session
 stops placing 5 min writes that expire unread and writes for an hour instead; a session
 whose gaps outlast an hour stops writing; the usage record says which plan and why, and the
-metrics count the bets won and lost."""
+metrics count the bets won and lost. Two gateways on one PostgreSQL plan a session from one
+record."""
 
 from __future__ import annotations
 
+import secrets
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from gateway.mockprovider import MockProviderServer
 from gateway.mockprovider.state import TIME_SCALE_ENV, time_scale_from_env
 from gateway.state import METRICS, PACE_LEDGER
 from tests import replay
+from tests.context.conftest import PG_DSN, require_pg
 from tests.harness import (
     UPSTREAM_KEY,
     Env,
@@ -135,3 +139,38 @@ def test_the_mock_can_run_cache_time_faster(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setenv(TIME_SCALE_ENV, "0")
     with pytest.raises(ValueError):
         time_scale_from_env()
+
+
+def test_replicas_on_one_postgresql_plan_a_session_from_one_record(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two gateways on one PostgreSQL: what one appends to a session's pace, the other plans
+    from (turns alternate between them)."""
+    require_pg()
+    schema = f"pace_{secrets.token_hex(4)}"
+    monkeypatch.setenv("WIREGATE_STORE_DSN", PG_DSN)
+    store = f'\n[store]\nbackend = "postgres"\ndsn = "env:WIREGATE_STORE_DSN"\npg_schema = "{schema}"\n'
+    clock = Clock()
+    try:
+        with tempfile.TemporaryDirectory() as tmp, MockProviderServer(api_key=UPSTREAM_KEY) as mock:
+            mock.state.clock = clock
+            env = build_env(Path(tmp) / "env", mock.url, config_extra=store)
+            with GatewayThread(env.config) as a, GatewayThread(env.config) as b:
+                for gw in (a, b):
+                    assert gw.running is not None
+                    gw.running.app[PACE_LEDGER].clock = clock
+                session = replay.build_session(4, seed=9)
+                usages = []
+                for turn, gw in enumerate((a, b, a, b)):
+                    clock.t += 400.0 if turn else 0.0
+                    client = anthropic_client(gw, env, uds=True)
+                    body = replay.anthropic_request(session, turn)
+                    usages.append(client.messages.create(**body, extra_headers={"x-wiregate-session": "shared"}).usage)
+                report = raw_client(b, env).get(
+                    "/v1/usage/report", headers={"authorization": f"Bearer {env.gateway_key}"}
+                )
+                plans = [r["cache_plan"] for r in report.json()["recent"] if r["profile"] == "mock-anthropic"]
+        assert plans == [["no_history", "ttl_5m"], ["ttl_1h"], ["ttl_1h"], ["ttl_1h"]]
+        assert usages[1].cache_creation.ephemeral_5m_input_tokens == 0
+        assert all(u.cache_read_input_tokens > 0 for u in usages[2:])
+    finally:
+        with psycopg.connect(PG_DSN, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')

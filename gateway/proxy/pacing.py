@@ -29,8 +29,11 @@ async def lookup(app: web.Application, ex: Exchange, party: Party) -> Paced | No
     """The session's record for this profile (None: the profile does not pace)."""
     profile = party.profile.profile
     ledger = _ledger(app)
-    if ledger is None or profile.cache.mode == "none" or not profile.cache.pace:
+    settings = profile.cache
+    if ledger is None or settings.mode == "none" or not settings.pace or ex.carrier.cache_style is None:
         return None
+    if ex.carrier.cache_style == "key" and not (settings.extended_retention and settings.retention is None):
+        return None  # nothing the pace could change: spare the call a database read
     ctx = caching.CacheContext(
         party.principal, party.scope, profile.id, ex.session, account=profile.account, region=profile.region
     )
