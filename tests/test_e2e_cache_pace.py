@@ -30,6 +30,8 @@ from tests.harness import (
     anthropic_client,
     build_env,
     direct_anthropic,
+    mock_profile,
+    openai_client,
     raw_client,
 )
 
@@ -174,3 +176,32 @@ def test_replicas_on_one_postgresql_plan_a_session_from_one_record(monkeypatch: 
     finally:
         with psycopg.connect(PG_DSN, autocommit=True) as conn:
             conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+def test_openai_asks_for_extended_retention_when_the_pace_calls_for_it() -> None:
+    """The official openai SDK through the gateway: a profile that allows extended retention
+    gets `prompt_cache_retention: "24h"` once the session's gaps outlast in-memory retention,
+    and a client's own retention is never replaced."""
+    clock = Clock()
+    with tempfile.TemporaryDirectory() as tmp, MockProviderServer(api_key=UPSTREAM_KEY) as mock:
+        mock.state.clock = clock
+        cache = {"mode": "openai-prompt-cache-key", "min_prefix_tokens": 1024, "extended_retention": True}
+        env = build_env(Path(tmp) / "env", mock.url, profiles=[mock_profile("oai", "openai", mock.url, cache=cache)])
+        with GatewayThread(env.config) as gw:
+            assert gw.running is not None
+            gw.running.app[PACE_LEDGER].clock = clock
+            client = openai_client(gw, env, uds=True)
+            session = replay.build_session(3, seed=3)
+            sent = []
+            for turn in range(3):
+                clock.t += 900.0 if turn else 0.0  # every 15 min
+                extra = {"prompt_cache_retention": "in_memory"} if turn == 2 else {}
+                body = {**replay.openai_request(session, turn), **extra}
+                client.chat.completions.create(**body, extra_headers={"x-wiregate-session": "o1"})
+                sent.append(mock.state.records()[-1].json)
+            report = raw_client(gw, env).get("/v1/usage/report", headers={"authorization": f"Bearer {env.gateway_key}"})
+            plans = [r["cache_plan"] for r in report.json()["recent"] if r["profile"] == "oai"]
+    assert "prompt_cache_retention" not in sent[0] and plans[0] == ["no_history"]
+    assert sent[1]["prompt_cache_retention"] == "24h" and plans[1] == ["retention_24h"]
+    assert sent[2]["prompt_cache_retention"] == "in_memory"  # the client's own, as sent
+    assert sent[0]["prompt_cache_key"] == sent[1]["prompt_cache_key"] == sent[2]["prompt_cache_key"]
