@@ -158,6 +158,7 @@ def test_planning_is_deterministic_for_a_request_and_record() -> None:
         CARRIERS["anthropic.messages"], text, json.loads(text), ANTHROPIC, CTX, runes_div4, pace=pace, prices=A
     )
     assert again.edits == ()  # a planned body plans to itself
+    assert set(first.evidence) | set(again.evidence) <= set(cachepace.EVIDENCE)
 
 
 # --- OpenAI ---------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Every Prometheus metric, defined once, on a registry owned by the app.
 
 Label values are bounded: route, carrier, profile id, phase, decision, reason code, mode,
-outcome. Never scope ids, principal ids, request ids or content.
+outcome, cache TTL (5m, 1h) and bet result (won, lost). Never scope ids, principal ids, request ids or content.
 """
 
 from __future__ import annotations

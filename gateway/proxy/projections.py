@@ -70,7 +70,8 @@ def usage_records(ex: Exchange, trail: Trail) -> list[usage.UsageRecord]:
 
 
 async def record_usage(app: web.Application, ex: Exchange, trail: Trail) -> None:
-    """Step 11: records into the usage ledger and metrics. Never raises into the request."""
+    """Step 11: records into the usage ledger and metrics, and the final attempt's event into
+    its session's cache pace. Never raises into the request."""
     try:
         metrics = app[METRICS]
         metrics.stage_seconds.labels("checks").observe(sum(c.seconds for c in trail.checks))
