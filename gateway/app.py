@@ -31,6 +31,7 @@ from gateway.config.runtime import Runtime, RuntimeHolder
 from gateway.context.store.database import open_database
 from gateway.context.store.migrations import Migration
 from gateway.errors import ClientError, GatewayError, ServiceError
+from gateway.ledgers.pace import PACE_MIGRATIONS, StoredPaceLedger
 from gateway.ledgers.release import MemoryReleaseLedger
 from gateway.ledgers.stored import LEDGER_MIGRATIONS, StoredReleaseLedger, StoredUsageLedger
 from gateway.obs import logging as log
@@ -47,6 +48,7 @@ from gateway.state import (
     DRAINING,
     LOCAL_RELEASE_LEDGER,
     METRICS,
+    PACE_LEDGER,
     PRINCIPAL_CALLS,
     RELEASE_LEDGER,
     RUNTIME,
@@ -189,7 +191,7 @@ async def _upstream(app: web.Application) -> AsyncIterator[None]:
 
 # Every table owner's migrations, applied when the database opens (the context store's own
 # come first, from the store module).
-STORE_MIGRATIONS: tuple[Migration, ...] = LEDGER_MIGRATIONS
+STORE_MIGRATIONS: tuple[Migration, ...] = (*LEDGER_MIGRATIONS, *PACE_MIGRATIONS)
 
 
 async def _database(app: web.Application) -> AsyncIterator[None]:
@@ -211,6 +213,7 @@ async def _database(app: web.Application) -> AsyncIterator[None]:
     app[RELEASE_LEDGER] = StoredReleaseLedger(db)
     app[LOCAL_RELEASE_LEDGER] = MemoryReleaseLedger()
     app[USAGE_LEDGER] = usage_ledger = StoredUsageLedger(db)
+    app[PACE_LEDGER] = StoredPaceLedger(db)
     app[CONTEXT] = service = context_api.service(app, db)
     try:
         await service.start()

@@ -15,22 +15,32 @@ before a 1 h one. OpenAI: a stable `prompt_cache_key` from the sharing boundary 
 principal, profile, and a caller session id when given), never overriding the client's;
 retention per the profile.
 
+Paced (`cachepace`): when the profile asks and the flow passes the session's pace record,
+each candidate gets the TTL the session's observed gaps make profitable — 5 min, 1 h, or
+no marker at all (`skipped_unprofitable`) — separately for the stable part and the moving
+tail; OpenAI gets extended retention when the pace calls for it and the profile allows it.
+A session without history is planned as before. The plan says why, in content-free tags
+(`cachepace.EVIDENCE`), for its usage record.
+
 Planning is deterministic and idempotent: the same input gives the same bytes, and a
 planned body plans to itself. Every byte outside an inserted member stays as sent.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gateway import cachepace
+from gateway.cachepace import PaceChoice, SessionPace
 from gateway.carriers import jsonspan
 from gateway.carriers.base import Carrier, PromptLayout, PromptPart
 from gateway.carriers.jsonspan import Edit
-from gateway.profiles.model import CacheSettings
+from gateway.profiles.model import CachePrices, CacheSettings
 
 END_MARKER = "END_POWERCONTEXT_PREPARED_CONTEXT_V1"
 
@@ -53,6 +63,7 @@ class CachePlan:
     breakpoints: tuple[tuple[str, str], ...] = ()  # (where, ttl) wiregate added
     cache_key: str | None = None  # the prompt_cache_key wiregate set
     skipped: tuple[str, ...] = ()  # why candidates were not placed (content-free)
+    evidence: tuple[str, ...] = ()  # which plan and why (cachepace.EVIDENCE tags)
 
 
 NOTHING = CachePlan(edits=())
@@ -101,9 +112,15 @@ def _candidates(blocks: list[_Block], regions: dict[str, list[int]]) -> list[tup
 
 
 def plan_markers(
-    carrier: Carrier, text: str, layout: PromptLayout, settings: CacheSettings, estimate: Estimate
+    carrier: Carrier,
+    text: str,
+    layout: PromptLayout,
+    settings: CacheSettings,
+    estimate: Estimate,
+    choice: PaceChoice | None = None,
 ) -> CachePlan:
-    """Breakpoints for a provider that caches at explicit markers (Anthropic)."""
+    """Breakpoints for a provider that caches at explicit markers (Anthropic). `choice`:
+    the paced TTLs (None: the profile's own)."""
     if settings.mode != "anthropic-cache-control" or settings.max_breakpoints == 0:
         return NOTHING
     blocks, regions = _blocks(layout, estimate)
@@ -114,12 +131,20 @@ def plan_markers(
     slots = settings.max_breakpoints - len(markers) - (1 if automatic else 0)
     skipped: list[str] = []
     chosen: dict[int, tuple[str, str]] = {}
-    stable_ttl = settings.stable_ttl or settings.ttl
+    if choice is None:
+        stable_ttl: str | None = settings.stable_ttl or settings.ttl
+        tail_ttl: str | None = settings.ttl
+    else:
+        stable_ttl, tail_ttl = choice.stable, choice.tail
     for name, index in _candidates(blocks, regions):
         if index in markers or index in chosen:
             continue  # already a breakpoint (the client's, or ours from a previous plan)
         if name == "tail" and automatic:
             continue  # the client's automatic breakpoint is the tail
+        ttl = stable_ttl if name in ("system", "tools", "prepared_context") else tail_ttl
+        if ttl is None:
+            skipped.append("unprofitable")
+            continue
         if slots <= 0:
             skipped.append("no_slots")
             break
@@ -130,15 +155,17 @@ def plan_markers(
         if block.cumulative < settings.min_prefix_tokens:
             skipped.append("below_minimum")
             continue
-        chosen[index] = (name, stable_ttl if name in ("system", "tools", "prepared_context") else settings.ttl)
+        chosen[index] = (name, ttl)
         slots -= 1
     placed = _order_ttls(chosen, markers, automatic, len(blocks), skipped)
     edits = [carrier.marker_edit(text, blocks[index].part, ttl) for index, (_, ttl) in sorted(placed.items())]
-    return CachePlan(
-        edits=tuple(edits),
-        breakpoints=tuple((name, ttl) for _, (name, ttl) in sorted(placed.items())),
-        skipped=tuple(skipped),
-    )
+    breakpoints = tuple((name, ttl) for _, (name, ttl) in sorted(placed.items()))
+    evidence = [
+        *(["client_markers"] if markers or automatic else []),
+        *(f"ttl_{ttl}" for ttl in ("1h", "5m") if any(t == ttl for _, t in breakpoints)),
+        *(["skipped_unprofitable"] if "unprofitable" in skipped else []),
+    ]
+    return CachePlan(edits=tuple(edits), breakpoints=breakpoints, skipped=tuple(skipped), evidence=tuple(evidence))
 
 
 def _order_ttls(
@@ -179,21 +206,34 @@ def cache_key(ctx: CacheContext, boundary: str) -> str:
     return "wg-" + hashlib.sha256(material.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
-def plan_key(text: str, doc: Mapping[str, Any], settings: CacheSettings, ctx: CacheContext) -> CachePlan:
-    """A cache key (and retention) for a provider that caches by prefix and key (OpenAI)."""
+def plan_key(
+    text: str, doc: Mapping[str, Any], settings: CacheSettings, ctx: CacheContext, choice: PaceChoice | None = None
+) -> CachePlan:
+    """A cache key (and retention) for a provider that caches by prefix and key (OpenAI).
+    The client's own key, retention or cache options are never overridden or dropped."""
     if settings.mode != "openai-prompt-cache-key":
         return NOTHING
     top = jsonspan.locate(text, ())
     members: list[str] = []
+    evidence: list[str] = []
     key = None
     if "prompt_cache_key" not in doc:
         key = cache_key(ctx, settings.sharing_boundary)
         members.append(f'"prompt_cache_key":{json.dumps(key)}')
-    if settings.retention and "prompt_cache_retention" not in doc and "prompt_cache_options" not in doc:
-        members.append(f'"prompt_cache_retention":{json.dumps(settings.retention)}')
+    else:
+        evidence.append("client_markers")
+    retention = settings.retention
+    if retention is None and settings.extended_retention and choice is not None and choice.tail == "1h":
+        retention = "24h"  # the session's gaps outlast in-memory retention
+    if retention and "prompt_cache_retention" not in doc and "prompt_cache_options" not in doc:
+        members.append(f'"prompt_cache_retention":{json.dumps(retention)}')
+        if retention == "24h":
+            evidence.append("retention_24h")
     if not members:
-        return NOTHING
-    return CachePlan(edits=(jsonspan.add_member(text, top, ",".join(members)),), cache_key=key)
+        return CachePlan(edits=(), evidence=tuple(evidence))
+    return CachePlan(
+        edits=(jsonspan.add_member(text, top, ",".join(members)),), cache_key=key, evidence=tuple(evidence)
+    )
 
 
 def plan(
@@ -203,10 +243,22 @@ def plan(
     settings: CacheSettings,
     ctx: CacheContext,
     estimate: Estimate,
+    *,
+    pace: SessionPace | None = None,
+    prices: CachePrices | None = None,
 ) -> CachePlan:
-    """The cache edits for this body and profile (none when the carrier cannot cache)."""
+    """The cache edits for this body and profile (none when the carrier cannot cache).
+    `pace` is the session's record as the flow read it; with the profile's `prices` it
+    decides each write's TTL when the profile paces (deterministic for the same inputs)."""
+    paced = settings.pace and prices is not None
+    choice = cachepace.choose(pace, prices) if paced and prices is not None else None
     if carrier.cache_style == "markers":
-        return plan_markers(carrier, text, carrier.prompt_layout(doc), settings, estimate)
-    if carrier.cache_style == "key":
-        return plan_key(text, doc, settings, ctx)
-    return NOTHING
+        planned = plan_markers(carrier, text, carrier.prompt_layout(doc), settings, estimate, choice)
+    elif carrier.cache_style == "key":
+        planned = plan_key(text, doc, settings, ctx, choice)
+    else:
+        return NOTHING
+    if planned == NOTHING or choice is not None:
+        return planned
+    basis = "no_history" if paced else "fixed_ttl"  # the profile's own TTLs, and why
+    return dataclasses.replace(planned, evidence=(basis, *planned.evidence))

@@ -249,6 +249,7 @@ def _cmd_mock(args: argparse.Namespace) -> int:
                 uds=args.uds,
                 api_key=args.api_key,
                 cache_min_tokens=args.cache_min_tokens,
+                time_scale=args.time_scale,
             )
         )
     except KeyboardInterrupt:
@@ -340,6 +341,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--api-key")
     p.add_argument("--cache-min-tokens", type=int, default=1024, help="Anthropic minimum cacheable prefix")
+    p.add_argument(
+        "--time-scale",
+        type=float,
+        default=None,
+        help="cache time runs this many times faster (60: 1 s = 1 min; default $WIREGATE_MOCK_TIME_SCALE or 1)",
+    )
     p.set_defaults(func=_cmd_mock)
     return parser
 

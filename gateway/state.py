@@ -2,7 +2,7 @@
 per-request record the envelope middleware logs and counts.
 
 Owns: the AppKeys (runtime holder, metrics, buffering capacity, calls per principal, the
-upstream client, the release and usage ledgers, the configuration path), the two small
+upstream client, the release, usage and cache pace ledgers, the configuration path), the two small
 admission counters, and `Call` — the request-scoped access-log record. A provider call
 keeps its facts on its `Trail`; other routes note the few they have.
 """
@@ -19,6 +19,7 @@ from aiohttp import web
 from gateway.config.runtime import Runtime, RuntimeHolder
 from gateway.context.service import ContextService
 from gateway.context.store.database import Database
+from gateway.ledgers.pace import StoredPaceLedger
 from gateway.ledgers.release import ReleaseLedger
 from gateway.ledgers.usage import UsageLedger
 from gateway.obs.metrics import Metrics
@@ -86,6 +87,7 @@ class Draining:
 
 DRAINING = web.AppKey("wiregate_draining", Draining)
 USAGE_LEDGER = web.AppKey("wiregate_usage_ledger", UsageLedger)
+PACE_LEDGER = web.AppKey("wiregate_pace_ledger", StoredPaceLedger)  # sessions' cache pace, shared database
 CONFIG_PATH = web.AppKey("wiregate_config_path", Path)
 DATABASE = web.AppKey("wiregate_database", Database)  # the one store: context, shared ledgers
 CONTEXT = web.AppKey("wiregate_context", ContextService)

@@ -100,6 +100,8 @@ class UsageRecord:
     estimator: str | None = None  # name@version, when any figure is estimated
     account: str | None = None  # the profile's provider account and region (labels from its signed config)
     region: str | None = None
+    cache_plan: tuple[str, ...] = ()  # which cache plan and why (content-free cachepace.EVIDENCE tags)
+    cache_prices: str | None = None  # name@version of the cache prices it was planned by
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -112,6 +114,8 @@ class UsageRecord:
             "estimator": self.estimator,
             "account": self.account,
             "region": self.region,
+            "cache_plan": list(self.cache_plan),
+            "cache_prices": self.cache_prices,
             **{k: self.counts[k].as_json() for k in KINDS},
         }
 
@@ -130,6 +134,8 @@ class UsageRecord:
             estimator=doc["estimator"],
             account=doc["account"],
             region=doc["region"],
+            cache_plan=tuple(doc.get("cache_plan") or ()),  # records stored before plans had evidence
+            cache_prices=doc.get("cache_prices"),
         )
 
 

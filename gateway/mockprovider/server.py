@@ -25,7 +25,7 @@ from aiohttp import web
 
 from .app import create_app
 from .cache import DEFAULT_CACHE_MIN_TOKENS
-from .state import MockState
+from .state import MockState, time_scale_from_env
 
 logger = logging.getLogger("wiregate.mockprovider")
 
@@ -105,12 +105,14 @@ class MockProviderServer:
         uds: str | None = None,
         api_key: str | None = None,
         cache_min_tokens: int = DEFAULT_CACHE_MIN_TOKENS,
+        time_scale: float | None = None,
     ) -> None:
         _require_loopback(host)
         self._host = host
         self._requested_port = port
         self._uds = uds
-        self._state = MockState(api_key=api_key, cache_min_tokens=cache_min_tokens)
+        scale = time_scale_from_env() if time_scale is None else time_scale
+        self._state = MockState(api_key=api_key, cache_min_tokens=cache_min_tokens, time_scale=scale)
         self._port: int | None = None
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -206,9 +208,11 @@ async def serve_forever(
     uds: str | None,
     api_key: str | None,
     cache_min_tokens: int = DEFAULT_CACHE_MIN_TOKENS,
+    time_scale: float | None = None,
 ) -> None:
     """Run the mock provider until cancelled (``wiregate mock-provider``)."""
-    state = MockState(api_key=api_key, cache_min_tokens=cache_min_tokens)
+    scale = time_scale_from_env() if time_scale is None else time_scale
+    state = MockState(api_key=api_key, cache_min_tokens=cache_min_tokens, time_scale=scale)
     runner = await start_runner(create_app(state), host=host, port=port, uds=uds)
     bound_port = tcp_port(runner)
     endpoints = [_format_url(host, bound_port)] if bound_port is not None else []

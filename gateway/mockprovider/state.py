@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import dataclasses
+import os
 import re
 import threading
 import time
@@ -315,6 +316,21 @@ def _positive_seconds(value: float, name: str) -> float:
     return float(value)
 
 
+TIME_SCALE_ENV = "WIREGATE_MOCK_TIME_SCALE"
+
+
+def scaled_clock(scale: float, base: Clock = time.monotonic) -> Clock:
+    """A clock that runs `scale` times faster than `base` (from when it is made)."""
+    scale = _positive_seconds(scale, "time_scale")
+    origin = base()
+    return lambda: origin + (base() - origin) * scale
+
+
+def time_scale_from_env() -> float:
+    """`WIREGATE_MOCK_TIME_SCALE` (default 1: real time)."""
+    return _positive_seconds(float(os.environ.get(TIME_SCALE_ENV, "1")), TIME_SCALE_ENV)
+
+
 class MockState:
     """Scenarios, request records, the prompt cache and settings shared by the app and
     test code.
@@ -325,7 +341,9 @@ class MockState:
     Prompt-cache knobs (see `cache` for the rules): `cache_min_tokens` (Anthropic
     minimum cacheable prefix), `openai_cache_min_tokens`, `openai_cache_ttl_s`, and
     `clock` -- the time source of cache expiry (`time.monotonic` by default; a test
-    may assign e.g. ``state.clock = lambda: t``).
+    may assign e.g. ``state.clock = lambda: t``), and `time_scale` -- cache time
+    passes that many times faster than real time (60: one second is one minute, so a
+    session minutes apart replays in seconds).
     """
 
     def __init__(
@@ -336,6 +354,7 @@ class MockState:
         openai_cache_min_tokens: int = DEFAULT_OPENAI_CACHE_MIN_TOKENS,
         openai_cache_ttl_s: float = DEFAULT_OPENAI_CACHE_TTL_S,
         clock: Clock = time.monotonic,
+        time_scale: float = 1.0,
     ) -> None:
         self._lock = threading.Lock()
         self._scenarios: dict[str, list[Step]] = {}
@@ -346,7 +365,7 @@ class MockState:
         self._cache_min_tokens = _non_negative_int(cache_min_tokens, "cache_min_tokens")
         self._openai_cache_min_tokens = _non_negative_int(openai_cache_min_tokens, "openai_cache_min_tokens")
         self._openai_cache_ttl_s = _positive_seconds(openai_cache_ttl_s, "openai_cache_ttl_s")
-        self.clock: Clock = clock
+        self.clock: Clock = clock if time_scale == 1.0 else scaled_clock(time_scale, clock)
         self._cache = CacheStore()
         self._next_sweep: float | None = None
 

@@ -1,7 +1,7 @@
 """Every Prometheus metric, defined once, on a registry owned by the app.
 
 Label values are bounded: route, carrier, profile id, phase, decision, reason code, mode,
-outcome. Never scope ids, principal ids, request ids or content.
+outcome, cache TTL (5m, 1h) and bet result (won, lost). Never scope ids, principal ids, request ids or content.
 """
 
 from __future__ import annotations
@@ -75,6 +75,12 @@ class Metrics:
             "wiregate_usage_tokens",
             "Tokens by kind, profile and provenance",
             ["kind", "profile", "provenance"],
+            registry=r,
+        )
+        self.cache_bets = Counter(
+            "wiregate_cache_bets",
+            "Cache writes settled by the session's next request: won (read) or lost (expired unread)",
+            ["profile", "ttl", "result"],
             registry=r,
         )
         self.usage_unknown = Counter(

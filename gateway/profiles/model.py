@@ -33,6 +33,31 @@ class _Strict(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+class CachePrices(_Strict):
+    """The cache price multipliers a profile bills under, relative to the base input rate,
+    named and versioned like estimators (every usage record says which it was planned by)."""
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]{0,47}@[1-9][0-9]{0,5}$")  # e.g. "anthropic-2025@1"
+    read: float = Field(gt=0, lt=1)  # a token read from cache (Anthropic 0.1; OpenAI the model's ratio)
+    write_5m: float = Field(ge=1, le=10)  # a token written for 5 min (OpenAI: in-memory retention)
+    write_1h: float = Field(ge=1, le=10)  # a token written for 1 h (OpenAI: extended retention)
+
+    @model_validator(mode="after")
+    def _longer_costs_more(self) -> CachePrices:
+        if self.write_1h < self.write_5m:
+            raise ValueError("write_1h must not be cheaper than write_5m")
+        return self
+
+
+# Public list prices per provider (WIRE-FORMATS §2.6, §3.7), used when a profile states none.
+# OpenAI's read ratio differs per model (0.5 gpt-4o class, 0.25 gpt-4.1, 0.1 GPT-5.x): the
+# default is the least favourable, so a profile that bills better says so.
+DEFAULT_PRICES: dict[str, CachePrices] = {
+    "anthropic": CachePrices(name="anthropic-2025@1", read=0.1, write_5m=1.25, write_1h=2.0),
+    "openai": CachePrices(name="openai-2025@1", read=0.5, write_5m=1.0, write_1h=1.0),
+}
+
+
 class CacheSettings(_Strict):
     mode: Literal["anthropic-cache-control", "openai-prompt-cache-key", "none"] = "none"
     max_breakpoints: int = Field(4, ge=0, le=4)  # Anthropic's limit, client markers included
@@ -41,6 +66,15 @@ class CacheSettings(_Strict):
     stable_ttl: Literal["5m", "1h"] | None = None  # tools/system/prepared context (default: ttl)
     retention: Literal["in_memory", "24h"] | None = None  # OpenAI prompt_cache_retention
     sharing_boundary: Literal["principal", "scope", "profile"] = "principal"
+    prices: CachePrices | None = None  # None: the provider's DEFAULT_PRICES
+    pace: bool = True  # choose each write's TTL (or none) from the session's observed pace
+    extended_retention: bool = False  # OpenAI: the model accepts prompt_cache_retention "24h"
+
+    @model_validator(mode="after")
+    def _retention_is_openai(self) -> CacheSettings:
+        if self.extended_retention and self.mode != "openai-prompt-cache-key":
+            raise ValueError("extended_retention is an OpenAI prompt_cache_key setting")
+        return self
 
 
 class EstimatorSettings(_Strict):
@@ -127,6 +161,12 @@ class UpstreamProfile(_Strict):
             if stamp is not None and stamp.tzinfo is None:
                 raise ValueError("not_before/expires must carry a timezone")
         return self
+
+    @property
+    def cache_prices(self) -> CachePrices:
+        """The cache prices this profile is planned by: its own, else its provider's."""
+        wire = "openai" if self.provider == "openai-compatible" else self.provider
+        return self.cache.prices or DEFAULT_PRICES[wire]
 
     def serves(self, model: str) -> bool:
         return any(fnmatchcase(model, pattern) for pattern in self.models)

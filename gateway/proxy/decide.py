@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway import admission, caching, errors
+from gateway.cachepace import SessionPace
 from gateway.carriers import jsonspan, sse
 from gateway.carriers.base import Carrier, FoldedResponse, ParsedRequest
 from gateway.carriers.jsonraw import JsonError
@@ -50,7 +51,13 @@ class Plan:
 
 
 def plan(
-    carrier: Carrier, parsed: ParsedRequest, raw: bytes, party: Party, session: str | None, runtime: Runtime
+    carrier: Carrier,
+    parsed: ParsedRequest,
+    raw: bytes,
+    party: Party,
+    session: str | None,
+    runtime: Runtime,
+    pace: SessionPace | None = None,
 ) -> Plan:
     """Step 4: native cache markers for this profile, and usage for streams that would
     otherwise not report it. The received bytes are never mutated; when planning changes
@@ -67,11 +74,13 @@ def plan(
         ctx = caching.CacheContext(
             party.principal, party.scope, profile.id, session, account=profile.account, region=profile.region
         )
-        cache = caching.plan(carrier, text, parsed.doc, profile.cache, ctx, estimator.count)
+        cache = caching.plan(
+            carrier, text, parsed.doc, profile.cache, ctx, estimator.count, pace=pace, prices=profile.cache_prices
+        )
         usage_edits, injected = carrier.usage_edits(text, parsed.doc)
         edits = [*cache.edits, *usage_edits]
         if not edits:
-            return unchanged
+            return dataclasses.replace(unchanged, cache=cache)  # its evidence says why nothing was placed
         body = jsonspan.apply(text, edits).encode("utf-8")
         return Plan(body, carrier.parse_request(body, runtime.carrier_limits), cache, injected)
     except (jsonspan.SpanError, JsonError, UnicodeDecodeError) as exc:
@@ -120,8 +129,9 @@ def prepare_send(
     route: str,
     replays: Sequence[Replay] = (),
     eligible: Mapping[str, bool] | None = None,
+    pace: SessionPace | None = None,
 ) -> Prepared:
-    planned = plan(carrier, parsed, raw, party, session, runtime)  # 4
+    planned = plan(carrier, parsed, raw, party, session, runtime, pace)  # 4
     estimate = admit(planned.parsed, carrier, party.profile)  # 5
     given = runner.SendInput(
         party=party,

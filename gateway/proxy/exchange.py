@@ -2,7 +2,7 @@
 
 Owns: `Exchange` (frozen: request id, route, carrier, party, the raw and parsed request,
 the runtime pinned for the whole call, the profile chain, the deadline, the session) and
-`Trail` (append-only typed events: planned, admitted, checked, attempted, buffered,
+`Trail` (append-only typed events: paced, planned, admitted, checked, attempted, buffered,
 decoded, released or refused). Usage records, the access log and attribution are
 projections of the trail once the call is over; the flow writes nothing else.
 Must not: do I/O or decide anything.
@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from gateway.auth import Identity
+from gateway.cachepace import SessionPace
 from gateway.caching import CachePlan
 from gateway.carriers.base import Carrier, ParsedRequest
 from gateway.checks.prepared import Replay
@@ -50,6 +51,15 @@ class Planned:
     body_bytes: int  # the final upstream body
     cache: CachePlan
     usage_injected: bool  # a stream was asked for usage the client did not ask for
+
+
+@dataclass(frozen=True, slots=True)
+class Paced:
+    """The session's pace record as read before planning for a profile (content-free)."""
+
+    profile_id: str
+    session: str  # the keyed digest the ledger stores it under
+    pace: SessionPace
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,8 +111,8 @@ class Refused:
     in_stream: bool = False  # as the protocol's error event, after heartbeats
 
 
-Event = Planned | Admitted | Checked | Attempted | Buffered | Decoded | Released | Refused
-E = TypeVar("E", Planned, Admitted, Checked, Attempted, Buffered, Decoded, Released, Refused)
+Event = Paced | Planned | Admitted | Checked | Attempted | Buffered | Decoded | Released | Refused
+E = TypeVar("E", Paced, Planned, Admitted, Checked, Attempted, Buffered, Decoded, Released, Refused)
 
 
 @dataclass(slots=True)

@@ -8,7 +8,8 @@ A provider call arrives on the TLS or Unix-socket listener and reaches `handle`:
   2  resolve principal, scope and the profile chain (primary + usable fallbacks)
   3  parse the body with the route's carrier: every text unit, opaque parts, duplicates
      → the frozen `Exchange`: everything fixed for the call, the runtime pinned
-  4  plan native cache markers for the target profile → the final upstream body
+  4  read the session's cache pace for the target profile (proxy/pacing), then plan native
+     cache markers from it → the final upstream body
   5  token-window admission for that profile
   6  before_send on the final bytes, forwarded headers and the actual target; an allow
      seals a send binding naming that payload, target, principal and scope
@@ -19,7 +20,8 @@ A provider call arrives on the TLS or Unix-socket listener and reaches `handle`:
   9  decide: before_release on the complete response; it opens the send binding first
  10  release the original bytes (non-stream) or the re-framed events (stream), or refuse
      (once heartbeats are out, any refusal is the protocol's own error event)
- 11  project the trail: usage records and metrics (never changes or delays the decision)
+ 11  project the trail: usage records and metrics, the session's pace event (never changes
+     or delays the decision)
 
 Every step appends a typed event to the call's `Trail`; nothing else is written. Observe
 mode (per route or profile, per phase) lets a non-allow decision through and records it;
@@ -41,6 +43,7 @@ import aiohttp
 from aiohttp import web
 
 from gateway import auth, errors
+from gateway.cachepace import SessionPace
 from gateway.carriers import sse
 from gateway.carriers.base import Carrier
 from gateway.checks import runner
@@ -51,7 +54,7 @@ from gateway.config.runtime import LoadedProfile, Runtime
 from gateway.errors import ClientError, GatewayError, ServiceError, UpstreamError
 from gateway.http.body import read_body
 from gateway.obs import logging as log
-from gateway.proxy import decide, projections, release, replay, routing
+from gateway.proxy import decide, pacing, projections, release, replay, routing
 from gateway.proxy.exchange import (
     Admitted,
     Attempted,
@@ -181,8 +184,11 @@ async def send_along_chain(app: web.Application, ex: Exchange, trail: Trail) -> 
         party = Party(identity.principal.id, identity.on_behalf_of, identity.scope, loaded)
         target = Target.for_profile(loaded, ex.carrier.name, ex.carrier.path)
         headers = upstream_headers(loaded.profile, loaded.credential, ex.client_headers)
+        paced = await pacing.lookup(app, ex, party)  # 4
+        if paced is not None:
+            trail.add(paced)
         started = time.perf_counter()
-        prepared = await prepare(app, ex, party, target, headers, eligible)  # 4-6
+        prepared = await prepare(app, ex, party, target, headers, eligible, paced.pace if paced else None)  # 4-6
         spent = time.perf_counter() - started
         stages.labels("check_before_send").observe(prepared.outcome.seconds)
         stages.labels("plan").observe(max(0.0, spent - prepared.outcome.seconds))
@@ -251,6 +257,7 @@ async def prepare(
     target: Target,
     headers: dict[str, str],
     eligible: Mapping[str, bool],
+    pace: SessionPace | None = None,
 ) -> decide.Prepared:
     """Steps 4-6 for one profile (`decide.prepare_send`), in a worker for a large body."""
     if ex.offloaded:
@@ -266,6 +273,7 @@ async def prepare(
                 route=ex.route,
                 replays=ex.replays,
                 eligible=eligible,
+                pace=pace,
             )
         except Stale:
             log.warning("offload_stale", request_id=ex.request_id)
@@ -282,6 +290,7 @@ async def prepare(
         route=ex.route,
         replays=ex.replays,
         eligible=eligible,
+        pace=pace,
     )
 
 

@@ -42,6 +42,7 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
+from gateway.cachepace import SessionPace
 from gateway.carriers import CARRIERS
 from gateway.carriers.base import ParsedRequest
 from gateway.checks.destination import Target
@@ -163,6 +164,7 @@ def _w_send(
     route: str,
     replays: tuple[Replay, ...] = (),
     eligible: dict[str, bool] | None = None,
+    pace: SessionPace | None = None,
 ) -> decide.Prepared | Failure:
     runtime = _runtime(key)
     try:
@@ -179,6 +181,7 @@ def _w_send(
             route=route,
             replays=replays,
             eligible=eligible,
+            pace=pace,
         )
     except GatewayError as err:
         return Failure.of(err)
@@ -367,12 +370,25 @@ class Offload:
         route: str,
         replays: tuple[Replay, ...] = (),
         eligible: Mapping[str, bool] | None = None,
+        pace: SessionPace | None = None,
     ) -> decide.Prepared:
         self._ready(runtime, "send")
         spec = (party.principal, party.delegate, party.scope, party.profile.profile.id)
         answers = dict(eligible) if eligible is not None else None
         result = await self._run(
-            "send", _w_send, runtime_key(runtime), carrier, raw, spec, target, headers, session, route, replays, answers
+            "send",
+            _w_send,
+            runtime_key(runtime),
+            carrier,
+            raw,
+            spec,
+            target,
+            headers,
+            session,
+            route,
+            replays,
+            answers,
+            pace,
         )
         if isinstance(result, Failure):
             result.raise_()

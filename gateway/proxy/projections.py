@@ -3,7 +3,7 @@ their metrics, and the facts of its access line.
 
 Owns: one usage record per upstream attempt (failed and withheld ones too) — normalised by
 the carrier, filtered by the profile's `usage_fields`, estimated only where the profile
-asks, all under the runtime the call was pinned to — and the access-line fields of a
+asks, all under the runtime the call was pinned to — the session's pace event, and the access-line fields of a
 provider call.
 Must not: change or delay anything the client receives; it never raises into a request.
 """
@@ -16,7 +16,8 @@ from aiohttp import web
 
 from gateway import admission, usage
 from gateway.obs import logging as log
-from gateway.proxy.exchange import Admitted, Decoded, Exchange, Refused, Released, Trail
+from gateway.proxy import pacing
+from gateway.proxy.exchange import Admitted, Decoded, Exchange, Planned, Refused, Released, Trail
 from gateway.state import METRICS, USAGE_LEDGER
 from gateway.vocab import Outcome
 
@@ -46,6 +47,7 @@ def usage_records(ex: Exchange, trail: Trail) -> list[usage.UsageRecord]:
                 estimator=admission.ESTIMATORS[profile.estimator.name].label,
             )
         outcome = final.outcome.value if last and final is not None else attempt.outcome.value
+        planned = next((p for p in reversed(list(trail.of(Planned))) if p.profile_id == attempt.profile_id), None)
         records.append(
             usage.UsageRecord(
                 request_id=ex.request_id,
@@ -58,24 +60,32 @@ def usage_records(ex: Exchange, trail: Trail) -> list[usage.UsageRecord]:
                 estimator=estimator_label,
                 account=profile.account if profile is not None else None,
                 region=profile.region if profile is not None else None,
+                cache_plan=planned.cache.evidence if planned is not None else (),
+                cache_prices=profile.cache_prices.name
+                if profile is not None and profile.cache.mode != "none"
+                else None,
             )
         )
     return records
 
 
 async def record_usage(app: web.Application, ex: Exchange, trail: Trail) -> None:
-    """Step 11: records into the usage ledger and metrics. Never raises into the request."""
+    """Step 11: records into the usage ledger and metrics, and the final attempt's event into
+    its session's cache pace. Never raises into the request."""
     try:
         metrics = app[METRICS]
         metrics.stage_seconds.labels("checks").observe(sum(c.seconds for c in trail.checks))
         ledger = app[USAGE_LEDGER]
-        for record in usage_records(ex, trail):
+        records = usage_records(ex, trail)
+        for record in records:
             await ledger.add(record)
             for kind, count in record.counts.items():
                 if count.value is not None:
                     metrics.usage_tokens.labels(kind, record.profile, count.provenance).inc(count.value)
                 else:
                     metrics.usage_unknown.labels(kind, record.profile).inc()
+        if records:
+            await pacing.record(app, ex, trail, records[-1])
     except Exception as exc:  # accounting never fails a request
         log.error("usage_record_failed", request_id=ex.request_id, error_class=type(exc).__name__)
 
