@@ -5,7 +5,8 @@ Owns: the route table (SPEC §2; provider routes derived from the carrier regist
 middleware that gives every response an `X-PowerContext-Request-ID`, renders
 `GatewayError`s in the caller's dialect and writes one allow-listed access line, and the
 resources under typed AppKeys (runtime holder, metrics, capacity, calls per principal,
-release and usage ledgers, the upstream client session).
+release and usage ledgers, the upstream client session, the bundled mock provider when
+configured).
 Must not: sequence the wire path (proxy/flow.py does), handle a route itself (api/ does),
 or hold state outside AppKeys.
 """
@@ -30,6 +31,7 @@ from gateway.config.load import resolve
 from gateway.config.runtime import Runtime, RuntimeHolder
 from gateway.context.store.database import open_database
 from gateway.context.store.migrations import Migration
+from gateway.devmock import embedded_mock
 from gateway.errors import ClientError, GatewayError, ServiceError
 from gateway.ledgers.release import MemoryReleaseLedger
 from gateway.ledgers.usage import MemoryUsageLedger
@@ -250,6 +252,7 @@ def create_app(
     app.router.add_get("/readyz", ops.readyz)
     app.router.add_get("/metrics", ops.metrics)
     app.on_response_prepare.append(_stamp_request_id)
+    app.cleanup_ctx.append(embedded_mock)  # first up, last down: in-flight calls finish first
     app.cleanup_ctx.append(_ledgers)
     app.cleanup_ctx.append(_database)
     app.cleanup_ctx.append(_upstream)

@@ -14,6 +14,7 @@ from aiohttp import web
 from gateway import __version__, auth
 from gateway.carriers import CARRIERS, ROUTES, SHORT_NAMES
 from gateway.config.runtime import Runtime
+from gateway.devmock import MOCK_PROVIDER
 from gateway.proxy.upstream import UPSTREAM
 from gateway.state import METRICS, RUNTIME, USAGE_LEDGER
 from gateway.usage import KINDS
@@ -27,7 +28,11 @@ async def healthz(request: web.Request) -> web.Response:
 async def readyz(request: web.Request) -> web.Response:
     app = request.app
     upstream = app.get(UPSTREAM)
-    ready = upstream is not None and not upstream.session.closed and bool(app[RUNTIME].current.profiles)
+    runtime = app[RUNTIME].current
+    ready = upstream is not None and not upstream.session.closed and bool(runtime.profiles)
+    if runtime.config.mock_provider.enabled:  # the mock-* profiles need it
+        mock = app.get(MOCK_PROVIDER)
+        ready = ready and mock is not None and mock.serving
     return web.json_response({"status": "ready" if ready else "not_ready"}, status=200 if ready else 503)
 
 
