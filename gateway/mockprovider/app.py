@@ -32,7 +32,7 @@ from . import anthropic_wire, openai_wire
 from .cache import BreakpointError
 from .content import derive_id, plan_generation
 from .delivery import deliver
-from .prompt import anthropic_cache_query, openai_cache_query
+from .prompt import anthropic_cache_query, anthropic_units, openai_cache_query
 from .reply import JSON_CONTENT_TYPE, SSE_CONTENT_TYPE, Reply, WireError, json_reply
 from .state import MockState, Step, StepError, find_scenario_marker, validate_scenario_id
 
@@ -112,6 +112,13 @@ def _answer_messages(request_json: Mapping[str, Any], step: Step, caller: Caller
     return anthropic_wire.messages_reply(request_json, gen, stream=_is_stream(request_json), cache=cache)
 
 
+def _answer_count_tokens(request_json: Mapping[str, Any], step: Step, caller: Caller) -> Reply:
+    """The input tokens the Messages request would use, by the mock's own tokenizer (the
+    sum of its prompt units; caching plays no part, as at Anthropic)."""
+    _require_messages(request_json)
+    return json_reply({"input_tokens": sum(unit.tokens for unit in anthropic_units(request_json))})
+
+
 def _answer_unknown_route(request_json: Mapping[str, Any], step: Step, caller: Caller) -> Reply:
     raise WireError(404, "Unknown mock provider route.")
 
@@ -123,6 +130,7 @@ ENDPOINTS: Mapping[tuple[str, str], Endpoint] = MappingProxyType(
         ("POST", "/v1/embeddings"): Endpoint("openai", _answer_embeddings),
         ("GET", "/v1/models"): Endpoint("openai", _answer_models, needs_json=False),
         ("POST", "/v1/messages"): Endpoint("anthropic", _answer_messages),
+        ("POST", "/v1/messages/count_tokens"): Endpoint("anthropic", _answer_count_tokens),
     }
 )
 _UNKNOWN_OPENAI = Endpoint("openai", _answer_unknown_route, needs_json=False)
