@@ -38,6 +38,7 @@ from gateway.ledgers.usage import MemoryUsageLedger
 from gateway.obs import logging as log
 from gateway.obs.metrics import Metrics
 from gateway.proxy import projections, release
+from gateway.proxy.models import MODEL_CATALOGUE, ModelCatalogue
 from gateway.proxy.offload import OFFLOAD, Offload
 from gateway.proxy.upstream import UPSTREAM, Upstream
 from gateway.state import (
@@ -239,6 +240,7 @@ def create_app(
     app[METRICS] = metrics or Metrics()
     app[CAPACITY] = Capacity(app[METRICS])
     app[PRINCIPAL_CALLS] = PrincipalCalls()
+    app[MODEL_CATALOGUE] = ModelCatalogue()
     if config_path is not None:
         app[CONFIG_PATH] = config_path
     for route, name in ROUTES.items():

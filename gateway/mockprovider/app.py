@@ -101,6 +101,10 @@ def _answer_models(request_json: Mapping[str, Any], step: Step, caller: Caller) 
     return openai_wire.models_reply()
 
 
+def _answer_anthropic_models(request_json: Mapping[str, Any], step: Step, caller: Caller) -> Reply:
+    return anthropic_wire.models_reply(openai_wire.MODEL_IDS)
+
+
 def _answer_messages(request_json: Mapping[str, Any], step: Step, caller: Caller) -> Reply:
     _require_messages(request_json)
     gen = plan_generation("anthropic", request_json, step)
@@ -133,6 +137,7 @@ ENDPOINTS: Mapping[tuple[str, str], Endpoint] = MappingProxyType(
         ("POST", "/v1/messages/count_tokens"): Endpoint("anthropic", _answer_count_tokens),
     }
 )
+_ANTHROPIC_MODELS = Endpoint("anthropic", _answer_anthropic_models, needs_json=False)
 _UNKNOWN_OPENAI = Endpoint("openai", _answer_unknown_route, needs_json=False)
 _UNKNOWN_ANTHROPIC = Endpoint("anthropic", _answer_unknown_route, needs_json=False)
 
@@ -261,6 +266,8 @@ def _decide(state: MockState, incoming: _Incoming) -> tuple[Reply, Step]:
 
 
 def _endpoint_for(request: web.Request) -> Endpoint:
+    if (request.method, request.path) == ("GET", "/v1/models") and "anthropic-version" in request.headers:
+        return _ANTHROPIC_MODELS  # the same route answers each provider's SDK in its shape
     endpoint = ENDPOINTS.get((request.method, request.path))
     if endpoint is not None:
         return endpoint
