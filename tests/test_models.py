@@ -12,7 +12,7 @@ import pytest
 
 from gateway.mockprovider import MockProviderServer
 from tests.conftest import GatewayFactory
-from tests.harness import Env, GatewayThread, anthropic_client, mock_profile, openai_client
+from tests.harness import Env, GatewayThread, anthropic_client, mock_profile, openai_client, sensitive
 
 LISTED = {"gpt-4.1-mini", "gpt-5-mini", "text-embedding-3-small", "claude-sonnet-4-6"}
 
@@ -93,3 +93,30 @@ def test_models_needs_a_key(gw: tuple[Env, GatewayThread]) -> None:
     from tests.harness import raw_client
 
     assert raw_client(gateway, env).get("/v1/models").status_code == 401
+
+
+def test_an_upstream_list_is_inspected_and_filtered(make_env) -> None:  # type: ignore[no-untyped-def]
+    """A model list holding a configured secret is not released (exact names instead of it);
+    ids outside the profile's patterns or a conservative alphabet are dropped."""
+    import json
+
+    from gateway.config.load import load_runtime
+    from gateway.proxy.models import read_list
+
+    secret = "model-list-secret-5521"
+    sensitive(secret)
+    env = make_env(secrets_=[secret])
+    runtime = load_runtime(env.config)
+    loaded = runtime.profiles["mock-openai"]
+
+    def listed(*ids: str) -> list[str] | None:
+        got = read_list(runtime, loaded, json.dumps({"data": [{"id": i} for i in ids]}).encode())
+        return None if got is None else [m.id for m in got]
+
+    assert listed("gpt-4.1", "claude-3", "gpt-<script>", "gpt-4.1", "text-embedding-3-small") == [
+        "gpt-4.1",
+        "text-embedding-3-small",
+    ]
+    assert listed("gpt-4.1", f"gpt-{secret}") is None
+    assert read_list(runtime, loaded, b'{"error": {"message": "nope"}}') is None
+    assert read_list(runtime, loaded, b"<html>") is None
