@@ -7,9 +7,9 @@ directory: `wiregate init --dir .wiregate`, then `wiregate serve --config
 machine: init is given free ports (`--https-port`, `--mock-port`) instead of 8443 / 9901,
 so that it never collides with anything else running here, and the README's `8443` is
 read as that port. Then it runs, from README.md itself, the shell block with the first
-curl (HTTPS and the Unix socket) and the OpenAI and Anthropic SDK blocks (each over HTTPS
-and over the Unix socket), and finally stops the gateway with SIGTERM: it exits 0 and
-takes the mock provider and the socket file with it.
+curl (HTTPS and the Unix socket), the OpenAI and Anthropic SDK blocks (each over HTTPS and
+over the Unix socket) and the context example, and finally stops the gateway with SIGTERM:
+it exits 0 and takes the mock provider and the socket file with it.
 """
 
 from __future__ import annotations
@@ -163,6 +163,22 @@ def test_readme_sdk_examples(served: Served, heading: str) -> None:
         assert listed and "'mock-gpt-1'" in listed[0]  # the model list names the mock models
     else:
         assert out.stdout.count("Message(") == 2 and "input_tokens=" in out.stdout
+
+
+def test_readme_context_example_runs_against_make_run(served: Served) -> None:
+    """The README's `.venv/bin/python examples/context_replay.py` (its defaults are the
+    `make run` directory's socket, key and mock model)."""
+    command = _readme_block("sh", "A runnable host turn", "examples/context_replay.py").strip()
+    assert command == ".venv/bin/python examples/context_replay.py"
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "context_replay.py")],
+        cwd=served.dir,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "replay verified" in out.stdout and "prepared_context_stale" in out.stdout
 
 
 def test_readme_names_the_switch_to_a_real_provider() -> None:
