@@ -14,7 +14,7 @@ from gateway.mockprovider import MockProviderServer
 from tests.conftest import GatewayFactory
 from tests.harness import Env, GatewayThread, anthropic_client, mock_profile, openai_client, sensitive
 
-LISTED = {"gpt-4.1-mini", "gpt-5-mini", "text-embedding-3-small", "claude-sonnet-4-6"}
+LISTED = {"gpt-4.1-mini", "gpt-5-mini", "text-embedding-3-small", "house-model-1", "claude-sonnet-4-6"}
 
 
 def _closed_port() -> int:
@@ -26,7 +26,8 @@ def _closed_port() -> int:
 @pytest.fixture(scope="module")
 def gw(gateways: GatewayFactory, mock: MockProviderServer) -> Iterator[tuple[Env, GatewayThread]]:
     profiles = [
-        mock_profile("mock-openai", "openai", mock.url),
+        # an exact name the upstream does not list is still one the caller may use
+        mock_profile("mock-openai", "openai", mock.url, models=["gpt-*", "text-embedding-*", "house-model-1"]),
         mock_profile("mock-anthropic", "anthropic", mock.url),
         mock_profile(
             "gone",

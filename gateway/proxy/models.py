@@ -4,8 +4,9 @@ Owns: asking each profile's upstream for its model list (the profile's own URL a
 credential, never a redirect, a bounded body and time), reading it (ids only in a
 conservative alphabet, at most `MAX_MODELS` per profile), inspecting the upstream's answer
 as any response is before release (a finding drops the list: it is not released), keeping
-only ids the profile's patterns serve, a short bounded cache per profile version, and the
-union over the profiles a principal may use right now. An upstream that cannot be asked
+only ids the profile's patterns serve (plus the names it lists exactly), a short bounded
+cache per profile version and configuration generation, and the union over the profiles a
+principal may use right now. An upstream that cannot be asked
 (unreachable, an error status, no credential, an unreadable or refused answer) contributes
 the profile's exact (non-pattern) model names instead; the listing itself never fails.
 Must not: send any content upstream, or let one failing profile fail the listing.
@@ -111,11 +112,13 @@ class ModelCatalogue:
     (concurrent askers share one ask)."""
 
     def __init__(self) -> None:
-        self._listed: OrderedDict[tuple[str, str], _Listed] = OrderedDict()
-        self._asking: dict[tuple[str, str], asyncio.Task[_Listed]] = {}
+        self._listed: OrderedDict[tuple[str, str, int], _Listed] = OrderedDict()
+        self._asking: dict[tuple[str, str, int], asyncio.Task[_Listed]] = {}
 
     async def models(self, upstream: Upstream, runtime: Runtime, loaded: LoadedProfile) -> tuple[Model, ...]:
-        key = (loaded.profile.id, loaded.digest)
+        # A reload (new policy, new secrets) asks again: a list is only released as checked
+        # under the configuration that serves it.
+        key = (loaded.profile.id, loaded.digest, runtime.generation)
         listed = self._listed.get(key)
         if listed is not None and listed.until > time.monotonic():
             return listed.models
@@ -132,8 +135,17 @@ class ModelCatalogue:
         return listed.models
 
     async def _ask(self, upstream: Upstream, runtime: Runtime, loaded: LoadedProfile) -> _Listed:
-        p = loaded.profile
         fallback = _Listed(exact_models(loaded), time.monotonic() + FALLBACK_S)
+        try:
+            return await self._ask_upstream(upstream, runtime, loaded, fallback)
+        except Exception as exc:  # one profile never fails the listing; nothing unchecked is listed
+            log.error("models_unavailable", profile=loaded.profile.id, error_class=type(exc).__name__)
+            return fallback
+
+    async def _ask_upstream(
+        self, upstream: Upstream, runtime: Runtime, loaded: LoadedProfile, fallback: _Listed
+    ) -> _Listed:
+        p = loaded.profile
         if loaded.credential_error is not None or p.credential != "none" and not loaded.credential:
             return fallback
         target = Target.for_profile(loaded, "models", _PATHS[p.provider])
@@ -153,7 +165,8 @@ class ModelCatalogue:
         models = read_list(runtime, loaded, got[1])  # at most MAX_BODY: checked on the loop
         if models is None:
             return fallback
-        return _Listed(models, time.monotonic() + LISTED_S)
+        listed = {m.id for m in models}  # and what the profile names exactly, listed or not
+        return _Listed((*models, *(m for m in fallback.models if m.id not in listed)), time.monotonic() + LISTED_S)
 
 
 async def for_principal(app: web.Application, runtime: Runtime, principal: Principal) -> list[Model]:
