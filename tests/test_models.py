@@ -58,6 +58,9 @@ def test_openai_sdk_lists_pattern_models_and_exact_names(
     assert len(ids) == len(set(ids)) and "mock-gpt-1" not in ids and "pattern-*" not in ids
     assert all(m.object == "model" for m in models)
     assert {m.owned_by for m in models if m.id == "claude-sonnet-4-6"} == {"anthropic"}
+    # Anthropic's created_at becomes OpenAI's created; a name known only exactly has no date
+    assert {m.id: m.created for m in models}["claude-sonnet-4-6"] == 1735689600
+    assert {m.id: m.created for m in models}["house-model-1"] == 0
 
 
 def test_anthropic_sdk_gets_anthropic_shape(gw: tuple[Env, GatewayThread]) -> None:
@@ -67,6 +70,8 @@ def test_anthropic_sdk_gets_anthropic_shape(gw: tuple[Env, GatewayThread]) -> No
     assert set(ids) == LISTED | {"exact-model-1"}
     assert all(m.type == "model" and m.display_name for m in page.data)
     assert page.has_more is False and page.first_id == ids[0] and page.last_id == ids[-1]
+    created = {m.id: m.created_at.year for m in page.data}  # OpenAI's created, as RFC 3339
+    assert created["gpt-4.1-mini"] > 1970 and created["exact-model-1"] == 1970
 
 
 def test_listing_is_cached(gw: tuple[Env, GatewayThread], mock: MockProviderServer) -> None:

@@ -92,19 +92,31 @@ def read_list(runtime: Runtime, loaded: LoadedProfile, raw: bytes) -> tuple[Mode
         mid = entry.get("id") if isinstance(entry, dict) else None
         if not isinstance(mid, str) or not _ID.match(mid) or not p.serves(mid) or mid in out:
             continue
-        created = entry.get("created")
-        stamp = entry.get("created_at")
+        created, created_at = _when(entry.get("created"), entry.get("created_at"))
         name = entry.get("display_name")
         out[mid] = Model(
             mid,
-            created=created if type(created) is int and created >= 0 else 0,
-            created_at=stamp if isinstance(stamp, str) and _STAMP.match(stamp) else _EPOCH,
+            created=created,
+            created_at=created_at,
             display_name=name if isinstance(name, str) and 0 < len(name) <= 128 and name.isprintable() else None,
             owned_by=p.provider,
         )
         if len(out) >= MAX_MODELS:
             break
     return tuple(out.values())
+
+
+def _when(created: object, stamp: object) -> tuple[int, str]:
+    """A model's creation time in both shapes (OpenAI: unix seconds; Anthropic: RFC 3339),
+    from whichever the upstream gave; the epoch when it gave neither."""
+    if isinstance(stamp, str) and _STAMP.match(stamp):
+        try:
+            return int(datetime.fromisoformat(stamp).timestamp()), stamp
+        except ValueError:
+            pass
+    if type(created) is int and 0 <= created < 2**37:
+        return created, datetime.fromtimestamp(created, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return 0, _EPOCH
 
 
 class ModelCatalogue:
