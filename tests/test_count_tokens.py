@@ -11,7 +11,7 @@ import pytest
 
 from gateway.mockprovider import MockProviderServer
 from tests.conftest import GatewayFactory
-from tests.harness import Env, GatewayThread, anthropic_client, direct_anthropic, sensitive
+from tests.harness import Env, GatewayThread, anthropic_client, direct_anthropic, raw_client, sensitive
 
 SECRET = "count-tokens-secret-value-7731"
 MESSAGES = [{"role": "user", "content": "How many tokens is this sentence, roughly?"}]
@@ -66,3 +66,9 @@ def test_count_tokens_response_goes_through_before_release(
             model="claude-sonnet-4-6", messages=[{"role": "user", "content": f"count me mock-scenario:{sid}"}]
         )
     assert caught.value.body["error"]["code"] == "response_blocked"  # type: ignore[index]
+
+
+def test_count_tokens_is_a_declared_route(gw: tuple[Env, GatewayThread]) -> None:
+    env, gateway = gw
+    caps = raw_client(gateway, env).get("/v1/capabilities", headers={"authorization": f"Bearer {env.gateway_key}"})
+    assert "/v1/messages/count_tokens" in caps.json()["routes"]
