@@ -5,7 +5,8 @@ Owns: the route table (SPEC §2; provider routes derived from the carrier regist
 middleware that gives every response an `X-PowerContext-Request-ID`, renders
 `GatewayError`s in the caller's dialect and writes one allow-listed access line, and the
 resources under typed AppKeys (runtime holder, metrics, capacity, calls per principal,
-release and usage ledgers, the upstream client session).
+release and usage ledgers, the upstream client session, the bundled mock provider when
+configured).
 Must not: sequence the wire path (proxy/flow.py does), handle a route itself (api/ does),
 or hold state outside AppKeys.
 """
@@ -30,6 +31,7 @@ from gateway.config.load import resolve
 from gateway.config.runtime import Runtime, RuntimeHolder
 from gateway.context.store.database import open_database
 from gateway.context.store.migrations import Migration
+from gateway.devmock import embedded_mock
 from gateway.errors import ClientError, GatewayError, ServiceError
 from gateway.ledgers.pace import PACE_MIGRATIONS, StoredPaceLedger
 from gateway.ledgers.release import MemoryReleaseLedger
@@ -37,6 +39,7 @@ from gateway.ledgers.stored import LEDGER_MIGRATIONS, StoredReleaseLedger, Store
 from gateway.obs import logging as log
 from gateway.obs.metrics import Metrics
 from gateway.proxy import projections, release
+from gateway.proxy.models import MODEL_CATALOGUE, ModelCatalogue
 from gateway.proxy.offload import OFFLOAD, Offload
 from gateway.proxy.upstream import UPSTREAM, Upstream
 from gateway.state import (
@@ -246,6 +249,7 @@ def create_app(
     app[CAPACITY] = Capacity(app[METRICS])
     app[DRAINING] = Draining()
     app[PRINCIPAL_CALLS] = PrincipalCalls()
+    app[MODEL_CATALOGUE] = ModelCatalogue()
     if config_path is not None:
         app[CONFIG_PATH] = config_path
     for route, name in ROUTES.items():
@@ -259,6 +263,7 @@ def create_app(
     app.router.add_get("/readyz", ops.readyz)
     app.router.add_get("/metrics", ops.metrics)
     app.on_response_prepare.append(_stamp_request_id)
+    app.cleanup_ctx.append(embedded_mock)  # first up, last down: in-flight calls finish first
     app.cleanup_ctx.append(_database)
     app.cleanup_ctx.append(_upstream)
     app.cleanup_ctx.append(_offload)

@@ -1,6 +1,6 @@
 """`wiregate` command line: argument parsing only; each subcommand calls one function.
 
-wiregate init [--dir DIR] [--force]
+wiregate init [--dir DIR] [--force] [--https-port N] [--mock-port N]
 wiregate serve --config FILE [--workers N]
 wiregate keys new-signing-key --out FILE
 wiregate keys rotate --keyring FILE
@@ -31,14 +31,16 @@ def _cmd_init(args: argparse.Namespace) -> int:
     from gateway import devsetup
 
     try:
-        facts = devsetup.init(Path(args.dir), force=args.force)
+        facts = devsetup.init(Path(args.dir), force=args.force, https_port=args.https_port, mock_port=args.mock_port)
     except FileExistsError as exc:
         print(f"wiregate init: {exc}", file=sys.stderr)
         return 1
     print(f"Created {facts['dir']}")
     print(f"  config:        {facts['config']}")
     print(f"  dev CA:        {facts['ca']}  (trust this in clients)")
+    print(f"  https:         {facts['https']}")
     print(f"  unix socket:   {facts['socket']}")
+    print(f"  mock provider: {facts['mock_provider']}  (served by `wiregate serve`; the mock-* models)")
     print(f"  signing key:   {facts['signing_key']}  (signs profiles; kept outside the served directory)")
     print(f"  gateway key:   {facts['gateway_key']}")
     print("  (shown once; also saved 0600 in dev-gateway-key for the README examples)")
@@ -74,7 +76,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
         index, port, uds = inherited
         log.PROCESS_FIELDS["worker"] = index
-        shared = Shared(port, uds)
+        shared = Shared(port, uds, index)
     runner = event_loop_runner(config.server.event_loop)
     try:
         runner(serve(path, shared))
@@ -264,6 +266,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("init", help="create a working directory with dev keys, profiles and certificates")
     p.add_argument("--dir", default=".wiregate")
     p.add_argument("--force", action="store_true")
+    p.add_argument("--https-port", type=int, default=8443, help="the HTTPS listener's port")
+    p.add_argument("--mock-port", type=int, default=9901, help="the bundled mock provider's loopback port")
     p.set_defaults(func=_cmd_init)
 
     p = sub.add_parser("serve", help="serve HTTPS and the Unix socket")

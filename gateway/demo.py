@@ -1,10 +1,13 @@
 """`make demo`: the gateway and the bundled mock provider, an allowed call, a blocked call
-and a cached second turn — on loopback, in one process, in a throwaway directory."""
+and a cached second turn — on loopback, in one process, in a throwaway directory.
+
+The configuration is exactly what `wiregate init` writes (the gateway serves the mock
+provider itself), on free ports so that a running `make run` is not disturbed."""
 
 from __future__ import annotations
 
 import asyncio
-import json
+import socket
 import ssl
 import tempfile
 from pathlib import Path
@@ -13,9 +16,8 @@ from typing import Any
 import aiohttp
 
 from gateway import devsetup
-from gateway.mockprovider import MockProviderServer
+from gateway.devmock import MOCK_PROVIDER
 from gateway.obs import logging as log
-from gateway.profiles import signing
 from gateway.server import start
 
 SECRET = "sk-demo-PLEASE-never-leak-0042"
@@ -29,63 +31,63 @@ async def _call(
         return r.status, await r.json()
 
 
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
 async def _demo(work: Path) -> None:
-    with MockProviderServer(port=0) as mock:
-        facts = devsetup.init(work)
-        for name in ("mock-openai", "mock-anthropic"):  # point the example mock profiles at this mock
-            path = work / "profiles" / f"{name}.json"
-            doc = json.loads(path.read_text())
-            doc["base_url"] = doc["base_url"].replace(f":{devsetup.MOCK_PORT}", f":{mock.port}")
-            key = signing.load_private_key(await asyncio.to_thread(Path(facts["signing_key"]).read_bytes))
-            devsetup.write_profile(path, doc, key)
-        (work / "secrets" / "secret-values.txt").write_text(SECRET + "\n")
-        running = await start(work / "wiregate.toml", https_port=0)
-        try:
-            base = f"https://127.0.0.1:{running.https_port}"
-            ctx = ssl.create_default_context(cafile=facts["ca"])
-            key = facts["gateway_key"]
-            async with aiohttp.ClientSession() as session:
+    facts = devsetup.init(work, https_port=0, mock_port=_free_port())
+    (work / "secrets" / "secret-values.txt").write_text(SECRET + "\n")
+    running = await start(work / "wiregate.toml")
+    mock = running.app[MOCK_PROVIDER]
+    try:
+        base = f"https://127.0.0.1:{running.https_port}"
+        ctx = ssl.create_default_context(cafile=facts["ca"])
+        key = facts["gateway_key"]
+        async with aiohttp.ClientSession() as session:
+            status, body = await _call(
+                session,
+                base + "/v1/chat/completions",
+                key,
+                ctx,
+                {"model": "mock-gpt-1", "messages": [{"role": "user", "content": "Say hello."}]},
+            )
+            print(f"1. allowed: HTTP {status}: {body['choices'][0]['message']['content']!r}")
+            status, body = await _call(
+                session,
+                base + "/v1/chat/completions",
+                key,
+                ctx,
+                {"model": "mock-gpt-1", "messages": [{"role": "user", "content": f"My key is {SECRET}"}]},
+            )
+            sent = len(mock.state.records())
+            print(
+                f"2. blocked: HTTP {status}: code={body['error']['code']} reason_codes={body['error']['reason_codes']}"
+                f" (requests the mock provider received so far: {sent}, the allowed one only)"
+            )
+            messages = [{"role": "user", "content": "What are the house rules?"}]
+            for turn in (1, 2):
                 status, body = await _call(
                     session,
-                    base + "/v1/chat/completions",
+                    base + "/v1/messages",
                     key,
                     ctx,
-                    {"model": "mock-gpt-1", "messages": [{"role": "user", "content": "Say hello."}]},
+                    {"model": "mock-claude-1", "max_tokens": 64, "system": POLICY, "messages": messages},
                 )
-                print(f"1. allowed: HTTP {status}: {body['choices'][0]['message']['content']!r}")
-                status, body = await _call(
-                    session,
-                    base + "/v1/chat/completions",
-                    key,
-                    ctx,
-                    {"model": "mock-gpt-1", "messages": [{"role": "user", "content": f"My key is {SECRET}"}]},
-                )
-                sent = len(mock.state.records())
+                u = body["usage"]
                 print(
-                    f"2. blocked: HTTP {status}: code={body['error']['code']} reason_codes={body['error']['reason_codes']}"
-                    f" (requests the mock provider received so far: {sent}, the allowed one only)"
+                    f"3.{turn} anthropic turn {turn}: HTTP {status}: cache write {u['cache_creation_input_tokens']}, "
+                    f"cache read {u['cache_read_input_tokens']}, uncached input {u['input_tokens']}"
                 )
-                messages = [{"role": "user", "content": "What are the house rules?"}]
-                for turn in (1, 2):
-                    status, body = await _call(
-                        session,
-                        base + "/v1/messages",
-                        key,
-                        ctx,
-                        {"model": "mock-claude-1", "max_tokens": 64, "system": POLICY, "messages": messages},
-                    )
-                    u = body["usage"]
-                    print(
-                        f"3.{turn} anthropic turn {turn}: HTTP {status}: cache write {u['cache_creation_input_tokens']}, "
-                        f"cache read {u['cache_read_input_tokens']}, uncached input {u['input_tokens']}"
-                    )
-                    messages = [
-                        *messages,
-                        {"role": "assistant", "content": body["content"][0]["text"]},
-                        {"role": "user", "content": "And then?"},
-                    ]
-        finally:
-            await running.stop()
+                messages = [
+                    *messages,
+                    {"role": "assistant", "content": body["content"][0]["text"]},
+                    {"role": "user", "content": "And then?"},
+                ]
+    finally:
+        await running.stop()
 
 
 def main() -> None:

@@ -2,7 +2,8 @@
 
 Owns: `wiregate init` — a config, a policy, principals with one dev key, a profile-signing
 key, signed example profiles (OpenAI, Anthropic, and the bundled mock provider), a binding
-key ring, and a dev CA + server certificate — and the profile documents `wiregate profiles
+key ring, a dev CA + server certificate, and the bundled mock provider enabled on the
+port the mock profiles point at — and the profile documents `wiregate profiles
 new` writes. Private material is written 0600 and printed never (the dev gateway key is
 printed once and kept in a 0600 file for the README's examples).
 """
@@ -194,7 +195,7 @@ keyring_file = "keys/bindings-keyring.json"
 
 [server.https]
 host = "127.0.0.1"
-port = 8443
+port = {https_port}
 cert = "tls/server.pem"
 key = "tls/server.key"
 
@@ -216,6 +217,13 @@ json_depth = 64
 
 [logging]
 level = "info"
+
+[mock_provider]
+# The bundled mock provider, served by the gateway itself on 127.0.0.1 (the mock-* profiles
+# point at this port). Set enabled = false once you only use real providers.
+enabled = true
+port = {mock_port}
+api_key = "file:secrets/mock-upstream.key"
 """
 
 POLICY_TEMPLATE = """\
@@ -234,7 +242,12 @@ min_length = 8
 """
 
 
-def init(directory: Path, *, force: bool = False) -> dict[str, Any]:
+HTTPS_PORT = 8443
+
+
+def init(
+    directory: Path, *, force: bool = False, https_port: int = HTTPS_PORT, mock_port: int = MOCK_PORT
+) -> dict[str, Any]:
     """Create a working directory. Refuses to overwrite an existing config unless forced.
     Returns facts for the CLI to print (including the dev gateway key, once)."""
     directory = directory.resolve()
@@ -246,7 +259,7 @@ def init(directory: Path, *, force: bool = False) -> dict[str, Any]:
     signing_path = signing_dir_for(directory) / "profile-signing.key"
     key_id, _ = new_signing_key(signing_path, directory / "keys" / "profile-signing.pub.json")
     signing_key = signing.load_private_key(signing_path.read_bytes())
-    for doc in example_profiles():
+    for doc in example_profiles(mock_port):
         write_profile(directory / "profiles" / f"{doc['id']}.json", doc, signing_key)
     new_keyring(directory / "keys" / "bindings-keyring.json")
     ca, _, _ = generate_dev_tls(directory / "tls")
@@ -267,7 +280,9 @@ def init(directory: Path, *, force: bool = False) -> dict[str, Any]:
         ).encode(),
     )
     (directory / "policy.toml").write_text(POLICY_TEMPLATE)
-    config.write_text(CONFIG_TEMPLATE.format(deployment_id="dev-" + secrets.token_hex(4)))
+    config.write_text(
+        CONFIG_TEMPLATE.format(deployment_id="dev-" + secrets.token_hex(4), https_port=https_port, mock_port=mock_port)
+    )
     return {
         "dir": str(directory),
         "config": str(config),
@@ -276,6 +291,8 @@ def init(directory: Path, *, force: bool = False) -> dict[str, Any]:
         "signing_key_id": key_id,
         "signing_key": str(signing_path),
         "socket": str(directory / "run" / "wiregate.sock"),
+        "https": f"https://127.0.0.1:{https_port}",
+        "mock_provider": f"http://127.0.0.1:{mock_port}",
     }
 
 

@@ -181,10 +181,24 @@ def blocked_request(reasons: tuple[str, ...]) -> GatewayError:
 _UNAVAILABLE = frozenset({ReasonCode.INSPECTION_ERROR, ReasonCode.POLICY_UNAVAILABLE, ReasonCode.DETECTOR_UNAVAILABLE})
 
 
-def withheld_request(reasons: tuple[str, ...]) -> GatewayError:
+def opaque_content_message(profile: str) -> str:
+    """How an operator allows uninspectable content for one profile. Names the profile id
+    (signed configuration) and the policy setting — never anything the request holds."""
+    return (
+        "wiregate withheld this request (opaque_content): it holds content that cannot be "
+        "inspected (an image, file, audio, token array or encrypted reasoning), which is "
+        f'refused by default. To allow it for profile "{profile}", add "{profile}" to '
+        "allow_opaque_profiles in policy.toml and reload (SIGHUP)."
+    )
+
+
+def withheld_request(reasons: tuple[str, ...], *, profile: str | None = None) -> GatewayError:
+    """`profile`: the profile the request was checked for (names the opt-in for opaque
+    content)."""
     if _UNAVAILABLE.intersection(reasons):
         return PolicyRefusal(503, "request_withheld", reasons, retryable=True)
-    return PolicyRefusal(422, "request_withheld", reasons)
+    message = opaque_content_message(profile) if profile and ReasonCode.OPAQUE_CONTENT in reasons else None
+    return PolicyRefusal(422, "request_withheld", reasons, message)
 
 
 def blocked_response(reasons: tuple[str, ...]) -> GatewayError:

@@ -25,7 +25,7 @@ from gateway.http.connections import GuardedRunner, TLSSite
 from gateway.listeners import prepare_socket_path, server_tls_context, socket_umask
 from gateway.obs import logging as log
 from gateway.proxy.offload import OFFLOAD
-from gateway.state import DRAINING, METRICS
+from gateway.state import DRAINING, METRICS, WORKER
 
 
 @dataclass
@@ -94,6 +94,7 @@ class Shared:
 
     https_port: int | None
     uds: socket.socket | None
+    index: int = 0
 
 
 async def start(
@@ -110,6 +111,8 @@ async def start(
     runtime = await asyncio.to_thread(load_runtime, config_path)
     holder = RuntimeHolder(runtime)
     app = create_app(holder, config_path=config_path)
+    if shared is not None:
+        app[WORKER] = shared.index
     cfg = runtime.config
     runner = GuardedRunner(
         app,

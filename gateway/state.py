@@ -86,6 +86,8 @@ class Draining:
 
 
 DRAINING = web.AppKey("wiregate_draining", Draining)
+# Under `wiregate serve --workers N`: this process's worker index (absent: the only process).
+WORKER = web.AppKey("wiregate_worker", int)
 USAGE_LEDGER = web.AppKey("wiregate_usage_ledger", UsageLedger)
 PACE_LEDGER = web.AppKey("wiregate_pace_ledger", StoredPaceLedger)  # sessions' cache pace, shared database
 CONFIG_PATH = web.AppKey("wiregate_config_path", Path)

@@ -71,9 +71,11 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
-def _wiregate_init(directory: Path) -> Path:
+def _wiregate_init(directory: Path, *, mock_port: int) -> Path:
+    """`wiregate init`, its bundled mock provider on `mock_port` (a free port: 9901 may be
+    taken on a shared machine)."""
     subprocess.run(
-        [str(VENV_BIN / "wiregate"), "init", "--dir", str(directory)],
+        [str(VENV_BIN / "wiregate"), "init", "--dir", str(directory), "--mock-port", str(mock_port)],
         check=True,
         capture_output=True,
         env=_env(),
@@ -170,7 +172,7 @@ def test_dockerfile_lints_clean_with_hadolint() -> None:
 
 
 def test_entrypoint_serves_a_wiregate_init_directory_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
-    config = _wiregate_init(tmp_path / "wiregate")
+    config = _wiregate_init(tmp_path / "wiregate", mock_port=_free_port())
     # The only change: an ephemeral port instead of 8443 (the listener's port comes back in its log line).
     config.write_text(_set(config.read_text(), "port = 8443", "port = 0"))
     sock = tmp_path / "wiregate" / "run" / "wiregate.sock"
@@ -205,16 +207,19 @@ def _comm(pid: int) -> str:
 
 
 def test_entrypoint_runs_the_mock_provider_as_compose_does(tmp_path: Path) -> None:
-    """compose's mock-provider service: `wiregate mock-provider --port 9901` through the same
-    entrypoint; then a call through a gateway whose mock profiles point at it."""
-    if not procs.port_is_free(9901):
-        pytest.skip("127.0.0.1:9901 is in use on this machine; the signed mock profiles need that port")
-    config = _wiregate_init(tmp_path / "wiregate")
-    config.write_text(_set(config.read_text(), "port = 8443", "port = 0"))
-    mock = procs.Proc([str(ENTRYPOINT), "wiregate", "mock-provider", "--port", "9901"], _env(), tmp_path / "mock.log")
+    """compose's mock-provider service: `wiregate mock-provider --port N` through the same
+    entrypoint (compose: 9901; here a free port, which init's mock profiles name); then a
+    call through a gateway configured as init-dev.sh leaves it (it does not serve the mock
+    itself)."""
+    port = _free_port()
+    config = _wiregate_init(tmp_path / "wiregate", mock_port=port)
+    config.write_text(_set(_set(config.read_text(), "port = 8443", "port = 0"), "enabled = true", "enabled = false"))
+    mock = procs.Proc(
+        [str(ENTRYPOINT), "wiregate", "mock-provider", "--port", str(port)], _env(), tmp_path / "mock.log"
+    )
     gw = procs.Proc([str(ENTRYPOINT)], _env(WIREGATE_CONFIG=str(config)), tmp_path / "gateway.log")
     try:
-        mock.wait_port(9901)
+        mock.wait_port(port)
         sock = tmp_path / "wiregate" / "run" / "wiregate.sock"
         gw.wait_status(lambda: procs.uds(sock), "/readyz")
         key = (tmp_path / "wiregate" / "dev-gateway-key").read_text().strip()
@@ -376,7 +381,7 @@ def _overlay(tmp_path: Path, *, secret_mode: int | None = None) -> list[dict[str
     overlay = tmp_path / "k8s" / "overlay"
     overlay.mkdir()
     init = tmp_path / "init"
-    _wiregate_init(init)
+    _wiregate_init(init, mock_port=_free_port())  # only its secrets are used
     for src, dst in (
         ("keys/bindings-keyring.json", "bindings-keyring.json"),
         ("secrets/secret-values.txt", "secret-values.txt"),
@@ -770,6 +775,7 @@ def test_compose_init_script_provisions_an_observe_only_key(tmp_path: Path) -> N
     config = root / "config" / "wiregate.toml"
     text = config.read_text()
     assert 'host = "0.0.0.0"' in text and 'path = "/run/wiregate/wiregate.sock"' in text
+    assert "\n[mock_provider]\n" in text and "\nenabled = false\n" in text  # compose runs its own
     # Serve it (loopback, ephemeral port, socket in the test directory) and use the key.
     text = _set(text, 'host = "0.0.0.0"', 'host = "127.0.0.1"')
     text = _set(text, "port = 8443", "port = 0")

@@ -29,13 +29,17 @@ rm -rf "$root/config-signing"
 
 # Inside the compose network the gateway listens on every interface (Prometheus scrapes
 # gateway:8443; the host publishes 127.0.0.1:8443 only); its socket goes to the tmpfs,
-# since the configuration volume is mounted read-only.
+# since the configuration volume is mounted read-only. The mock provider is compose's own
+# `mock-provider` service here (on the port the mock profiles name, in the gateway's network
+# namespace), so the gateway does not serve it itself.
 sed -i \
     -e 's|^host = "127.0.0.1"$|host = "0.0.0.0"|' \
     -e 's|^path = "run/wiregate.sock"$|path = "/run/wiregate/wiregate.sock"|' \
+    -e 's|^enabled = true$|enabled = false|' \
     "$conf/wiregate.toml"
 grep -q '^host = "0.0.0.0"$' "$conf/wiregate.toml"
 grep -q '^path = "/run/wiregate/wiregate.sock"$' "$conf/wiregate.toml"
+grep -q '^enabled = false$' "$conf/wiregate.toml"
 rmdir "$conf/run" 2>/dev/null || true
 
 # The context store and ledgers go to the compose file's PostgreSQL (the DSN, with its

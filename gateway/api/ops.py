@@ -14,8 +14,10 @@ from aiohttp import web
 from gateway import __version__, auth
 from gateway.carriers import CARRIERS, ROUTES, SHORT_NAMES
 from gateway.config.runtime import Runtime
+from gateway.devmock import MOCK_PROVIDER
+from gateway.proxy import models as catalogue
 from gateway.proxy.upstream import UPSTREAM
-from gateway.state import DATABASE, DRAINING, METRICS, RUNTIME, USAGE_LEDGER
+from gateway.state import DATABASE, DRAINING, METRICS, RUNTIME, USAGE_LEDGER, WORKER
 from gateway.usage import KINDS
 from gateway.vocab import Dialect
 
@@ -31,8 +33,13 @@ async def readyz(request: web.Request) -> web.Response:
     if app[DRAINING].on:
         return web.json_response({"status": "draining"}, status=503)
     upstream = app.get(UPSTREAM)
-    if upstream is None or upstream.session.closed or not app[RUNTIME].current.profiles:
+    runtime = app[RUNTIME].current
+    if upstream is None or upstream.session.closed or not runtime.profiles:
         return web.json_response({"status": "not_ready"}, status=503)
+    if runtime.config.mock_provider.enabled and app.get(WORKER, 0) == 0:  # the mock-* profiles need it
+        mock = app.get(MOCK_PROVIDER)
+        if mock is None or not mock.serving:
+            return web.json_response({"status": "not_ready", "reason": "mock_provider_down"}, status=503)
     database = app.get(DATABASE)
     if database is None or not await database.ping():
         return web.json_response({"status": "not_ready", "reason": "store_unreachable"}, status=503)
@@ -50,18 +57,17 @@ def dialect_of(request: web.Request) -> Dialect:
 
 
 async def models(request: web.Request) -> web.Response:
+    """What the caller may use: its profiles' upstream model lists filtered by their
+    patterns (or their exact names where an upstream cannot be asked), in the OpenAI list
+    shape, or Anthropic's to a caller that sends `anthropic-version`."""
     runtime = request.app[RUNTIME].current
     identity = auth.identify(runtime, request.headers, "proxy")
-    seen: dict[str, str] = {}
-    for pid in identity.principal.profiles:
-        loaded = runtime.profiles.get(pid)
-        if loaded is None:
-            continue
-        for name in loaded.profile.models:
-            if not any(c in name for c in "*?[") and name not in seen:
-                seen[name] = loaded.profile.provider
+    listed = await catalogue.for_principal(request.app, runtime, identity.principal)
     if dialect_of(request) is Dialect.ANTHROPIC:
-        data = [{"type": "model", "id": m, "display_name": m, "created_at": "1970-01-01T00:00:00Z"} for m in seen]
+        data = [
+            {"type": "model", "id": m.id, "display_name": m.display_name or m.id, "created_at": m.created_at}
+            for m in listed
+        ]
         return web.json_response(
             {
                 "data": data,
@@ -70,7 +76,7 @@ async def models(request: web.Request) -> web.Response:
                 "last_id": data[-1]["id"] if data else None,
             }
         )
-    data_oa = [{"id": m, "object": "model", "created": 0, "owned_by": p} for m, p in seen.items()]
+    data_oa = [{"id": m.id, "object": "model", "created": m.created, "owned_by": m.owned_by} for m in listed]
     return web.json_response({"object": "list", "data": data_oa})
 
 

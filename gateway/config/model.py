@@ -143,6 +143,19 @@ class ContextConfig(_Strict):
     request_bytes: int = Field(16 * 1024 * 1024, ge=1024)
 
 
+class MockProviderSettings(_Strict):
+    """The bundled mock provider, served by the gateway process itself (development only:
+    `wiregate init` writes it enabled so `make run` answers the mock-* profiles at once)."""
+
+    enabled: bool = False
+    # Loopback TCP port; the generated mock-* profiles point at it. It never listens on
+    # anything but 127.0.0.1.
+    port: int = Field(9901, ge=1, le=65535)
+    # The key upstream callers must present (the mock profiles' credential), as a
+    # reference; none: any caller is answered.
+    api_key: str | None = Field(None, pattern=r"^(env:[A-Za-z_][A-Za-z0-9_]*|file:.+)$")
+
+
 class GatewayConfig(_Strict):
     deployment_id: str = Field(pattern=r"^[A-Za-z0-9._-]{1,64}$")
     server: ServerSettings = ServerSettings()
@@ -153,6 +166,7 @@ class GatewayConfig(_Strict):
     logging: LoggingSettings = LoggingSettings()
     store: StoreSettings = StoreSettings()
     context: ContextConfig = ContextConfig()
+    mock_provider: MockProviderSettings = MockProviderSettings()
     profiles_dir: str = "profiles"
     principals_file: str = "principals.toml"
     policy_file: str = "policy.toml"

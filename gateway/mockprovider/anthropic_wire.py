@@ -197,3 +197,18 @@ def messages_reply(request: Mapping[str, Any], gen: Generation, *, stream: bool,
     if stream:
         return sse_reply(stream_events(request, gen, cache))
     return json_reply(message(request, gen, cache))
+
+
+def models_reply(model_ids: tuple[str, ...]) -> Reply:
+    """Anthropic's model list (one page holding every model)."""
+    data = [
+        {"type": "model", "id": mid, "display_name": mid, "created_at": "2025-01-01T00:00:00Z"} for mid in model_ids
+    ]
+    return json_reply(
+        {
+            "data": data,
+            "has_more": False,
+            "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None,
+        }
+    )

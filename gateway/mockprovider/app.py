@@ -32,7 +32,7 @@ from . import anthropic_wire, openai_wire
 from .cache import BreakpointError
 from .content import derive_id, plan_generation
 from .delivery import deliver
-from .prompt import anthropic_cache_query, openai_cache_query
+from .prompt import anthropic_cache_query, anthropic_units, openai_cache_query
 from .reply import JSON_CONTENT_TYPE, SSE_CONTENT_TYPE, Reply, WireError, json_reply
 from .state import MockState, Step, StepError, find_scenario_marker, validate_scenario_id
 
@@ -101,6 +101,10 @@ def _answer_models(request_json: Mapping[str, Any], step: Step, caller: Caller) 
     return openai_wire.models_reply()
 
 
+def _answer_anthropic_models(request_json: Mapping[str, Any], step: Step, caller: Caller) -> Reply:
+    return anthropic_wire.models_reply(openai_wire.MODEL_IDS)
+
+
 def _answer_messages(request_json: Mapping[str, Any], step: Step, caller: Caller) -> Reply:
     _require_messages(request_json)
     gen = plan_generation("anthropic", request_json, step)
@@ -110,6 +114,13 @@ def _answer_messages(request_json: Mapping[str, Any], step: Step, caller: Caller
         raise WireError(400, str(error)) from error
     cache = caller.state.anthropic_cache(query)
     return anthropic_wire.messages_reply(request_json, gen, stream=_is_stream(request_json), cache=cache)
+
+
+def _answer_count_tokens(request_json: Mapping[str, Any], step: Step, caller: Caller) -> Reply:
+    """The input tokens the Messages request would use, by the mock's own tokenizer (the
+    sum of its prompt units; caching plays no part, as at Anthropic)."""
+    _require_messages(request_json)
+    return json_reply({"input_tokens": sum(unit.tokens for unit in anthropic_units(request_json))})
 
 
 def _answer_unknown_route(request_json: Mapping[str, Any], step: Step, caller: Caller) -> Reply:
@@ -123,8 +134,10 @@ ENDPOINTS: Mapping[tuple[str, str], Endpoint] = MappingProxyType(
         ("POST", "/v1/embeddings"): Endpoint("openai", _answer_embeddings),
         ("GET", "/v1/models"): Endpoint("openai", _answer_models, needs_json=False),
         ("POST", "/v1/messages"): Endpoint("anthropic", _answer_messages),
+        ("POST", "/v1/messages/count_tokens"): Endpoint("anthropic", _answer_count_tokens),
     }
 )
+_ANTHROPIC_MODELS = Endpoint("anthropic", _answer_anthropic_models, needs_json=False)
 _UNKNOWN_OPENAI = Endpoint("openai", _answer_unknown_route, needs_json=False)
 _UNKNOWN_ANTHROPIC = Endpoint("anthropic", _answer_unknown_route, needs_json=False)
 
@@ -253,6 +266,8 @@ def _decide(state: MockState, incoming: _Incoming) -> tuple[Reply, Step]:
 
 
 def _endpoint_for(request: web.Request) -> Endpoint:
+    if (request.method, request.path) == ("GET", "/v1/models") and "anthropic-version" in request.headers:
+        return _ANTHROPIC_MODELS  # the same route answers each provider's SDK in its shape
     endpoint = ENDPOINTS.get((request.method, request.path))
     if endpoint is not None:
         return endpoint

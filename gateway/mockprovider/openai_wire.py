@@ -24,7 +24,19 @@ from .usage import compute_usage
 SYSTEM_FINGERPRINT = "fp_mock"
 DEFAULT_EMBEDDING_DIMENSIONS = 16
 MAX_EMBEDDING_DIMENSIONS = 8192
-MODEL_IDS = ("gpt-4.1-mini", "gpt-5-mini", "text-embedding-3-small", "claude-sonnet-4-6")
+# The models `GET /v1/models` lists (any model name is answered; these are what a gateway
+# in front of the mock discovers, including those `wiregate init`'s mock profiles serve).
+MODEL_IDS = (
+    "gpt-4.1-mini",
+    "gpt-5-mini",
+    "text-embedding-3-small",
+    "claude-sonnet-4-6",
+    "mock-gpt-1",
+    "mock-gpt-2",
+    "mock-embed-1",
+    "mock-claude-1",
+    "mock-claude-2",
+)
 
 # status -> (error.type, error.code)
 _ERROR_KINDS: Mapping[int, tuple[str, str | None]] = MappingProxyType(

@@ -198,7 +198,7 @@ async def send_along_chain(app: web.Application, ex: Exchange, trail: Trail) -> 
         trail.add(Checked(loaded.profile.id, send))
         note_check(app, ex.request_id, send, loaded.profile.id)
         if not send.proceed or send.binding is None:
-            raise refusal(send)
+            raise refusal(send, loaded.profile.id)
         if loaded.credential_error is not None:
             log.error("credential_unavailable", request_id=ex.request_id, profile=loaded.profile.id)
             if more:
@@ -294,11 +294,11 @@ async def prepare(
     )
 
 
-def refusal(outcome: CheckOutcome) -> GatewayError:
+def refusal(outcome: CheckOutcome, profile: str | None = None) -> GatewayError:
     codes = outcome.verdict.reason_codes
     blocked = outcome.verdict.decision is Decision.BLOCK
     if outcome.phase is Phase.BEFORE_SEND:
-        return errors.blocked_request(codes) if blocked else errors.withheld_request(codes)
+        return errors.blocked_request(codes) if blocked else errors.withheld_request(codes, profile=profile)
     return errors.blocked_response(codes) if blocked else errors.withheld_response(codes)
 
 

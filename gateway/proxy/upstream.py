@@ -173,6 +173,32 @@ class Upstream:
             await asyncio.sleep(delay)
         return sent
 
+    async def get(
+        self,
+        url: str,
+        headers: Mapping[str, str],
+        *,
+        params: Mapping[str, str],
+        client_timeout: aiohttp.ClientTimeout,
+        limit: int,
+    ) -> tuple[int, bytes] | None:
+        """One bounded GET without a body (a provider's model list): (status, body), or
+        None when no complete answer of at most `limit` bytes could be had. No retries."""
+        try:
+            async with self.session.get(
+                url, headers=dict(headers), params=dict(params), allow_redirects=False, timeout=client_timeout
+            ) as response:
+                chunks: list[bytes] = []
+                size = 0
+                async for chunk in response.content.iter_any():
+                    size += len(chunk)
+                    if size > limit:
+                        return None
+                    chunks.append(chunk)
+                return response.status, b"".join(chunks)
+        except (aiohttp.ClientError, OSError, TimeoutError):
+            return None
+
     @staticmethod
     def _should_retry(response: aiohttp.ClientResponse, statuses: tuple[int, ...]) -> bool:
         if response.headers.get("x-should-retry", "").lower() == "false":
