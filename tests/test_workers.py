@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import ssl
+import subprocess
 import sys
 import time
 from collections import Counter
@@ -98,3 +99,45 @@ def test_two_workers_share_both_listeners_reload_restart_and_stop_together(
         assert sum(1 for r in proc.records() if r.get("event") == "draining") == 2
     finally:
         proc.close()
+
+
+def test_workers_on_the_embedded_defaults_share_one_mock(tmp_path: Path) -> None:
+    """`wiregate init`'s configuration (embedded mock on) under --workers 2: worker 0 serves
+    the mock, both workers serve calls to it."""
+    work = tmp_path / "wg"
+    mock_port = _free_port()
+    init = [str(WIREGATE), "init", "--dir", str(work), "--https-port", "0", "--mock-port", str(mock_port)]
+    assert subprocess.run(init, capture_output=True, timeout=120).returncode == 0
+    key = (work / "dev-gateway-key").read_text().strip()
+    proc = procs.Proc(
+        [str(WIREGATE), "serve", "--config", str(work / "wiregate.toml"), "--workers", "2"],
+        dict(os.environ),
+        tmp_path / "log",
+    )
+    try:
+        _wait(lambda: sum(1 for r in proc.records() if r.get("event") == "started") == 2)
+        mocks = [r for r in proc.records() if r.get("event") == "listening" and r.get("listener") == "mock_provider"]
+        assert [r["worker"] for r in mocks] == [0]
+        sock = work / "run" / "wiregate.sock"
+        proc.wait_status(lambda: procs.uds(sock), "/readyz")
+        for _ in range(20):
+            with httpx.Client(
+                transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://localhost", timeout=30
+            ) as c:
+                r = c.post(
+                    "/v1/chat/completions",
+                    json={"model": "mock-gpt-1", "messages": [{"role": "user", "content": "hi"}]},
+                    headers={"authorization": f"Bearer {key}"},
+                )
+                assert r.status_code == 200, r.text
+        assert proc.terminate(120) == 0
+    finally:
+        proc.close()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
