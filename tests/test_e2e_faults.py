@@ -10,13 +10,14 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import anthropic
 import httpx2
 import openai
 import pytest
 
 from gateway.mockprovider import MockProviderServer
 from tests.conftest import GatewayFactory
-from tests.harness import Env, GatewayThread, mock_profile, openai_client, raw_client
+from tests.harness import Env, GatewayThread, anthropic_client, mock_profile, openai_client, raw_client
 
 
 @pytest.fixture(scope="module")
@@ -222,3 +223,97 @@ def test_unreadable_provider_error_is_not_relayed(gw: tuple[Env, GatewayThread],
     assert r.status_code == 502 and "proxy says no" not in r.text
     assert r.json()["error"]["reason_codes"] == ["upstream_invalid_response"]
     assert json.loads(r.text)["error"]["type"] == "server_error"
+
+
+# --- a provider error event in the middle of a stream ---------------------------------------
+
+_LEAD = "a first half that must never be released"
+
+
+def _ev(data: dict[str, Any], event: str | None = None) -> str:
+    head = f"event: {event}\n" if event else ""
+    return f"{head}data: {json.dumps(data)}\n\n"
+
+
+def _chat_error_events() -> list[str]:
+    chunk = {"id": "c1", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": _LEAD}}]}
+    error = {"error": {"message": "server had an error", "type": "server_error", "code": None}}
+    return [_ev(chunk), _ev(error), "data: [DONE]\n\n"]
+
+
+def _messages_error_events() -> list[str]:
+    start = {"type": "message_start", "message": {"id": "m1", "type": "message", "role": "assistant", "content": []}}
+    block = {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}
+    delta = {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": _LEAD}}
+    error = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
+    return [
+        _ev(start, "message_start"),
+        _ev(block, "content_block_start"),
+        _ev(delta, "content_block_delta"),
+        _ev(error, "error"),
+    ]
+
+
+def _responses_error_events(terminal: str) -> list[str]:
+    created = {"type": "response.created", "response": {"id": "r1", "status": "in_progress"}}
+    delta = {"type": "response.output_text.delta", "output_index": 0, "content_index": 0, "delta": _LEAD}
+    if terminal == "error":
+        end = {"type": "error", "code": "server_error", "message": "boom", "param": None}
+    else:
+        end = {
+            "type": "response.failed",
+            "response": {"id": "r1", "status": "failed", "error": {"code": "server_error", "message": "boom"}},
+        }
+    return [_ev(created, "response.created"), _ev(delta, "response.output_text.delta"), _ev(end, terminal)]
+
+
+_ERROR_STREAMS: dict[str, tuple[str, Any]] = {
+    "chat": ("/v1/chat/completions", _chat_error_events),
+    "messages": ("/v1/messages", _messages_error_events),
+    "responses-error": ("/v1/responses", lambda: _responses_error_events("error")),
+    "responses-failed": ("/v1/responses", lambda: _responses_error_events("response.failed")),
+}
+
+
+def _stream_body(path: str, sid: str) -> dict[str, Any]:
+    prompt = f"mock-scenario:{sid}"
+    if path == "/v1/messages":
+        return {
+            "model": "claude-x",
+            "max_tokens": 20,
+            "stream": True,
+            "messages": [{"role": "user", "content": prompt}],
+        }
+    if path == "/v1/responses":
+        return {"model": "gpt-5", "stream": True, "input": prompt}
+    return _chat(sid, stream=True)
+
+
+@pytest.mark.parametrize("case", sorted(_ERROR_STREAMS))
+def test_error_event_mid_stream_is_incomplete(
+    gw: tuple[Env, GatewayThread], mock: MockProviderServer, case: str
+) -> None:
+    env, gateway = gw
+    path, events = _ERROR_STREAMS[case]
+    sid = _sid(mock, {"raw_events": events()})
+    r = _post(env, gateway, _stream_body(path, sid), path=path)
+    assert r.status_code == 503
+    assert r.headers["content-type"].startswith("application/json")
+    body = r.json()
+    error = body["error"]
+    assert error["code"] == "response_incomplete" and error["reason_codes"] == ["response_incomplete"]
+    assert _LEAD not in r.text and "data:" not in r.text
+
+
+def test_error_event_mid_stream_raises_in_the_sdks(gw: tuple[Env, GatewayThread], mock: MockProviderServer) -> None:
+    env, gateway = gw
+    sid = _sid(mock, {"raw_events": _chat_error_events()})
+    with pytest.raises(openai.InternalServerError):
+        list(openai_client(gateway, env).chat.completions.create(**_chat(sid, stream=True)))
+    sid = _sid(mock, {"raw_events": _messages_error_events()})
+    with pytest.raises(anthropic.InternalServerError) as info:
+        stream = anthropic_client(gateway, env).messages.create(
+            model="claude-x", max_tokens=20, stream=True, messages=[{"role": "user", "content": f"mock-scenario:{sid}"}]
+        )
+        list(stream)
+    assert info.value.status_code == 503
