@@ -29,6 +29,7 @@ def gw(mock: MockProviderServer, gateways: GatewayFactory) -> Iterator[tuple[Env
             "hangy", "openai", mock.url, retry={"attempts": 0}, timeouts={"connect_s": 1, "read_s": 0.5, "total_s": 1.5}
         ),
         mock_profile("mock-anthropic", "anthropic", mock.url),
+        mock_profile("single", "openai", mock.url),  # retries, but no fallback
     ]
     with gateways(
         "faults",
@@ -317,3 +318,37 @@ def test_error_event_mid_stream_raises_in_the_sdks(gw: tuple[Env, GatewayThread]
         )
         list(stream)
     assert info.value.status_code == 503
+
+
+# --- a long retry-after that the caller would not wait for ----------------------------------
+
+
+def test_long_retry_after_goes_back_when_the_sdk_would_time_out(
+    gw: tuple[Env, GatewayThread], mock: MockProviderServer
+) -> None:
+    """The SDK declares a 2 s timeout; the provider asks for 4 s (within the profile's
+    max_retry_after_s). Sleeping would outlast the caller: the 429 goes back at once.
+    (With a fallback profile the call moves on to it instead, without waiting.)"""
+    env, gateway = gw
+    sid = _sid(mock, {"status": 429, "headers": {"retry-after": "4"}}, {"text": "too late to matter"})
+    client = openai_client(gateway, env, timeout=2.0, default_headers={"x-wiregate-profile": "single"})
+    with pytest.raises(openai.RateLimitError) as info:
+        client.chat.completions.create(**_chat(sid))
+    assert info.value.response.headers["retry-after"] == "4"
+    assert [r.status for r in _records(mock, sid)] == [429]
+    sid = _sid(mock, {"status": 429, "headers": {"retry-after": "4"}}, {"text": "too late to matter"})
+    with pytest.raises(anthropic.RateLimitError):
+        anthropic_client(gateway, env, timeout=2.0).messages.create(
+            model="claude-x", max_tokens=20, messages=[{"role": "user", "content": f"mock-scenario:{sid}"}]
+        )
+    assert [r.status for r in _records(mock, sid)] == [429]
+
+
+def test_retry_after_that_fits_the_declared_timeout_is_waited(
+    gw: tuple[Env, GatewayThread], mock: MockProviderServer
+) -> None:
+    env, gateway = gw
+    sid = _sid(mock, {"status": 429, "headers": {"retry-after-ms": "50"}}, {"text": "worth the wait"})
+    r = _post(env, gateway, _chat(sid), headers={"x-stainless-read-timeout": "20"})
+    assert r.status_code == 200 and "worth the wait" in r.text
+    assert [r.status for r in _records(mock, sid)] == [429, 200]

@@ -13,7 +13,9 @@ A provider call arrives on the TLS or Unix-socket listener and reaches `handle`:
   6  before_send on the final bytes, forwarded headers and the actual target; an allow
      seals a send binding naming that payload, target, principal and scope
   7  send with the profile's retries; on failure move to the next profile in the chain
-     and go back to 4 (a new target is planned and checked again)
+     and go back to 4 (a new target is planned and checked again). A retry wait that would
+     outlast the caller (the timeout its SDK declares, `patience`) is not slept through:
+     the provider's answer (a 429 with its retry-after) goes back at once
   8  buffer: the complete raw response (bytes, time and concurrency limits), optionally
      sending SSE comment heartbeats to a streaming client meanwhile
   9  decide: before_release on the complete response; it opens the send binding first
@@ -51,7 +53,7 @@ from gateway.config.runtime import LoadedProfile, Runtime
 from gateway.errors import ClientError, GatewayError, ServiceError, UpstreamError
 from gateway.http.body import read_body
 from gateway.obs import logging as log
-from gateway.proxy import decide, projections, release, replay, routing
+from gateway.proxy import decide, patience, projections, release, replay, routing
 from gateway.proxy.exchange import (
     Admitted,
     Attempted,
@@ -114,6 +116,7 @@ async def receive(
     request: web.Request, runtime: Runtime, carrier: Carrier, identity: auth.Identity, call: Call
 ) -> Exchange:
     limits = runtime.config.limits
+    arrived = time.monotonic()
     raw = await read_body(request, limits)  # 1
     call.bytes_in = len(raw)
     replays = replay.parse(request.headers.getall(replay.HEADER, []))
@@ -126,6 +129,7 @@ async def receive(
             offloaded = False
     if not offloaded:
         parsed = decide.parse_request(carrier, raw, runtime)  # 3
+    deadline = time.monotonic() + limits.buffer_seconds
     now = datetime.now(UTC)  # 2: the profile chain
     requested = request.headers.get(routing.PROFILE_HEADER)
     first = routing.primary(runtime, identity.principal, carrier.short_name, parsed.model, requested, now)
@@ -139,7 +143,8 @@ async def receive(
         raw=raw,
         parsed=parsed,
         chain=(first, *fallbacks),
-        deadline=time.monotonic() + limits.buffer_seconds,
+        deadline=deadline,
+        wait_deadline=patience.waits_until(request.headers, arrived, deadline),
         client_headers=request.headers,
         session=request.headers.get(SESSION_HEADER),
         offloaded=offloaded,
@@ -224,7 +229,7 @@ async def _send(
     metrics = app[METRICS]
     try:
         async with asyncio.timeout(min(remaining, loaded.profile.timeouts.total_s)):
-            sent = await app[UPSTREAM].send(target, loaded, body, headers, deadline=ex.deadline)
+            sent = await app[UPSTREAM].send(target, loaded, body, headers, deadline=ex.wait_deadline)
     except TimeoutError:
         sent = Sent(response=None, failure=ReasonCode.UPSTREAM_TIMEOUT)
     for attempt in sent.attempts:

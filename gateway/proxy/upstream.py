@@ -125,7 +125,8 @@ class Upstream:
         deadline: float,
     ) -> Sent:
         """Send with the profile's retry policy. Returns the first non-retryable response
-        (or the last one when retries run out), or a failure reason."""
+        (or the last one when retries run out, or when the wait before the next attempt
+        would not end before `deadline`), or a failure reason."""
         profile = loaded.profile
         policy = profile.retry
         timeout = aiohttp.ClientTimeout(
