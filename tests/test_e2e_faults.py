@@ -352,3 +352,61 @@ def test_retry_after_that_fits_the_declared_timeout_is_waited(
     r = _post(env, gateway, _chat(sid), headers={"x-stainless-read-timeout": "20"})
     assert r.status_code == 200 and "worth the wait" in r.text
     assert [r.status for r in _records(mock, sid)] == [429, 200]
+
+
+# --- the gateway's retries do not multiply with the SDK's -----------------------------------
+
+_BUDGET = 1 + 2  # the first try and FAST_RETRY's two retries (tests.harness)
+
+
+def _persistent(mock: MockProviderServer, status: int) -> str:
+    # The mock repeats a scenario's last step: a persistent failure.
+    return _sid(mock, {"status": status, "headers": {"retry-after-ms": "10"}})
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("status", [429, 500, 503])
+def test_openai_sdk_does_not_retry_what_the_gateway_retried(
+    gw: tuple[Env, GatewayThread], mock: MockProviderServer, status: int, stream: bool
+) -> None:
+    env, gateway = gw
+    sid = _persistent(mock, status)
+    client = openai_client(gateway, env, max_retries=openai.DEFAULT_MAX_RETRIES)
+    with pytest.raises(openai.APIStatusError) as info:
+        list(client.with_options(default_headers={"x-wiregate-profile": "single"}).chat.completions.create(
+            **_chat(sid, stream=stream)
+        ))  # fmt: skip
+    assert info.value.status_code == status
+    assert info.value.response.headers["x-should-retry"] == "false"
+    assert len(_records(mock, sid)) == _BUDGET
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("status", [429, 503, 529])
+def test_anthropic_sdk_does_not_retry_what_the_gateway_retried(
+    gw: tuple[Env, GatewayThread], mock: MockProviderServer, status: int, stream: bool
+) -> None:
+    env, gateway = gw
+    sid = _persistent(mock, status)
+    client = anthropic_client(gateway, env, max_retries=anthropic.DEFAULT_MAX_RETRIES)
+    with pytest.raises(anthropic.APIStatusError) as info:
+        result = client.messages.create(
+            model="claude-x",
+            max_tokens=20,
+            stream=stream,
+            messages=[{"role": "user", "content": f"mock-scenario:{sid}"}],
+        )
+        if stream:
+            list(result)  # type: ignore[call-overload]
+    assert info.value.status_code == status
+    assert info.value.response.headers["x-should-retry"] == "false"
+    assert len(_records(mock, sid)) == _BUDGET
+
+
+def test_a_single_attempt_leaves_retrying_to_the_sdk(gw: tuple[Env, GatewayThread], mock: MockProviderServer) -> None:
+    """Nothing was retried here (a 4xx the gateway does not retry): no advice is added."""
+    env, gateway = gw
+    sid = _sid(mock, {"status": 409})
+    r = _post(env, gateway, _chat(sid), headers={"x-wiregate-profile": "single"})
+    assert r.status_code == 409 and "x-should-retry" not in r.headers
+    assert len(_records(mock, sid)) == 1
