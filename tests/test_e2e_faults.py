@@ -258,6 +258,7 @@ def _messages_error_events() -> list[str]:
 def _responses_error_events(terminal: str) -> list[str]:
     created = {"type": "response.created", "response": {"id": "r1", "status": "in_progress"}}
     delta = {"type": "response.output_text.delta", "output_index": 0, "content_index": 0, "delta": _LEAD}
+    end: dict[str, Any]
     if terminal == "error":
         end = {"type": "error", "code": "server_error", "message": "boom", "param": None}
     else:
@@ -397,7 +398,7 @@ def test_anthropic_sdk_does_not_retry_what_the_gateway_retried(
             messages=[{"role": "user", "content": f"mock-scenario:{sid}"}],
         )
         if stream:
-            list(result)  # type: ignore[call-overload]
+            list(result)
     assert info.value.status_code == status
     assert info.value.response.headers["x-should-retry"] == "false"
     assert len(_records(mock, sid)) == _BUDGET
