@@ -17,7 +17,8 @@ A provider call arrives on the TLS or Unix-socket listener and reaches `handle`:
      outlast the caller (the timeout its SDK declares, `patience`) is not slept through:
      the provider's answer (a 429 with its retry-after) goes back at once
   8  buffer: the complete raw response (bytes, time and concurrency limits), optionally
-     sending SSE comment heartbeats to a streaming client meanwhile
+     sending SSE comment heartbeats to a streaming client meanwhile — only while the
+     upstream is still sending (`heartbeat_stall_s`)
   9  decide: before_release on the complete response; it opens the send binding first
  10  release the original bytes (non-stream) or the re-framed events (stream), or refuse
      (once heartbeats are out, any refusal is the protocol's own error event)
@@ -362,27 +363,33 @@ async def buffer(
 ) -> bytes:
     """Step 8: the whole body, within the response limits and the call's deadline; with
     heartbeats, a comment after `heartbeat_after_s` of buffering and every
-    `heartbeat_every_s` after that."""
+    `heartbeat_every_s` after that — but only while the upstream makes progress: after
+    `heartbeat_stall_s` without a new upstream byte none is sent until bytes arrive again,
+    so the client's read timeout can fire on a stalled upstream."""
     limits = ex.runtime.config.limits
     streaming = ex.runtime.config.streaming
     response = attempt.response
     chunks: list[bytes] = []
     total = 0
     gauge = app[METRICS].buffered_bytes
-    next_beat = time.monotonic() + streaming.heartbeat_after_s
+    progress = time.monotonic()  # the headers, then each chunk
+    next_beat = progress + streaming.heartbeat_after_s
     try:
         async with asyncio.timeout(max(0.0, ex.deadline - time.monotonic())):
             while True:
-                if heartbeats is None:
+                stalled = time.monotonic() - progress >= streaming.heartbeat_stall_s
+                if heartbeats is None or stalled:
                     chunk = await response.content.readany()
                 else:
                     try:
                         async with asyncio.timeout(max(0.0, next_beat - time.monotonic())):
                             chunk = await response.content.readany()
                     except TimeoutError:
-                        await heartbeats.beat()
+                        if time.monotonic() - progress < streaming.heartbeat_stall_s:
+                            await heartbeats.beat()
                         next_beat = time.monotonic() + streaming.heartbeat_every_s
                         continue
+                progress = time.monotonic()
                 if not chunk:
                     break
                 total += len(chunk)
