@@ -30,6 +30,13 @@ def gw(mock: MockProviderServer, gateways: GatewayFactory) -> Iterator[tuple[Env
         ),
         mock_profile("mock-anthropic", "anthropic", mock.url),
         mock_profile("single", "openai", mock.url),  # retries, but no fallback
+        mock_profile(
+            "hangy-anthropic",
+            "anthropic",
+            mock.url,
+            retry={"attempts": 0},
+            timeouts={"connect_s": 1, "read_s": 0.5, "total_s": 1.5},
+        ),
     ]
     with gateways(
         "faults",
@@ -411,3 +418,46 @@ def test_a_single_attempt_leaves_retrying_to_the_sdk(gw: tuple[Env, GatewayThrea
     r = _post(env, gateway, _chat(sid), headers={"x-wiregate-profile": "single"})
     assert r.status_code == 409 and "x-should-retry" not in r.headers
     assert len(_records(mock, sid)) == 1
+
+
+# --- the error type says what the reason says, per carrier ----------------------------------
+
+_CARRIER_PATHS = ["/v1/chat/completions", "/v1/messages", "/v1/responses"]
+
+
+def _error_type(r: httpx2.Response) -> str:
+    return str(r.json()["error"]["type"])
+
+
+@pytest.mark.parametrize("path", _CARRIER_PATHS)
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("fault", ["reset_mid_stream", "truncated_json"])
+def test_incomplete_response_error_type(
+    gw: tuple[Env, GatewayThread], mock: MockProviderServer, path: str, stream: bool, fault: str
+) -> None:
+    """Cut short, with a secret in the fragment: still `response_incomplete`, a server error
+    (api_error / server_error), never a permission or overload error."""
+    env, gateway = gw
+    sid = _sid(mock, {"text": "partial sk-faults-secret-99 answer " * 3, "fault": fault, "chunk_size": 4})
+    body = _stream_body(path, sid)
+    body["stream"] = stream
+    r = _post(env, gateway, body, path=path)
+    assert r.status_code == 503 and r.json()["error"]["code"] == "response_incomplete"
+    assert "response_incomplete" in r.json()["error"]["reason_codes"]
+    assert _error_type(r) == ("api_error" if path == "/v1/messages" else "server_error")
+    assert "sk-faults-secret-99" not in r.text and "partial" not in r.text
+
+
+@pytest.mark.parametrize("path", _CARRIER_PATHS)
+def test_upstream_failures_error_type(gw: tuple[Env, GatewayThread], mock: MockProviderServer, path: str) -> None:
+    env, gateway = gw
+    anthropic_ = path == "/v1/messages"
+    profile = {"x-wiregate-profile": "hangy-anthropic" if anthropic_ else "hangy"}
+    sid = _sid(mock, {"fault": "hang"})
+    r = _post(env, gateway, _stream_body(path, sid), path=path, headers=profile)
+    assert r.status_code == 503 and r.json()["error"]["code"] == "upstream_timeout"
+    assert _error_type(r) == ("timeout_error" if anthropic_ else "server_error")
+    sid = _sid(mock, {"status": 502, "raw_body": "<html>no</html>", "content_type": "text/html"})
+    r = _post(env, gateway, _stream_body(path, sid), path=path, headers=profile)
+    assert r.status_code == 502 and r.json()["error"]["code"] == "upstream_error"
+    assert _error_type(r) == ("api_error" if anthropic_ else "server_error")

@@ -178,3 +178,20 @@ def test_the_sdk_times_out_on_a_stalled_upstream(gw: tuple[Env, GatewayThread], 
             model="gpt-4.1", stream=True, messages=[{"role": "user", "content": f"mock-scenario:{sid}"}]
         ):
             pass
+
+
+@pytest.mark.parametrize("route", sorted(ROUTES))
+@pytest.mark.parametrize("fault", ["reset_mid_stream", "truncated_json"])
+def test_in_stream_incomplete_error_type(
+    gw: tuple[Env, GatewayThread], mock: MockProviderServer, route: str, fault: str
+) -> None:
+    """After heartbeats the status is 200: the event's type is all that says what happened.
+    A stream cut short (with a secret in its fragment) is a provider failure."""
+    env, gateway = gw
+    status, body = _stream(env, gateway, route, _slow(mock, text=f"leaking {SECRET} " * 3, fault=fault))
+    assert status == 200 and SECRET.encode() not in body
+    events, _ = sse.parse_all(body)
+    assert len(events) == 1
+    error = json.loads(events[0].data)["error"]
+    assert error["code"] == "response_incomplete"
+    assert error["type"] == ("api_error" if route == "messages" else "server_error")

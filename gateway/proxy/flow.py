@@ -403,7 +403,7 @@ async def buffer(
         err = UpstreamError(503, "response_withheld", (ReasonCode.RESPONSE_TOO_LARGE,))
         raise _refused(trail, err, Outcome.WITHHELD) from None
     except (aiohttp.ClientError, OSError):
-        err = UpstreamError(503, "response_incomplete", (ReasonCode.RESPONSE_INCOMPLETE,), retryable=True)
+        err = errors.incomplete_response((ReasonCode.RESPONSE_INCOMPLETE,))
         raise _refused(trail, err, Outcome.INCOMPLETE) from None
     finally:
         gauge.dec(sum(len(c) for c in chunks))
@@ -427,9 +427,9 @@ async def check_response(
     trail.add(Checked(attempt.target.profile_id, outcome))
     if not outcome.proceed:
         end = (
-            Outcome.BLOCKED
-            if outcome.verdict.decision is Decision.BLOCK
-            else (Outcome.INCOMPLETE if not read.complete else Outcome.WITHHELD)
+            Outcome.INCOMPLETE
+            if not read.complete
+            else (Outcome.BLOCKED if outcome.verdict.decision is Decision.BLOCK else Outcome.WITHHELD)
         )
         raise _refused(trail, refusal(outcome), end)
     return Decided(read, outcome)
