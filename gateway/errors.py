@@ -243,6 +243,9 @@ def invalid_request(message: str | None = None) -> ClientError:
 
 
 def upstream_unavailable(reason: str = ReasonCode.UPSTREAM_UNAVAILABLE) -> UpstreamError:
+    if reason == ReasonCode.UPSTREAM_RESET:
+        # The provider may have the request already: neither we nor the SDK resend it.
+        return UpstreamError(502, "upstream_unavailable", (reason,))
     code = (
         "upstream_timeout"
         if reason in (ReasonCode.UPSTREAM_TIMEOUT, ReasonCode.BUFFER_TIMEOUT)

@@ -461,3 +461,50 @@ def test_upstream_failures_error_type(gw: tuple[Env, GatewayThread], mock: MockP
     r = _post(env, gateway, _stream_body(path, sid), path=path, headers=profile)
     assert r.status_code == 502 and r.json()["error"]["code"] == "upstream_error"
     assert _error_type(r) == ("api_error" if anthropic_ else "server_error")
+
+
+# --- a connection reset before headers: the request may have reached the provider -----------
+
+
+@pytest.mark.parametrize("path", _CARRIER_PATHS)
+def test_reset_before_headers_is_not_resent_by_default(
+    gw: tuple[Env, GatewayThread], mock: MockProviderServer, path: str
+) -> None:
+    """The provider read the request and dropped the connection: resending could generate
+    (and bill) twice. By default the gateway fails closed with one attempt, a provider-shaped
+    502, and tells the SDK not to resend either."""
+    env, gateway = gw
+    profile = "mock-anthropic" if path == "/v1/messages" else "single"
+    sid = _sid(mock, {"fault": "reset_before_headers"}, {"text": "a second generation"})
+    r = _post(
+        env, gateway, _stream_body(path, sid) | {"stream": False}, path=path, headers={"x-wiregate-profile": profile}
+    )
+    assert r.status_code == 502
+    error = r.json()["error"]
+    assert error["code"] == "upstream_unavailable" and error["reason_codes"] == ["upstream_reset"]
+    assert error["type"] == ("api_error" if path == "/v1/messages" else "server_error")
+    assert r.headers["x-should-retry"] == "false"
+    assert len(_records(mock, sid)) == 1
+
+
+def test_reset_before_headers_is_resent_when_the_profile_allows(
+    mock: MockProviderServer, make_env: Any, gateway_for: Any
+) -> None:
+    profile = mock_profile("resends", "openai", mock.url)
+    profile["retry"]["resend_after_reset"] = True
+    env = make_env(profiles=[profile])
+    gateway = gateway_for(env)
+    sid = _sid(mock, {"fault": "reset_before_headers"}, {"text": "answered on the resend"})
+    result = openai_client(gateway, env).chat.completions.create(**_chat(sid))
+    assert result.choices[0].message.content == "answered on the resend"
+    assert [r.status for r in _records(mock, sid)] == [None, 200]
+
+
+def test_sdk_sees_the_reset_as_a_server_error(gw: tuple[Env, GatewayThread], mock: MockProviderServer) -> None:
+    env, gateway = gw
+    sid = _sid(mock, {"fault": "reset_before_headers"})
+    client = openai_client(gateway, env, max_retries=2, default_headers={"x-wiregate-profile": "single"})
+    with pytest.raises(openai.InternalServerError) as info:
+        client.chat.completions.create(**_chat(sid))
+    assert info.value.status_code == 502
+    assert len(_records(mock, sid)) == 1  # neither the gateway nor the SDK resent it

@@ -198,7 +198,9 @@ async def send_along_chain(app: web.Application, ex: Exchange, trail: Trail) -> 
         for record in sent.attempts:
             trail.add(Attempted(record))
         failed = sent.response is None or sent.response.status in loaded.profile.retry.statuses
-        if failed and more:
+        # A request that may have reached the provider is not resent to a fallback either.
+        resendable = sent.failure != ReasonCode.UPSTREAM_RESET or loaded.profile.retry.resend_after_reset
+        if failed and more and resendable:
             status = sent.response.status if sent.response is not None else None
             if sent.response is not None:
                 sent.response.close()
