@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import os
 import time
 import uuid
 from collections.abc import Iterator
@@ -508,3 +509,197 @@ def test_sdk_sees_the_reset_as_a_server_error(gw: tuple[Env, GatewayThread], moc
         client.chat.completions.create(**_chat(sid))
     assert info.value.status_code == 502
     assert len(_records(mock, sid)) == 1  # neither the gateway nor the SDK resent it
+
+
+# --- the fault matrix: every carrier, streaming or not, through the official SDKs ------------
+#
+# Each case asserts the SDK's exception class (or, where the gateway can check and release,
+# the answer), that no unchecked text reached the client, and that the call left nothing
+# behind in the gateway: no task, no buffered-response slot, no upstream connection in use,
+# no file descriptor beyond what the connection pools keep.
+
+MARK = "UNRELEASED-MARKER"
+_CARRIERS = ("chat", "messages", "responses")
+_STREAM_ONLY = frozenset({"cut_sse_event", "error_event"})
+_HANGS = frozenset({"hang_before_headers", "hang_mid_stream"})
+
+
+def _events_without_end(carrier: str) -> list[str]:
+    """A carrier's events up to (not including) its terminal event, with MARK as text."""
+    if carrier == "chat":
+        chunk = {"id": "c1", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": MARK}}]}
+        return [_ev(chunk)]
+    if carrier == "messages":
+        return [e.replace(_LEAD, MARK) for e in _messages_error_events()[:-1]]
+    return [e.replace(_LEAD, MARK) for e in _responses_error_events("error")[:-1]]
+
+
+def _error_event_stream(carrier: str) -> list[str]:
+    events = {"chat": _chat_error_events, "messages": _messages_error_events}.get(carrier)
+    built = events() if events is not None else _responses_error_events("response.failed")
+    return [e.replace(_LEAD, MARK) for e in built]
+
+
+def _plain_body(carrier: str, text: str) -> str:
+    if carrier == "chat":
+        message = {"role": "assistant", "content": text}
+        doc: dict[str, Any] = {
+            "id": "c1",
+            "object": "chat.completion",
+            "created": 0,
+            "model": "gpt-4.1",
+            "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+        }
+    elif carrier == "messages":
+        doc = {
+            "id": "m1",
+            "type": "message",
+            "role": "assistant",
+            "model": "claude-x",
+            "content": [{"type": "text", "text": text}],
+            "stop_reason": "end_turn",
+            "stop_sequence": None,
+            "usage": {"input_tokens": 1, "output_tokens": 1},
+        }
+    else:
+        part = {"type": "output_text", "text": text, "annotations": []}
+        item = {"type": "message", "id": "i1", "status": "completed", "role": "assistant", "content": [part]}
+        doc = {"id": "r1", "object": "response", "created_at": 0, "status": "completed", "model": "gpt-5"}
+        doc.update(
+            {"output": [item], "error": None, "incomplete_details": None, "tools": [], "parallel_tool_calls": True}
+        )
+    return json.dumps(doc)
+
+
+def _matrix_step(fault: str, carrier: str) -> tuple[dict[str, Any], ...]:
+    text = {"text": f"{MARK} " * 8, "chunk_size": 4}
+    steps: dict[str, dict[str, Any]] = {
+        "429_retry_after": {"status": 429, "headers": {"retry-after": "0"}},
+        "500": {"status": 500},
+        "502": {"status": 502},
+        "503": {"status": 503},
+        "529": {"status": 529},
+        "reset_before_headers": {"fault": "reset_before_headers"},
+        "reset_mid_body": {**text, "fault": "reset_mid_stream"},
+        "truncated_json": {**text, "fault": "truncated_json"},
+        "cut_sse_event": {"raw_events": [*_events_without_end(carrier), f'data: {{"cut": "{MARK}']},
+        "hang_before_headers": {"fault": "hang"},
+        "hang_mid_stream": {**text, "fault": "hang_after_headers"},
+        "error_event": {"raw_events": _error_event_stream(carrier)},
+        "non_json_200": {"raw_body": f"<html>{MARK}</html>", "content_type": "text/html"},
+        "wrong_content_type": {"raw_body": _plain_body(carrier, "typed wrong"), "content_type": "text/plain"},
+        "wrong_content_type_stream": {"raw_events": _events_without_end(carrier), "content_type": "application/json"},
+    }
+    return (steps[fault],)
+
+
+_FAULTS = (
+    "429_retry_after", "500", "502", "503", "529", "reset_before_headers", "reset_mid_body", "truncated_json",
+    "cut_sse_event", "hang_before_headers", "hang_mid_stream", "error_event", "non_json_200", "wrong_content_type",
+)  # fmt: skip
+
+
+def _expected(fault: str, carrier: str, stream: bool) -> tuple[int, type[Exception] | None]:
+    """(status the SDK sees, the exception class it raises; None: the checked answer)."""
+    anthropic_ = carrier == "messages"
+    if fault == "wrong_content_type" and not stream:
+        return 200, None  # valid JSON, checked, released as application/json
+    statuses = {"429_retry_after": 429, "500": 500, "502": 502, "503": 503, "529": 529, "reset_before_headers": 502}
+    status = statuses.get(fault, 503)
+    if status == 429:
+        return status, anthropic.RateLimitError if anthropic_ else openai.RateLimitError
+    if status == 529 and anthropic_:
+        return status, anthropic.OverloadedError
+    if status == 503 and anthropic_:
+        return status, anthropic.ServiceUnavailableError
+    return status, anthropic.InternalServerError if anthropic_ else openai.InternalServerError
+
+
+def _matrix_call(gateway: GatewayThread, env: Env, carrier: str, stream: bool, sid: str, profile: str) -> str:
+    """One SDK call (the stream read to its end); returns the answer's text."""
+    prompt = f"mock-scenario:{sid}"
+    headers = {"x-wiregate-profile": profile}
+    if carrier == "messages":
+        with anthropic_client(gateway, env, default_headers=headers) as aclient:
+            if stream:
+                with aclient.messages.stream(
+                    model="claude-x", max_tokens=20, messages=[{"role": "user", "content": prompt}]
+                ) as events:
+                    return "".join(events.text_stream)
+            message = aclient.messages.create(
+                model="claude-x", max_tokens=20, messages=[{"role": "user", "content": prompt}]
+            )
+            return "".join(getattr(block, "text", "") for block in message.content)
+    with openai_client(gateway, env, default_headers=headers) as client:
+        if carrier == "chat":
+            if stream:
+                parts = client.chat.completions.create(
+                    model="gpt-4.1", stream=True, messages=[{"role": "user", "content": prompt}]
+                )
+                return "".join(c.choices[0].delta.content or "" for c in parts if c.choices)
+            done = client.chat.completions.create(model="gpt-4.1", messages=[{"role": "user", "content": prompt}])
+            return done.choices[0].message.content or ""
+        if stream:
+            with client.responses.stream(model="gpt-5", input=prompt) as rs:
+                return rs.get_final_response().output_text
+        return client.responses.create(model="gpt-5", input=prompt).output_text
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _settled(gateway: GatewayThread, fds_before: int) -> list[str]:
+    """What the call left behind, once the gateway has had a moment to tidy up."""
+    from gateway.proxy.upstream import UPSTREAM
+    from gateway.state import CAPACITY
+
+    assert gateway.running is not None
+    app = gateway.running.app
+    connector = app[UPSTREAM].session.connector
+    assert connector is not None
+    left: list[str] = []
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        left = [f"task {t}" for t in gateway.pending_tasks()]
+        if app[CAPACITY].in_use:
+            left.append("buffered-response slot")
+        if connector._acquired:  # aiohttp keeps the connections in use here
+            left.append("upstream connection in use")
+        # The pools may keep one idle upstream connection (two descriptors in this process,
+        # the gateway's end and the mock's) beyond what was open before.
+        if _open_fds() > fds_before + 2:
+            left.append(f"descriptors {_open_fds()} > {fds_before} + 2")
+        if not left:
+            return []
+        time.sleep(0.05)
+    return left
+
+
+@pytest.mark.parametrize("fault", _FAULTS)
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+@pytest.mark.parametrize("carrier", _CARRIERS)
+def test_fault_matrix(
+    gw: tuple[Env, GatewayThread], mock: MockProviderServer, carrier: str, stream: bool, fault: str
+) -> None:
+    if fault in _STREAM_ONLY and not stream:
+        pytest.skip("a stream-only fault")
+    env, gateway = gw
+    step = fault + ("_stream" if fault == "wrong_content_type" and stream else "")
+    sid = _sid(mock, *_matrix_step(step, carrier))
+    if carrier == "messages":
+        profile = "hangy-anthropic" if fault in _HANGS else "mock-anthropic"
+    else:
+        profile = "hangy" if fault in _HANGS else "single"
+    status, raises = _expected(fault, carrier, stream)
+    fds_before = _open_fds()
+    if raises is None:
+        assert _matrix_call(gateway, env, carrier, stream, sid, profile) == "typed wrong"
+    else:
+        with pytest.raises(raises) as info:
+            _matrix_call(gateway, env, carrier, stream, sid, profile)
+        error = info.value
+        assert isinstance(error, (openai.APIStatusError, anthropic.APIStatusError))
+        assert error.status_code == status
+        assert MARK not in error.message and MARK not in json.dumps(error.body)
+    assert _settled(gateway, fds_before) == []

@@ -21,6 +21,7 @@ CASES: list[tuple[str, GatewayError, str, str]] = [
     ("upstream timeout", errors.upstream_unavailable(ReasonCode.UPSTREAM_TIMEOUT), "timeout_error", "server_error"),
     ("buffer timeout", errors.upstream_unavailable(ReasonCode.BUFFER_TIMEOUT), "timeout_error", "server_error"),
     ("unreachable", errors.upstream_unavailable(), "api_error", "server_error"),
+    ("reset after send", errors.upstream_unavailable(ReasonCode.UPSTREAM_RESET), "api_error", "server_error"),
     ("no profile", ServiceError(503, "upstream_unavailable", (ReasonCode.NO_PROFILE,)), "api_error", "server_error"),
     ("credential", ServiceError(503, "upstream_unavailable", (ReasonCode.CREDENTIAL_UNAVAILABLE,)), "api_error", "server_error"),
     ("unreadable error", UpstreamError(502, "upstream_error", (ReasonCode.UPSTREAM_INVALID_RESPONSE,)), "api_error", "server_error"),
