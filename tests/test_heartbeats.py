@@ -19,7 +19,7 @@ from tests.conftest import GatewayFactory
 from tests.harness import Env, GatewayThread, anthropic_client, openai_client, raw_client
 
 SECRET = "sk-heartbeat-SECRET-777"
-BEATS = "[streaming]\nheartbeat_after_s = 0.1\nheartbeat_every_s = 0.1\nheartbeat_stall_s = 0.5\n"
+BEATS = "[streaming]\nheartbeat_after_s = 0.1\nheartbeat_every_s = 0.1\nheartbeat_stall_s = 1.0\n"
 
 
 @pytest.fixture(scope="module")
@@ -150,13 +150,13 @@ def test_a_stalled_upstream_stops_the_heartbeats(
     gw: tuple[Env, GatewayThread], mock: MockProviderServer, route: str
 ) -> None:
     """The upstream sends its first event, then nothing (its read limit is 5 s). Heartbeats
-    stop after `heartbeat_stall_s` (0.5 s) without upstream bytes, so the client's own read
-    timeout (1.5 s) fires instead of being fed keep-alives until the upstream read limit."""
+    stop after `heartbeat_stall_s` (1 s) without upstream bytes, so the client's own read
+    timeout (2.5 s) fires instead of being fed keep-alives until the upstream read limit."""
     env, gateway = gw
     sid = _slow(mock, text="never finished", fault="hang_after_headers")
     path, body = ROUTES[route]
     client = raw_client(gateway, env)
-    client.timeout = httpx2.Timeout(30, read=1.5)
+    client.timeout = httpx2.Timeout(30, read=2.5)
     received: list[bytes] = []
     with pytest.raises(httpx2.ReadTimeout):
         with client.stream(
@@ -172,7 +172,7 @@ def test_a_stalled_upstream_stops_the_heartbeats(
 def test_the_sdk_times_out_on_a_stalled_upstream(gw: tuple[Env, GatewayThread], mock: MockProviderServer) -> None:
     env, gateway = gw
     sid = _slow(mock, text="never finished", fault="hang_after_headers")
-    client = openai_client(gateway, env, timeout=httpx2.Timeout(30, read=1.5))
+    client = openai_client(gateway, env, timeout=httpx2.Timeout(30, read=2.5))
     with pytest.raises((openai.APITimeoutError, httpx2.ReadTimeout)):
         for _ in client.chat.completions.create(
             model="gpt-4.1", stream=True, messages=[{"role": "user", "content": f"mock-scenario:{sid}"}]
