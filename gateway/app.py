@@ -2,7 +2,8 @@
 cleanup context per resource.
 
 Owns: the route table (SPEC §2; provider routes derived from the carrier registry), the
-middleware that gives every response an `X-PowerContext-Request-ID`, renders
+middleware that gives every response an `X-PowerContext-Request-ID` (and, once the gateway
+has retried upstream, retry advice for the SDK: `release.retry_advice`), renders
 `GatewayError`s in the caller's dialect and writes one allow-listed access line, and the
 resources under typed AppKeys (runtime holder, metrics, capacity, calls per principal,
 release and usage ledgers, the upstream client session, the bundled mock provider when
@@ -178,6 +179,15 @@ async def _stamp_request_id(request: web.Request, response: web.StreamResponse) 
         response.headers[REQUEST_ID_HEADER] = secrets.token_hex(8)
 
 
+async def _advise_on_retries(request: web.Request, response: web.StreamResponse) -> None:
+    """Every response leaves through here (released, refused, heartbeat or passed through):
+    once wiregate has retried upstream, a failure tells the SDK not to retry it again."""
+    call = request.get(CALL)
+    trail = call.trail if isinstance(call, Call) else None
+    if trail is not None:
+        response.headers.update(release.retry_advice(response.status, len(trail.attempts)))
+
+
 # --- resources, one cleanup context each ---------------------------------------------------
 
 
@@ -263,6 +273,7 @@ def create_app(
     app.router.add_get("/readyz", ops.readyz)
     app.router.add_get("/metrics", ops.metrics)
     app.on_response_prepare.append(_stamp_request_id)
+    app.on_response_prepare.append(_advise_on_retries)
     app.cleanup_ctx.append(embedded_mock)  # first up, last down: in-flight calls finish first
     app.cleanup_ctx.append(_database)
     app.cleanup_ctx.append(_upstream)

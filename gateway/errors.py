@@ -112,9 +112,26 @@ _ANTHROPIC_TYPES = {
     504: "timeout_error",
     529: "overloaded_error",
 }
-# Where the code says more than the status: an incomplete or withheld response is not an
-# overload (SDKs treat `overloaded_error` as "back off and retry the same call").
-_ANTHROPIC_BY_CODE = {"gateway_busy": "overloaded_error", "upstream_timeout": "timeout_error"}
+# Where the code says more than the status, the code decides: the provider failing (an
+# incomplete, unreadable or unreachable answer) is the provider's server error, never a
+# permission problem, and only our own capacity is an overload (SDKs and operators treat
+# `overloaded_error` as "back off and retry the same call"). These hold for a body and for
+# an in-stream error event alike (there the status is 200, so the type is all they say).
+_ANTHROPIC_BY_CODE = {
+    "gateway_busy": "overloaded_error",
+    "upstream_timeout": "timeout_error",
+    "response_incomplete": "api_error",
+    "upstream_unavailable": "api_error",
+    "upstream_error": "api_error",
+    "internal_error": "api_error",
+}
+_OPENAI_BY_CODE = {
+    "response_incomplete": "server_error",
+    "upstream_timeout": "server_error",
+    "upstream_unavailable": "server_error",
+    "upstream_error": "server_error",
+    "internal_error": "server_error",
+}
 
 
 def error_type(err: GatewayError, dialect: Dialect) -> str:
@@ -124,6 +141,9 @@ def error_type(err: GatewayError, dialect: Dialect) -> str:
         if by_code is not None:
             return by_code
         return _ANTHROPIC_TYPES.get(err.status, "api_error" if err.status >= 500 else "invalid_request_error")
+    by_code = _OPENAI_BY_CODE.get(err.code)
+    if by_code is not None:
+        return by_code
     return _OPENAI_TYPES.get(err.status, "server_error" if err.status >= 500 else "invalid_request_error")
 
 
@@ -201,13 +221,22 @@ def withheld_request(reasons: tuple[str, ...], *, profile: str | None = None) ->
     return PolicyRefusal(422, "request_withheld", reasons, message)
 
 
+def incomplete_response(reasons: tuple[str, ...]) -> UpstreamError:
+    """The provider did not finish its answer. This says so whatever the fragment held (a
+    finding in it does not make the refusal a policy one): nothing was released either way,
+    and the reason codes still name every finding."""
+    return UpstreamError(503, "response_incomplete", reasons, retryable=True)
+
+
 def blocked_response(reasons: tuple[str, ...]) -> GatewayError:
+    if ReasonCode.RESPONSE_INCOMPLETE in reasons:
+        return incomplete_response(reasons)
     return PolicyRefusal(403, "response_blocked", reasons)
 
 
 def withheld_response(reasons: tuple[str, ...]) -> GatewayError:
     if ReasonCode.RESPONSE_INCOMPLETE in reasons:
-        return UpstreamError(503, "response_incomplete", reasons, retryable=True)
+        return incomplete_response(reasons)
     if _UNAVAILABLE.intersection(reasons):
         return PolicyRefusal(503, "response_withheld", reasons, retryable=True)
     return PolicyRefusal(403, "response_withheld", reasons)
@@ -228,6 +257,9 @@ def invalid_request(message: str | None = None) -> ClientError:
 
 
 def upstream_unavailable(reason: str = ReasonCode.UPSTREAM_UNAVAILABLE) -> UpstreamError:
+    if reason == ReasonCode.UPSTREAM_RESET:
+        # The provider may have the request already: neither we nor the SDK resend it.
+        return UpstreamError(502, "upstream_unavailable", (reason,))
     code = (
         "upstream_timeout"
         if reason in (ReasonCode.UPSTREAM_TIMEOUT, ReasonCode.BUFFER_TIMEOUT)

@@ -99,6 +99,7 @@ class ReasonCode(StrEnum):
     CREDENTIAL_UNAVAILABLE = "credential_unavailable"
     UPSTREAM_UNAVAILABLE = "upstream_unavailable"
     UPSTREAM_TIMEOUT = "upstream_timeout"
+    UPSTREAM_RESET = "upstream_reset"  # the connection broke after the request was sent
     UPSTREAM_INVALID_RESPONSE = "upstream_invalid_response"
     RESPONSE_TOO_LARGE = "response_too_large"
     BUFFER_TIMEOUT = "buffer_timeout"

@@ -5,18 +5,20 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import os
 import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import anthropic
 import httpx2
 import openai
 import pytest
 
 from gateway.mockprovider import MockProviderServer
 from tests.conftest import GatewayFactory
-from tests.harness import Env, GatewayThread, mock_profile, openai_client, raw_client
+from tests.harness import Env, GatewayThread, anthropic_client, mock_profile, openai_client, raw_client
 
 
 @pytest.fixture(scope="module")
@@ -28,6 +30,14 @@ def gw(mock: MockProviderServer, gateways: GatewayFactory) -> Iterator[tuple[Env
             "hangy", "openai", mock.url, retry={"attempts": 0}, timeouts={"connect_s": 1, "read_s": 0.5, "total_s": 1.5}
         ),
         mock_profile("mock-anthropic", "anthropic", mock.url),
+        mock_profile("single", "openai", mock.url),  # retries, but no fallback
+        mock_profile(
+            "hangy-anthropic",
+            "anthropic",
+            mock.url,
+            retry={"attempts": 0},
+            timeouts={"connect_s": 1, "read_s": 0.5, "total_s": 1.5},
+        ),
     ]
     with gateways(
         "faults",
@@ -222,3 +232,474 @@ def test_unreadable_provider_error_is_not_relayed(gw: tuple[Env, GatewayThread],
     assert r.status_code == 502 and "proxy says no" not in r.text
     assert r.json()["error"]["reason_codes"] == ["upstream_invalid_response"]
     assert json.loads(r.text)["error"]["type"] == "server_error"
+
+
+# --- a provider error event in the middle of a stream ---------------------------------------
+
+_LEAD = "a first half that must never be released"
+
+
+def _ev(data: dict[str, Any], event: str | None = None) -> str:
+    head = f"event: {event}\n" if event else ""
+    return f"{head}data: {json.dumps(data)}\n\n"
+
+
+def _chat_error_events() -> list[str]:
+    chunk = {"id": "c1", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": _LEAD}}]}
+    error = {"error": {"message": "server had an error", "type": "server_error", "code": None}}
+    return [_ev(chunk), _ev(error), "data: [DONE]\n\n"]
+
+
+def _messages_error_events() -> list[str]:
+    start = {"type": "message_start", "message": {"id": "m1", "type": "message", "role": "assistant", "content": []}}
+    block = {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}
+    delta = {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": _LEAD}}
+    error = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
+    return [
+        _ev(start, "message_start"),
+        _ev(block, "content_block_start"),
+        _ev(delta, "content_block_delta"),
+        _ev(error, "error"),
+    ]
+
+
+def _responses_error_events(terminal: str) -> list[str]:
+    created = {"type": "response.created", "response": {"id": "r1", "status": "in_progress"}}
+    delta = {"type": "response.output_text.delta", "output_index": 0, "content_index": 0, "delta": _LEAD}
+    end: dict[str, Any]
+    if terminal == "error":
+        end = {"type": "error", "code": "server_error", "message": "boom", "param": None}
+    else:
+        end = {
+            "type": "response.failed",
+            "response": {"id": "r1", "status": "failed", "error": {"code": "server_error", "message": "boom"}},
+        }
+    return [_ev(created, "response.created"), _ev(delta, "response.output_text.delta"), _ev(end, terminal)]
+
+
+_ERROR_STREAMS: dict[str, tuple[str, Any]] = {
+    "chat": ("/v1/chat/completions", _chat_error_events),
+    "messages": ("/v1/messages", _messages_error_events),
+    "responses-error": ("/v1/responses", lambda: _responses_error_events("error")),
+    "responses-failed": ("/v1/responses", lambda: _responses_error_events("response.failed")),
+}
+
+
+def _stream_body(path: str, sid: str) -> dict[str, Any]:
+    prompt = f"mock-scenario:{sid}"
+    if path == "/v1/messages":
+        return {
+            "model": "claude-x",
+            "max_tokens": 20,
+            "stream": True,
+            "messages": [{"role": "user", "content": prompt}],
+        }
+    if path == "/v1/responses":
+        return {"model": "gpt-5", "stream": True, "input": prompt}
+    return _chat(sid, stream=True)
+
+
+@pytest.mark.parametrize("case", sorted(_ERROR_STREAMS))
+def test_error_event_mid_stream_is_incomplete(
+    gw: tuple[Env, GatewayThread], mock: MockProviderServer, case: str
+) -> None:
+    env, gateway = gw
+    path, events = _ERROR_STREAMS[case]
+    sid = _sid(mock, {"raw_events": events()})
+    r = _post(env, gateway, _stream_body(path, sid), path=path)
+    assert r.status_code == 503
+    assert r.headers["content-type"].startswith("application/json")
+    body = r.json()
+    error = body["error"]
+    assert error["code"] == "response_incomplete" and error["reason_codes"] == ["response_incomplete"]
+    assert _LEAD not in r.text and "data:" not in r.text
+
+
+def test_error_event_mid_stream_raises_in_the_sdks(gw: tuple[Env, GatewayThread], mock: MockProviderServer) -> None:
+    env, gateway = gw
+    sid = _sid(mock, {"raw_events": _chat_error_events()})
+    with pytest.raises(openai.InternalServerError):
+        list(openai_client(gateway, env).chat.completions.create(**_chat(sid, stream=True)))
+    sid = _sid(mock, {"raw_events": _messages_error_events()})
+    with pytest.raises(anthropic.InternalServerError) as info:
+        stream = anthropic_client(gateway, env).messages.create(
+            model="claude-x", max_tokens=20, stream=True, messages=[{"role": "user", "content": f"mock-scenario:{sid}"}]
+        )
+        list(stream)
+    assert info.value.status_code == 503
+
+
+# --- a long retry-after that the caller would not wait for ----------------------------------
+
+
+def test_long_retry_after_goes_back_when_the_sdk_would_time_out(
+    gw: tuple[Env, GatewayThread], mock: MockProviderServer
+) -> None:
+    """The SDK declares a 2 s timeout; the provider asks for 4 s (within the profile's
+    max_retry_after_s). Sleeping would outlast the caller: the 429 goes back at once.
+    (With a fallback profile the call moves on to it instead, without waiting.)"""
+    env, gateway = gw
+    sid = _sid(mock, {"status": 429, "headers": {"retry-after": "4"}}, {"text": "too late to matter"})
+    client = openai_client(gateway, env, timeout=2.0, default_headers={"x-wiregate-profile": "single"})
+    with pytest.raises(openai.RateLimitError) as info:
+        client.chat.completions.create(**_chat(sid))
+    assert info.value.response.headers["retry-after"] == "4"
+    assert [r.status for r in _records(mock, sid)] == [429]
+    sid = _sid(mock, {"status": 429, "headers": {"retry-after": "4"}}, {"text": "too late to matter"})
+    with pytest.raises(anthropic.RateLimitError):
+        anthropic_client(gateway, env, timeout=2.0).messages.create(
+            model="claude-x", max_tokens=20, messages=[{"role": "user", "content": f"mock-scenario:{sid}"}]
+        )
+    assert [r.status for r in _records(mock, sid)] == [429]
+
+
+def test_retry_after_that_fits_the_declared_timeout_is_waited(
+    gw: tuple[Env, GatewayThread], mock: MockProviderServer
+) -> None:
+    env, gateway = gw
+    sid = _sid(mock, {"status": 429, "headers": {"retry-after-ms": "50"}}, {"text": "worth the wait"})
+    r = _post(env, gateway, _chat(sid), headers={"x-stainless-read-timeout": "20"})
+    assert r.status_code == 200 and "worth the wait" in r.text
+    assert [r.status for r in _records(mock, sid)] == [429, 200]
+
+
+# --- the gateway's retries do not multiply with the SDK's -----------------------------------
+
+_BUDGET = 1 + 2  # the first try and FAST_RETRY's two retries (tests.harness)
+
+
+def _persistent(mock: MockProviderServer, status: int) -> str:
+    # The mock repeats a scenario's last step: a persistent failure.
+    return _sid(mock, {"status": status, "headers": {"retry-after-ms": "10"}})
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("status", [429, 500, 503])
+def test_openai_sdk_does_not_retry_what_the_gateway_retried(
+    gw: tuple[Env, GatewayThread], mock: MockProviderServer, status: int, stream: bool
+) -> None:
+    env, gateway = gw
+    sid = _persistent(mock, status)
+    client = openai_client(gateway, env, max_retries=openai.DEFAULT_MAX_RETRIES)
+    with pytest.raises(openai.APIStatusError) as info:
+        list(client.with_options(default_headers={"x-wiregate-profile": "single"}).chat.completions.create(
+            **_chat(sid, stream=stream)
+        ))  # fmt: skip
+    assert info.value.status_code == status
+    assert info.value.response.headers["x-should-retry"] == "false"
+    assert len(_records(mock, sid)) == _BUDGET
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("status", [429, 503, 529])
+def test_anthropic_sdk_does_not_retry_what_the_gateway_retried(
+    gw: tuple[Env, GatewayThread], mock: MockProviderServer, status: int, stream: bool
+) -> None:
+    env, gateway = gw
+    sid = _persistent(mock, status)
+    client = anthropic_client(gateway, env, max_retries=anthropic.DEFAULT_MAX_RETRIES)
+    with pytest.raises(anthropic.APIStatusError) as info:
+        result = client.messages.create(
+            model="claude-x",
+            max_tokens=20,
+            stream=stream,
+            messages=[{"role": "user", "content": f"mock-scenario:{sid}"}],
+        )
+        if stream:
+            list(result)
+    assert info.value.status_code == status
+    assert info.value.response.headers["x-should-retry"] == "false"
+    assert len(_records(mock, sid)) == _BUDGET
+
+
+def test_a_single_attempt_leaves_retrying_to_the_sdk(gw: tuple[Env, GatewayThread], mock: MockProviderServer) -> None:
+    """Nothing was retried here (a 4xx the gateway does not retry): no advice is added."""
+    env, gateway = gw
+    sid = _sid(mock, {"status": 409})
+    r = _post(env, gateway, _chat(sid), headers={"x-wiregate-profile": "single"})
+    assert r.status_code == 409 and "x-should-retry" not in r.headers
+    assert len(_records(mock, sid)) == 1
+
+
+# --- the error type says what the reason says, per carrier ----------------------------------
+
+_CARRIER_PATHS = ["/v1/chat/completions", "/v1/messages", "/v1/responses"]
+
+
+def _error_type(r: httpx2.Response) -> str:
+    return str(r.json()["error"]["type"])
+
+
+@pytest.mark.parametrize("path", _CARRIER_PATHS)
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("fault", ["reset_mid_stream", "truncated_json"])
+def test_incomplete_response_error_type(
+    gw: tuple[Env, GatewayThread], mock: MockProviderServer, path: str, stream: bool, fault: str
+) -> None:
+    """Cut short, with a secret in the fragment: still `response_incomplete`, a server error
+    (api_error / server_error), never a permission or overload error."""
+    env, gateway = gw
+    sid = _sid(mock, {"text": "partial sk-faults-secret-99 answer " * 3, "fault": fault, "chunk_size": 4})
+    body = _stream_body(path, sid)
+    body["stream"] = stream
+    r = _post(env, gateway, body, path=path)
+    assert r.status_code == 503 and r.json()["error"]["code"] == "response_incomplete"
+    assert "response_incomplete" in r.json()["error"]["reason_codes"]
+    assert _error_type(r) == ("api_error" if path == "/v1/messages" else "server_error")
+    assert "sk-faults-secret-99" not in r.text and "partial" not in r.text
+
+
+@pytest.mark.parametrize("path", _CARRIER_PATHS)
+def test_upstream_failures_error_type(gw: tuple[Env, GatewayThread], mock: MockProviderServer, path: str) -> None:
+    env, gateway = gw
+    anthropic_ = path == "/v1/messages"
+    profile = {"x-wiregate-profile": "hangy-anthropic" if anthropic_ else "hangy"}
+    sid = _sid(mock, {"fault": "hang"})
+    r = _post(env, gateway, _stream_body(path, sid), path=path, headers=profile)
+    assert r.status_code == 503 and r.json()["error"]["code"] == "upstream_timeout"
+    assert _error_type(r) == ("timeout_error" if anthropic_ else "server_error")
+    sid = _sid(mock, {"status": 502, "raw_body": "<html>no</html>", "content_type": "text/html"})
+    r = _post(env, gateway, _stream_body(path, sid), path=path, headers=profile)
+    assert r.status_code == 502 and r.json()["error"]["code"] == "upstream_error"
+    assert _error_type(r) == ("api_error" if anthropic_ else "server_error")
+
+
+# --- a connection reset before headers: the request may have reached the provider -----------
+
+
+@pytest.mark.parametrize("path", _CARRIER_PATHS)
+def test_reset_before_headers_is_not_resent_by_default(
+    gw: tuple[Env, GatewayThread], mock: MockProviderServer, path: str
+) -> None:
+    """The provider read the request and dropped the connection: resending could generate
+    (and bill) twice. By default the gateway fails closed with one attempt, a provider-shaped
+    502, and tells the SDK not to resend either."""
+    env, gateway = gw
+    profile = "mock-anthropic" if path == "/v1/messages" else "single"
+    sid = _sid(mock, {"fault": "reset_before_headers"}, {"text": "a second generation"})
+    r = _post(
+        env, gateway, _stream_body(path, sid) | {"stream": False}, path=path, headers={"x-wiregate-profile": profile}
+    )
+    assert r.status_code == 502
+    error = r.json()["error"]
+    assert error["code"] == "upstream_unavailable" and error["reason_codes"] == ["upstream_reset"]
+    assert error["type"] == ("api_error" if path == "/v1/messages" else "server_error")
+    assert r.headers["x-should-retry"] == "false"
+    assert len(_records(mock, sid)) == 1
+
+
+def test_reset_before_headers_is_resent_when_the_profile_allows(
+    mock: MockProviderServer, make_env: Any, gateway_for: Any
+) -> None:
+    profile = mock_profile("resends", "openai", mock.url)
+    profile["retry"]["resend_after_reset"] = True
+    env = make_env(profiles=[profile])
+    gateway = gateway_for(env)
+    sid = _sid(mock, {"fault": "reset_before_headers"}, {"text": "answered on the resend"})
+    result = openai_client(gateway, env).chat.completions.create(**_chat(sid))
+    assert result.choices[0].message.content == "answered on the resend"
+    assert [r.status for r in _records(mock, sid)] == [None, 200]
+
+
+def test_sdk_sees_the_reset_as_a_server_error(gw: tuple[Env, GatewayThread], mock: MockProviderServer) -> None:
+    env, gateway = gw
+    sid = _sid(mock, {"fault": "reset_before_headers"})
+    client = openai_client(gateway, env, max_retries=2, default_headers={"x-wiregate-profile": "single"})
+    with pytest.raises(openai.InternalServerError) as info:
+        client.chat.completions.create(**_chat(sid))
+    assert info.value.status_code == 502
+    assert len(_records(mock, sid)) == 1  # neither the gateway nor the SDK resent it
+
+
+# --- the fault matrix: every carrier, streaming or not, through the official SDKs ------------
+#
+# Each case asserts the SDK's exception class (or, where the gateway can check and release,
+# the answer), that no unchecked text reached the client, and that the call left nothing
+# behind in the gateway: no task, no buffered-response slot, no upstream connection in use,
+# no file descriptor beyond what the connection pools keep.
+
+MARK = "UNRELEASED-MARKER"
+_CARRIERS = ("chat", "messages", "responses")
+_STREAM_ONLY = frozenset({"cut_sse_event", "error_event"})
+_HANGS = frozenset({"hang_before_headers", "hang_mid_stream"})
+
+
+def _events_without_end(carrier: str) -> list[str]:
+    """A carrier's events up to (not including) its terminal event, with MARK as text."""
+    if carrier == "chat":
+        chunk = {"id": "c1", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": MARK}}]}
+        return [_ev(chunk)]
+    if carrier == "messages":
+        return [e.replace(_LEAD, MARK) for e in _messages_error_events()[:-1]]
+    return [e.replace(_LEAD, MARK) for e in _responses_error_events("error")[:-1]]
+
+
+def _error_event_stream(carrier: str) -> list[str]:
+    events = {"chat": _chat_error_events, "messages": _messages_error_events}.get(carrier)
+    built = events() if events is not None else _responses_error_events("response.failed")
+    return [e.replace(_LEAD, MARK) for e in built]
+
+
+def _plain_body(carrier: str, text: str) -> str:
+    if carrier == "chat":
+        message = {"role": "assistant", "content": text}
+        doc: dict[str, Any] = {
+            "id": "c1",
+            "object": "chat.completion",
+            "created": 0,
+            "model": "gpt-4.1",
+            "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+        }
+    elif carrier == "messages":
+        doc = {
+            "id": "m1",
+            "type": "message",
+            "role": "assistant",
+            "model": "claude-x",
+            "content": [{"type": "text", "text": text}],
+            "stop_reason": "end_turn",
+            "stop_sequence": None,
+            "usage": {"input_tokens": 1, "output_tokens": 1},
+        }
+    else:
+        part = {"type": "output_text", "text": text, "annotations": []}
+        item = {"type": "message", "id": "i1", "status": "completed", "role": "assistant", "content": [part]}
+        doc = {"id": "r1", "object": "response", "created_at": 0, "status": "completed", "model": "gpt-5"}
+        doc.update(
+            {"output": [item], "error": None, "incomplete_details": None, "tools": [], "parallel_tool_calls": True}
+        )
+    return json.dumps(doc)
+
+
+def _matrix_step(fault: str, carrier: str) -> tuple[dict[str, Any], ...]:
+    text = {"text": f"{MARK} " * 8, "chunk_size": 4}
+    steps: dict[str, dict[str, Any]] = {
+        "429_retry_after": {"status": 429, "headers": {"retry-after": "0"}},
+        "500": {"status": 500},
+        "502": {"status": 502},
+        "503": {"status": 503},
+        "529": {"status": 529},
+        "reset_before_headers": {"fault": "reset_before_headers"},
+        "reset_mid_body": {**text, "fault": "reset_mid_stream"},
+        "truncated_json": {**text, "fault": "truncated_json"},
+        "cut_sse_event": {"raw_events": [*_events_without_end(carrier), f'data: {{"cut": "{MARK}']},
+        "hang_before_headers": {"fault": "hang"},
+        "hang_mid_stream": {**text, "fault": "hang_after_headers"},
+        "error_event": {"raw_events": _error_event_stream(carrier)},
+        "non_json_200": {"raw_body": f"<html>{MARK}</html>", "content_type": "text/html"},
+        "wrong_content_type": {"raw_body": _plain_body(carrier, "typed wrong"), "content_type": "text/plain"},
+        "wrong_content_type_stream": {"raw_events": _events_without_end(carrier), "content_type": "application/json"},
+    }
+    return (steps[fault],)
+
+
+_FAULTS = (
+    "429_retry_after", "500", "502", "503", "529", "reset_before_headers", "reset_mid_body", "truncated_json",
+    "cut_sse_event", "hang_before_headers", "hang_mid_stream", "error_event", "non_json_200", "wrong_content_type",
+)  # fmt: skip
+
+
+def _expected(fault: str, carrier: str, stream: bool) -> tuple[int, type[Exception] | None]:
+    """(status the SDK sees, the exception class it raises; None: the checked answer)."""
+    anthropic_ = carrier == "messages"
+    if fault == "wrong_content_type" and not stream:
+        return 200, None  # valid JSON, checked, released as application/json
+    statuses = {"429_retry_after": 429, "500": 500, "502": 502, "503": 503, "529": 529, "reset_before_headers": 502}
+    status = statuses.get(fault, 503)
+    if status == 429:
+        return status, anthropic.RateLimitError if anthropic_ else openai.RateLimitError
+    if status == 529 and anthropic_:
+        return status, anthropic.OverloadedError
+    if status == 503 and anthropic_:
+        return status, anthropic.ServiceUnavailableError
+    return status, anthropic.InternalServerError if anthropic_ else openai.InternalServerError
+
+
+def _matrix_call(gateway: GatewayThread, env: Env, carrier: str, stream: bool, sid: str, profile: str) -> str:
+    """One SDK call (the stream read to its end); returns the answer's text."""
+    prompt = f"mock-scenario:{sid}"
+    headers = {"x-wiregate-profile": profile}
+    if carrier == "messages":
+        with anthropic_client(gateway, env, default_headers=headers) as aclient:
+            if stream:
+                with aclient.messages.stream(
+                    model="claude-x", max_tokens=20, messages=[{"role": "user", "content": prompt}]
+                ) as events:
+                    return "".join(events.text_stream)
+            message = aclient.messages.create(
+                model="claude-x", max_tokens=20, messages=[{"role": "user", "content": prompt}]
+            )
+            return "".join(getattr(block, "text", "") for block in message.content)
+    with openai_client(gateway, env, default_headers=headers) as client:
+        if carrier == "chat":
+            if stream:
+                parts = client.chat.completions.create(
+                    model="gpt-4.1", stream=True, messages=[{"role": "user", "content": prompt}]
+                )
+                return "".join(c.choices[0].delta.content or "" for c in parts if c.choices)
+            done = client.chat.completions.create(model="gpt-4.1", messages=[{"role": "user", "content": prompt}])
+            return done.choices[0].message.content or ""
+        if stream:
+            with client.responses.stream(model="gpt-5", input=prompt) as rs:
+                return rs.get_final_response().output_text
+        return client.responses.create(model="gpt-5", input=prompt).output_text
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _settled(gateway: GatewayThread, fds_before: int) -> list[str]:
+    """What the call left behind, once the gateway has had a moment to tidy up."""
+    from gateway.proxy.upstream import UPSTREAM
+    from gateway.state import CAPACITY
+
+    assert gateway.running is not None
+    app = gateway.running.app
+    connector = app[UPSTREAM].session.connector
+    assert connector is not None
+    left: list[str] = []
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        left = [f"task {t}" for t in gateway.pending_tasks()]
+        if app[CAPACITY].in_use:
+            left.append("buffered-response slot")
+        if connector._acquired:  # aiohttp keeps the connections in use here
+            left.append("upstream connection in use")
+        # The pools may keep one idle upstream connection (two descriptors in this process,
+        # the gateway's end and the mock's) beyond what was open before.
+        if _open_fds() > fds_before + 2:
+            left.append(f"descriptors {_open_fds()} > {fds_before} + 2")
+        if not left:
+            return []
+        time.sleep(0.05)
+    return left
+
+
+@pytest.mark.parametrize("fault", _FAULTS)
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+@pytest.mark.parametrize("carrier", _CARRIERS)
+def test_fault_matrix(
+    gw: tuple[Env, GatewayThread], mock: MockProviderServer, carrier: str, stream: bool, fault: str
+) -> None:
+    if fault in _STREAM_ONLY and not stream:
+        pytest.skip("a stream-only fault")
+    env, gateway = gw
+    step = fault + ("_stream" if fault == "wrong_content_type" and stream else "")
+    sid = _sid(mock, *_matrix_step(step, carrier))
+    if carrier == "messages":
+        profile = "hangy-anthropic" if fault in _HANGS else "mock-anthropic"
+    else:
+        profile = "hangy" if fault in _HANGS else "single"
+    status, raises = _expected(fault, carrier, stream)
+    fds_before = _open_fds()
+    if raises is None:
+        assert _matrix_call(gateway, env, carrier, stream, sid, profile) == "typed wrong"
+    else:
+        with pytest.raises(raises) as info:
+            _matrix_call(gateway, env, carrier, stream, sid, profile)
+        error = info.value
+        assert isinstance(error, (openai.APIStatusError, anthropic.APIStatusError))
+        assert error.status_code == status
+        assert MARK not in error.message and MARK not in json.dumps(error.body)
+    assert _settled(gateway, fds_before) == []

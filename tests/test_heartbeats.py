@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import anthropic
+import httpx2
 import openai
 import pytest
 
@@ -18,7 +19,7 @@ from tests.conftest import GatewayFactory
 from tests.harness import Env, GatewayThread, anthropic_client, openai_client, raw_client
 
 SECRET = "sk-heartbeat-SECRET-777"
-BEATS = "[streaming]\nheartbeat_after_s = 0.1\nheartbeat_every_s = 0.1\n"
+BEATS = "[streaming]\nheartbeat_after_s = 0.1\nheartbeat_every_s = 0.1\nheartbeat_stall_s = 1.0\n"
 
 
 @pytest.fixture(scope="module")
@@ -142,3 +143,55 @@ def test_fast_streams_get_no_heartbeat(gw: tuple[Env, GatewayThread], mock: Mock
     mock.state.add_scenario(sid, [{"text": f"quick {SECRET}"}])
     status, body = _stream(env, gateway, "chat", sid)
     assert status == 403 and b"response_blocked" in body  # no heartbeat was needed: a plain 403
+
+
+@pytest.mark.parametrize("route", sorted(ROUTES))
+def test_a_stalled_upstream_stops_the_heartbeats(
+    gw: tuple[Env, GatewayThread], mock: MockProviderServer, route: str
+) -> None:
+    """The upstream sends its first event, then nothing (its read limit is 5 s). Heartbeats
+    stop after `heartbeat_stall_s` (1 s) without upstream bytes, so the client's own read
+    timeout (2.5 s) fires instead of being fed keep-alives until the upstream read limit."""
+    env, gateway = gw
+    sid = _slow(mock, text="never finished", fault="hang_after_headers")
+    path, body = ROUTES[route]
+    client = raw_client(gateway, env)
+    client.timeout = httpx2.Timeout(30, read=2.5)
+    received: list[bytes] = []
+    with pytest.raises(httpx2.ReadTimeout):
+        with client.stream(
+            "POST", path, json=body(f"mock-scenario:{sid}"), headers={"authorization": f"Bearer {env.gateway_key}"}
+        ) as response:
+            assert response.status_code == 200
+            received.extend(response.iter_raw())
+    assert b"".join(received).startswith(sse.HEARTBEAT)  # it did beat while the upstream moved
+    assert b"never" not in b"".join(received)
+    assert mock.state.wait_for(lambda recs: any(r.scenario == sid and r.cancelled for r in recs), timeout=10)
+
+
+def test_the_sdk_times_out_on_a_stalled_upstream(gw: tuple[Env, GatewayThread], mock: MockProviderServer) -> None:
+    env, gateway = gw
+    sid = _slow(mock, text="never finished", fault="hang_after_headers")
+    client = openai_client(gateway, env, timeout=httpx2.Timeout(30, read=2.5))
+    with pytest.raises((openai.APITimeoutError, httpx2.ReadTimeout)):
+        for _ in client.chat.completions.create(
+            model="gpt-4.1", stream=True, messages=[{"role": "user", "content": f"mock-scenario:{sid}"}]
+        ):
+            pass
+
+
+@pytest.mark.parametrize("route", sorted(ROUTES))
+@pytest.mark.parametrize("fault", ["reset_mid_stream", "truncated_json"])
+def test_in_stream_incomplete_error_type(
+    gw: tuple[Env, GatewayThread], mock: MockProviderServer, route: str, fault: str
+) -> None:
+    """After heartbeats the status is 200: the event's type is all that says what happened.
+    A stream cut short (with a secret in its fragment) is a provider failure."""
+    env, gateway = gw
+    status, body = _stream(env, gateway, route, _slow(mock, text=f"leaking {SECRET} " * 3, fault=fault))
+    assert status == 200 and SECRET.encode() not in body
+    events, _ = sse.parse_all(body)
+    assert len(events) == 1
+    error = json.loads(events[0].data)["error"]
+    assert error["code"] == "response_incomplete"
+    assert error["type"] == ("api_error" if route == "messages" else "server_error")

@@ -10,9 +10,12 @@ import uuid
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from gateway import caching
+from gateway.config.load import ConfigError, load_runtime
 from gateway.mockprovider import MockProviderServer
+from gateway.profiles.model import RetryPolicy
 from tests.harness import Env, mock_profile, raw_client
 
 
@@ -159,3 +162,19 @@ def test_the_check_apis_usage_is_recorded(
         assert record["input_total"] == {"value": 100, "provenance": "known"}
     else:
         assert record["input_total"] == {"value": None, "provenance": "unknown"}
+
+
+def test_resend_after_reset_is_off_unless_the_signed_profile_says_so(make_env: Any) -> None:
+    """`retry.resend_after_reset` (behaviour: tests/test_e2e_faults.py) is part of the
+    signed document: off by default, a boolean only, and not to be turned on unsigned."""
+    assert RetryPolicy().resend_after_reset is False
+    with pytest.raises(ValidationError):
+        RetryPolicy.model_validate({"resend_after_reset": "sometimes"})
+    env = make_env()
+    path = env.dir / "profiles" / "mock-openai.json"
+    doc = json.loads(path.read_text())
+    doc["retry"]["resend_after_reset"] = True  # edited after signing
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ConfigError) as info:
+        load_runtime(env.config)
+    assert "mock-openai.json" in str(info.value) and "refused" in str(info.value)

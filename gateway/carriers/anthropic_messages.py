@@ -6,7 +6,8 @@ container uploads and redacted thinking as opaque content) and how a stream fold
 per content block index, every string field of every delta (`text_delta`, `input_json_delta`,
 `thinking_delta`, `signature_delta`, citations and fields no one has named yet), each seeded
 with the text its `content_block_start` already carried; usage split between
-`message_start` and the cumulative `message_delta`; `message_stop` or `error` ends it.
+`message_start` and the cumulative `message_delta`; `message_stop` ends it; an
+`error` event makes it incomplete (`common.EventDecoder.result`).
 Must not: do I/O or judge content.
 """
 
@@ -177,7 +178,7 @@ class AnthropicMessages(base.NoEdits):
             elif kind == "message_stop":
                 stopped = True
             elif kind == "error":
-                stopped = is_error = True
+                is_error = True
         for path, parts in pieces.items():
             base.folded_units(path, "".join(parts), limits, decoder.found)
         return decoder.result(

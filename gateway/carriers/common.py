@@ -94,6 +94,11 @@ class EventDecoder:
         is_error: bool,
         events: tuple[Any, ...],
     ) -> FoldedResponse:
+        """The folded stream. A stream that carried the provider's error event (Anthropic
+        `error`, an OpenAI chat chunk with `error`, Responses `error`/`response.failed`) is
+        never complete, whatever came before it or after: the provider gave up mid-answer,
+        so the text before the error is a fragment and nothing of it may be released."""
+        complete = complete and not is_error
         return FoldedResponse(
             units=tuple(self.found.units),
             complete=complete,

@@ -4,7 +4,8 @@ Owns: what the provider reads in a chat request (every string; text parts of a m
 joined; images, audio and files as opaque content) and how a chat stream folds back into
 choices: every string field of every delta, per choice — content, refusal, reasoning
 fields, legacy `function_call.arguments`, `audio.transcript`, fields no one has named yet —
-and tool calls per `tool_calls[].index`.
+and tool calls per `tool_calls[].index`. A chunk holding `error` makes the stream
+incomplete (`common.EventDecoder.result`), even if `[DONE]` follows.
 Must not: do I/O or judge content.
 """
 
@@ -161,9 +162,8 @@ class OpenAIChat:
                 _fold_choice(choice, pieces)
         for path, parts in pieces.items():
             base.folded_units(path, "".join(parts), limits, decoder.found)
-        complete = done or is_error
         return decoder.result(
-            complete=complete,
+            complete=done,
             incomplete_reason=None,
             usage=usage,
             response_id=response_id,

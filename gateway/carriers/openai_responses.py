@@ -5,7 +5,8 @@ every string; text parts of one message joined; images, files, audio and encrypt
 reasoning state as opaque content) and how named `response.*` events fold back: every
 event that carries a `delta` — named or not yet known — is reassembled by its event family,
 output item and content part (function-call arguments per output item);
-`response.completed | incomplete | failed` and `error` are terminal.
+`response.completed | incomplete | failed` and `error` are terminal, and the last two make
+the stream incomplete (`common.EventDecoder.result`): nothing of a failed answer is released.
 Must not: do I/O or judge content.
 """
 

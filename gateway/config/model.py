@@ -90,6 +90,10 @@ class StreamingSettings(_Strict):
     # (0 = never). Once a heartbeat is out, a block becomes the protocol's error event.
     heartbeat_after_s: float = Field(0.0, ge=0, le=600)
     heartbeat_every_s: float = Field(15.0, gt=0, le=600)
+    # Heartbeats stand in for a slow upstream that is still sending. Once the upstream has
+    # sent no new bytes for this long they stop, so a stalled upstream lets the client's
+    # own read timeout fire (rather than keep-alives feeding it until the profile's read_s).
+    heartbeat_stall_s: float = Field(30.0, gt=0, le=600)
 
 
 class BindingSettings(_Strict):

@@ -1,7 +1,8 @@
 """Writing a `Reply` to the client, applying a step's timing and fault injection.
 
 This module owns *how* bytes leave the mock: header delay, slow drip between stream
-events, small socket writes (`split_bytes`), and the faults ``reset_mid_stream``,
+events, small socket writes (`split_bytes`), and the faults ``reset_before_headers``
+(the request was read, then the connection drops with nothing written), ``reset_mid_stream``,
 ``truncated_json``, ``hang`` and ``hang_after_headers``.  Every response is written
 inside the handler with a `web.StreamResponse`, so the caller learns whether the
 whole answer really went out, and a `Progress` observer hears when the headers and
@@ -144,6 +145,8 @@ async def deliver(request: web.Request, reply: Reply, step: Step, progress: Prog
     if step.fault == "hang":
         await _sleep_forever()
     sender = _Sender(request, reply, step, progress)
+    if step.fault == "reset_before_headers":
+        return await sender.abort()
     try:
         if reply.events is not None:
             return await _deliver_stream(sender, list(reply.events), step.fault)

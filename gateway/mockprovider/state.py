@@ -47,7 +47,7 @@ SCENARIO_ID_PATTERN = r"[A-Za-z0-9_-]{1,64}"
 _SCENARIO_ID_RE = re.compile(SCENARIO_ID_PATTERN)
 _SCENARIO_MARKER_RE = re.compile(rb"mock-scenario:(" + SCENARIO_ID_PATTERN.encode() + rb")")
 
-FAULTS = frozenset({"reset_mid_stream", "truncated_json", "hang", "hang_after_headers"})
+FAULTS = frozenset({"reset_before_headers", "reset_mid_stream", "truncated_json", "hang", "hang_after_headers"})
 """Values accepted in `Step.fault`."""
 
 _POLL_INTERVAL_S = 0.005

@@ -96,6 +96,12 @@ class RetryPolicy(_Strict):
     backoff_initial_ms: int = Field(250, ge=0, le=60_000)
     backoff_max_ms: int = Field(8_000, ge=0, le=120_000)
     max_retry_after_s: float = Field(30.0, ge=0, le=600)  # longer waits are not retried
+    # Resend a request whose connection broke after it was written and before response
+    # headers came back: the provider may have received it and be generating (and billing)
+    # an answer already. Off (the default), such a call fails closed: 502
+    # `upstream_unavailable` / `upstream_reset`, no retry, no fallback, and the SDK is told
+    # not to resend either. A connection that could not be opened is `on_connection_error`.
+    resend_after_reset: bool = False
 
 
 class Signature(_Strict):

@@ -36,6 +36,7 @@ class Exchange:
     parsed: ParsedRequest  # for an offloaded body only its model and stream flag
     chain: tuple[LoadedProfile, ...]  # the primary profile, then usable fallbacks
     deadline: float  # monotonic: the whole call, buffering included
+    wait_deadline: float  # monotonic: retry waits end by then (the client's declared timeout)
     client_headers: Mapping[str, str] = field(repr=False)  # passthrough candidates
     session: str | None = None
     offloaded: bool = False  # a worker process parses and checks this request

@@ -14,9 +14,12 @@ A provider call arrives on the TLS or Unix-socket listener and reaches `handle`:
   6  before_send on the final bytes, forwarded headers and the actual target; an allow
      seals a send binding naming that payload, target, principal and scope
   7  send with the profile's retries; on failure move to the next profile in the chain
-     and go back to 4 (a new target is planned and checked again)
+     and go back to 4 (a new target is planned and checked again). A retry wait that would
+     outlast the caller (the timeout its SDK declares, `patience`) is not slept through:
+     the provider's answer (a 429 with its retry-after) goes back at once
   8  buffer: the complete raw response (bytes, time and concurrency limits), optionally
-     sending SSE comment heartbeats to a streaming client meanwhile
+     sending SSE comment heartbeats to a streaming client meanwhile — only while the
+     upstream is still sending (`heartbeat_stall_s`)
   9  decide: before_release on the complete response; it opens the send binding first
  10  release the original bytes (non-stream) or the re-framed events (stream), or refuse
      (once heartbeats are out, any refusal is the protocol's own error event)
@@ -54,7 +57,7 @@ from gateway.config.runtime import LoadedProfile, Runtime
 from gateway.errors import ClientError, GatewayError, ServiceError, UpstreamError
 from gateway.http.body import read_body
 from gateway.obs import logging as log
-from gateway.proxy import decide, pacing, projections, release, replay, routing
+from gateway.proxy import decide, pacing, patience, projections, release, replay, routing
 from gateway.proxy.exchange import (
     Admitted,
     Attempted,
@@ -118,6 +121,7 @@ async def receive(
 ) -> Exchange:
     limits = runtime.config.limits
     stages = request.app[METRICS].stage_seconds
+    arrived = time.monotonic()
     started = time.perf_counter()
     raw = await read_body(request, limits)  # 1
     call.bytes_in = len(raw)
@@ -134,6 +138,7 @@ async def receive(
     if not offloaded:
         parsed = decide.parse_request(carrier, raw, runtime)  # 3
     stages.labels("parse").observe(time.perf_counter() - started)
+    deadline = time.monotonic() + limits.buffer_seconds
     now = datetime.now(UTC)  # 2: the profile chain
     requested = request.headers.get(routing.PROFILE_HEADER)
     first = routing.primary(runtime, identity.principal, carrier.short_name, parsed.model, requested, now)
@@ -147,7 +152,8 @@ async def receive(
         raw=raw,
         parsed=parsed,
         chain=(first, *fallbacks),
-        deadline=time.monotonic() + limits.buffer_seconds,
+        deadline=deadline,
+        wait_deadline=patience.waits_until(request.headers, arrived, deadline),
         client_headers=request.headers,
         session=request.headers.get(SESSION_HEADER),
         offloaded=offloaded,
@@ -208,7 +214,9 @@ async def send_along_chain(app: web.Application, ex: Exchange, trail: Trail) -> 
         for record in sent.attempts:
             trail.add(Attempted(record))
         failed = sent.response is None or sent.response.status in loaded.profile.retry.statuses
-        if failed and more:
+        # A request that may have reached the provider is not resent to a fallback either.
+        resendable = sent.failure != ReasonCode.UPSTREAM_RESET or loaded.profile.retry.resend_after_reset
+        if failed and more and resendable:
             status = sent.response.status if sent.response is not None else None
             if sent.response is not None:
                 sent.response.close()
@@ -241,7 +249,7 @@ async def _send(
     started = time.perf_counter()
     try:
         async with asyncio.timeout(min(remaining, loaded.profile.timeouts.total_s)):
-            sent = await app[UPSTREAM].send(target, loaded, body, headers, deadline=ex.deadline)
+            sent = await app[UPSTREAM].send(target, loaded, body, headers, deadline=ex.wait_deadline)
     except TimeoutError:
         sent = Sent(response=None, failure=ReasonCode.UPSTREAM_TIMEOUT)
     metrics.stage_seconds.labels("upstream").observe(time.perf_counter() - started)  # to the response headers
@@ -387,27 +395,33 @@ async def buffer(
 ) -> bytes:
     """Step 8: the whole body, within the response limits and the call's deadline; with
     heartbeats, a comment after `heartbeat_after_s` of buffering and every
-    `heartbeat_every_s` after that."""
+    `heartbeat_every_s` after that — but only while the upstream makes progress: after
+    `heartbeat_stall_s` without a new upstream byte none is sent until bytes arrive again,
+    so the client's read timeout can fire on a stalled upstream."""
     limits = ex.runtime.config.limits
     streaming = ex.runtime.config.streaming
     response = attempt.response
     chunks: list[bytes] = []
     total = 0
     gauge = app[METRICS].buffered_bytes
-    next_beat = time.monotonic() + streaming.heartbeat_after_s
+    progress = time.monotonic()  # the headers, then each chunk
+    next_beat = progress + streaming.heartbeat_after_s
     try:
         async with asyncio.timeout(max(0.0, ex.deadline - time.monotonic())):
             while True:
-                if heartbeats is None:
+                stalled = time.monotonic() - progress >= streaming.heartbeat_stall_s
+                if heartbeats is None or stalled:
                     chunk = await response.content.readany()
                 else:
                     try:
                         async with asyncio.timeout(max(0.0, next_beat - time.monotonic())):
                             chunk = await response.content.readany()
                     except TimeoutError:
-                        await heartbeats.beat()
+                        if time.monotonic() - progress < streaming.heartbeat_stall_s:
+                            await heartbeats.beat()
                         next_beat = time.monotonic() + streaming.heartbeat_every_s
                         continue
+                progress = time.monotonic()
                 if not chunk:
                     break
                 total += len(chunk)
@@ -421,7 +435,7 @@ async def buffer(
         err = UpstreamError(503, "response_withheld", (ReasonCode.RESPONSE_TOO_LARGE,))
         raise _refused(trail, err, Outcome.WITHHELD) from None
     except (aiohttp.ClientError, OSError):
-        err = UpstreamError(503, "response_incomplete", (ReasonCode.RESPONSE_INCOMPLETE,), retryable=True)
+        err = errors.incomplete_response((ReasonCode.RESPONSE_INCOMPLETE,))
         raise _refused(trail, err, Outcome.INCOMPLETE) from None
     finally:
         gauge.dec(sum(len(c) for c in chunks))
@@ -445,9 +459,9 @@ async def check_response(
     trail.add(Checked(attempt.target.profile_id, outcome))
     if not outcome.proceed:
         end = (
-            Outcome.BLOCKED
-            if outcome.verdict.decision is Decision.BLOCK
-            else (Outcome.INCOMPLETE if not read.complete else Outcome.WITHHELD)
+            Outcome.INCOMPLETE
+            if not read.complete
+            else (Outcome.BLOCKED if outcome.verdict.decision is Decision.BLOCK else Outcome.WITHHELD)
         )
         raise _refused(trail, refusal(outcome), end)
     return Decided(read, outcome)

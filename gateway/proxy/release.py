@@ -1,8 +1,9 @@
 """Release and refusal: what the client receives once a decision is made.
 
 Owns: the allow-list of provider response headers passed back, releasing the original
-bytes of a non-stream response, re-framing a buffered stream's parsed events as SSE, and
-rendering refusals in the caller's provider dialect.
+bytes of a non-stream response, re-framing a buffered stream's parsed events as SSE,
+rendering refusals in the caller's provider dialect, and the retry advice every failed
+answer carries once wiregate itself has retried (`retry_advice`).
 Must not: decide anything, or add content of its own to a released body.
 """
 
@@ -62,6 +63,23 @@ def release_body(status: int, headers: Mapping[str, str], body: bytes, content_t
     h = CIMultiDict(headers)
     h["Content-Type"] = content_type
     return web.Response(status=status, body=body, headers=h)
+
+
+SHOULD_RETRY = "x-should-retry"
+
+
+def retry_advice(status: int, attempts: int) -> dict[str, str]:
+    """Headers that stop the caller's SDK from retrying what wiregate already retried.
+
+    The official SDKs retry 408/409/429/5xx themselves (two retries by default) unless the
+    response says `x-should-retry: false`; their retries on top of ours would multiply the
+    upstream attempts (3 x 3 for a persistent 503). So any non-2xx answer to a call that
+    made more than one upstream attempt (retries, or a fallback profile) says false, for
+    every status and body type: a released provider error, our own refusal, or a stream.
+    A call with a single attempt gets no advice: retrying is then the SDK's to decide."""
+    if attempts > 1 and not 200 <= status < 300:
+        return {SHOULD_RETRY: "false"}
+    return {}
 
 
 def reframe(events: Sequence[SSEEvent]) -> bytes:

@@ -3,8 +3,10 @@
 Owns: building the upstream request for a target (URL from the profile only, credential
 from the profile only, an allow-list of forwarded headers), per-profile timeouts, never
 following redirects, retrying connection errors and retryable statuses with backoff that
-honours `retry-after-ms` / `retry-after`, and translating client-library exceptions into
-content-free outcomes at this boundary. Cancellation (a client that went away) propagates
+honours `retry-after-ms` / `retry-after` (a request that may have reached the provider —
+its connection broke after it was sent — only when the profile's `resend_after_reset`
+says so), and translating client-library exceptions into content-free outcomes at this
+boundary. Cancellation (a client that went away) propagates
 and closes the upstream connection.
 Must not: decide about content, fallbacks or release (flow.py does).
 """
@@ -109,6 +111,17 @@ def _retry_after(headers: Mapping[str, str]) -> float | None:
     return max(0.0, (when - datetime.now(UTC)).total_seconds())
 
 
+def _failure(exc: BaseException) -> str:
+    """The reason code for an attempt that got no response headers. A connection that
+    broke once it was open (the request written, or being written) is `upstream_reset`:
+    unlike one that could not be opened, the provider may have received the request."""
+    if isinstance(exc, TimeoutError):
+        return ReasonCode.UPSTREAM_TIMEOUT
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return ReasonCode.UPSTREAM_UNAVAILABLE
+    return ReasonCode.UPSTREAM_RESET
+
+
 class Upstream:
     """The client side of every provider call (one per app, under `UPSTREAM`)."""
 
@@ -125,7 +138,8 @@ class Upstream:
         deadline: float,
     ) -> Sent:
         """Send with the profile's retry policy. Returns the first non-retryable response
-        (or the last one when retries run out), or a failure reason."""
+        (or the last one when retries run out, or when the wait before the next attempt
+        would not end before `deadline`), or a failure reason."""
         profile = loaded.profile
         policy = profile.retry
         timeout = aiohttp.ClientTimeout(
@@ -149,8 +163,13 @@ class Upstream:
                 timed_out = isinstance(exc, TimeoutError)
                 record.outcome = AttemptOutcome.TIMEOUT if timed_out else AttemptOutcome.CONNECTION_ERROR
                 record.seconds = time.monotonic() - started
-                sent.failure = ReasonCode.UPSTREAM_TIMEOUT if timed_out else ReasonCode.UPSTREAM_UNAVAILABLE
-                if last or not policy.on_connection_error:
+                sent.failure = _failure(exc)
+                allowed = (
+                    policy.resend_after_reset
+                    if sent.failure == ReasonCode.UPSTREAM_RESET
+                    else policy.on_connection_error
+                )
+                if last or not allowed:
                     return sent
                 delay = retry_delay({}, attempt, policy.backoff_initial_ms, policy.backoff_max_ms)
                 if time.monotonic() + delay >= deadline:

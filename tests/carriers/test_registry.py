@@ -37,6 +37,32 @@ def test_stream_error_event_is_valid_sse(name: str) -> None:
     assert "response_blocked" in json.dumps(payload) and "secret_value" in json.dumps(payload)
 
 
+_ERROR_MID_STREAM = {
+    "openai.chat": (
+        'data: {"choices":[{"index":0,"delta":{"content":"half"}}]}\n\n'
+        'data: {"error":{"message":"m","type":"server_error"}}\n\n'
+        "data: [DONE]\n\n"
+    ),
+    "anthropic.messages": (
+        'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
+        '"delta":{"type":"text_delta","text":"half"}}\n\n'
+        'event: error\ndata: {"type":"error","error":{"type":"api_error","message":"m"}}\n\n'
+    ),
+    "openai.responses": (
+        'event: response.output_text.delta\ndata: {"type":"response.output_text.delta","delta":"half"}\n\n'
+        'event: response.failed\ndata: {"type":"response.failed","response":{"id":"r","status":"failed"}}\n\n'
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_ERROR_MID_STREAM))
+def test_error_event_mid_stream_is_not_complete(name: str) -> None:
+    events, clean = sse.parse_all(_ERROR_MID_STREAM[name].encode())
+    folded = CARRIERS[name].fold_stream(events, LIMITS)
+    assert clean and folded.is_error
+    assert not folded.complete and folded.incomplete_reason == "response_incomplete"
+
+
 def test_response_with_duplicate_keys_is_flagged() -> None:
     folded = CARRIERS["openai.chat"].parse_response(b'{"id":"x","id":"y","choices":[]}', LIMITS)
     assert folded.duplicate_keys == ("",)

@@ -160,6 +160,14 @@ def test_reset_mid_stream(server: MockProviderServer) -> None:
     assert [(r.status, r.finished, r.cancelled) for r in records] == [(200, False, False)] * 2
 
 
+def test_reset_before_headers(server: MockProviderServer) -> None:
+    server.state.add_scenario("f-reset-head", [{"fault": "reset_before_headers"}])
+    with pytest.raises(httpx2.RemoteProtocolError):
+        httpx2.post(server.url + "/v1/chat/completions", json=_chat_body("f-reset-head"))
+    records = _of(server, "f-reset-head")
+    assert [(r.status, r.finished) for r in records] == [(None, False)]
+
+
 def test_reset_mid_body(server: MockProviderServer) -> None:
     server.state.add_scenario("f-reset-body", [{"fault": "reset_mid_stream"}])
     with pytest.raises(httpx2.RemoteProtocolError):
