@@ -2,7 +2,7 @@
 per-request record the envelope middleware logs and counts.
 
 Owns: the AppKeys (runtime holder, metrics, buffering capacity, calls per principal, the
-upstream client, the release and usage ledgers, the configuration path), the two small
+upstream client, the release, usage and attribution ledgers, the configuration path), the two small
 admission counters, and `Call` — the request-scoped access-log record. A provider call
 keeps its facts on its `Trail`; other routes note the few they have.
 """
@@ -19,6 +19,7 @@ from aiohttp import web
 from gateway.config.runtime import Runtime, RuntimeHolder
 from gateway.context.service import ContextService
 from gateway.context.store.database import Database
+from gateway.ledgers.attribution import AttributionLedger
 from gateway.ledgers.release import ReleaseLedger
 from gateway.ledgers.usage import UsageLedger
 from gateway.obs.metrics import Metrics
@@ -76,6 +77,7 @@ PRINCIPAL_CALLS = web.AppKey("wiregate_principal_calls", PrincipalCalls)
 RELEASE_LEDGER = web.AppKey("wiregate_release_ledger", ReleaseLedger)
 LOCAL_RELEASE_LEDGER = web.AppKey("wiregate_local_release_ledger", ReleaseLedger)
 USAGE_LEDGER = web.AppKey("wiregate_usage_ledger", UsageLedger)
+ATTRIBUTION = web.AppKey("wiregate_attribution", AttributionLedger)
 CONFIG_PATH = web.AppKey("wiregate_config_path", Path)
 DATABASE = web.AppKey("wiregate_database", Database)  # the one store: context, shared ledgers
 CONTEXT = web.AppKey("wiregate_context", ContextService)

@@ -19,7 +19,8 @@ A provider call arrives on the TLS or Unix-socket listener and reaches `handle`:
   9  decide: before_release on the complete response; it opens the send binding first
  10  release the original bytes (non-stream) or the re-framed events (stream), or refuse
      (once heartbeats are out, any refusal is the protocol's own error event)
- 11  project the trail: usage records and metrics (never changes or delays the decision)
+ 11  project the trail: usage records and metrics, and (when collection is on) the
+     attribution record of the prompt's blocks (never changes or delays the decision)
 
 Every step appends a typed event to the call's `Trail`; nothing else is written. Observe
 mode (per route or profile, per phase) lets a non-allow decision through and records it;
@@ -102,7 +103,8 @@ async def handle(request: web.Request, carrier: Carrier) -> web.StreamResponse:
             raise
         finally:
             capacity.release()
-            await projections.record_usage(app, exchange, trail)  # 11
+            records = await projections.record_usage(app, exchange, trail)  # 11
+            projections.record_attribution(app, exchange, trail, records)  # 11
     finally:
         principal_calls.release(identity.principal.id)
 

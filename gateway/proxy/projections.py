@@ -3,22 +3,35 @@ their metrics, and the facts of its access line.
 
 Owns: one usage record per upstream attempt (failed and withheld ones too) — normalised by
 the carrier, filtered by the profile's `usage_fields`, estimated only where the profile
-asks, all under the runtime the call was pinned to — and the access-line fields of a
+asks, all under the runtime the call was pinned to — the attribution record of a call that
+reached a provider (its blocks' ids, digests and estimates, the invocation and session
+digests, the provider's usage of it) when collection is on, and the access-line fields of a
 provider call.
 Must not: change or delay anything the client receives; it never raises into a request.
 """
 
 from __future__ import annotations
 
+import functools
+import json
+import time
 from typing import Any
 
 from aiohttp import web
 
 from gateway import admission, usage
+from gateway.attribution import blocks, registry
+from gateway.attribution.ledger import USAGE_KINDS, Record
+from gateway.attribution.registry import Registry
+from gateway.config.model import AttributionConfig
+from gateway.config.runtime import Runtime
 from gateway.obs import logging as log
-from gateway.proxy.exchange import Admitted, Decoded, Exchange, Refused, Released, Trail
-from gateway.state import METRICS, USAGE_LEDGER
+from gateway.proxy.exchange import Admitted, Buffered, Decoded, Exchange, Refused, Released, Trail
+from gateway.state import ATTRIBUTION, METRICS, USAGE_LEDGER
 from gateway.vocab import Outcome
+
+# Carriers whose requests are prompts (embeddings inputs are not split into blocks).
+ATTRIBUTED_CARRIERS = frozenset({"openai.chat", "openai.responses", "anthropic.messages"})
 
 
 def usage_records(ex: Exchange, trail: Trail) -> list[usage.UsageRecord]:
@@ -63,13 +76,16 @@ def usage_records(ex: Exchange, trail: Trail) -> list[usage.UsageRecord]:
     return records
 
 
-async def record_usage(app: web.Application, ex: Exchange, trail: Trail) -> None:
-    """Step 11: records into the usage ledger and metrics. Never raises into the request."""
+async def record_usage(app: web.Application, ex: Exchange, trail: Trail) -> list[usage.UsageRecord]:
+    """Step 11: records into the usage ledger and metrics (returned, for attribution).
+    Never raises into the request."""
+    records: list[usage.UsageRecord] = []
     try:
         metrics = app[METRICS]
         metrics.stage_seconds.labels("checks").observe(sum(c.seconds for c in trail.checks))
         ledger = app[USAGE_LEDGER]
-        for record in usage_records(ex, trail):
+        records = usage_records(ex, trail)
+        for record in records:
             await ledger.add(record)
             for kind, count in record.counts.items():
                 if count.value is not None:
@@ -78,6 +94,59 @@ async def record_usage(app: web.Application, ex: Exchange, trail: Trail) -> None
                     metrics.usage_unknown.labels(kind, record.profile).inc()
     except Exception as exc:  # accounting never fails a request
         log.error("usage_record_failed", request_id=ex.request_id, error_class=type(exc).__name__)
+    return records
+
+
+@functools.lru_cache(maxsize=8)
+def registry_for(config: AttributionConfig) -> Registry:
+    """The block registry a configuration defines (built-ins plus its own entries)."""
+    return registry.build(b.model_dump() for b in config.blocks)
+
+
+def attribution_record(ex: Exchange, trail: Trail, records: list[usage.UsageRecord]) -> tuple[str, Record] | None:
+    """The content-free attribution record of a call that reached a provider, with the
+    keyed digest of its scope; None for a call that never did (not an input boundary)."""
+    if trail.last(Buffered) is None or ex.carrier.name not in ATTRIBUTED_CARRIERS:
+        return None
+    runtime = ex.runtime
+    doc = ex.parsed.doc if not ex.offloaded else json.loads(ex.raw)
+    labels, _ = blocks.parse_labels(ex.client_headers.get(blocks.LABEL_HEADER))
+    split = blocks.split(
+        ex.carrier.prompt_layout(doc), registry_for(runtime.config.attribution), runtime.log_digest, labels
+    )
+    decoded = trail.last(Decoded)
+    response_id = decoded.response_id if decoded is not None else None
+    final = records[-1].counts if records else {}
+    counts = {kind: final[kind] for kind in USAGE_KINDS if kind in final}
+    record = Record(
+        ts=time.time(),
+        blocks=split.blocks,
+        invocation=runtime.log_digest("invocation\x00" + response_id) if response_id else None,
+        session=runtime.log_digest("session\x00" + ex.session) if ex.session else None,
+        full_context=not blocks.continues_server_state(doc),
+        usage={kind: (c.value, c.provenance) for kind, c in counts.items()},
+        truncated=split.truncated,
+        profile=trail.profile_id or "",
+    )
+    return scope_digest(runtime, ex.identity.scope), record
+
+
+def scope_digest(runtime: Runtime, scope: str) -> str:
+    return runtime.log_digest("scope\x00" + scope)
+
+
+def record_attribution(app: web.Application, ex: Exchange, trail: Trail, records: list[usage.UsageRecord]) -> None:
+    """Step 11, when collection is on: queue the call's attribution record. Whatever fails
+    here is logged and dropped: attribution never affects a request."""
+    try:
+        ledger = app.get(ATTRIBUTION)
+        if ledger is None or not ledger.collecting:
+            return
+        made = attribution_record(ex, trail, records)
+        if made is not None:
+            ledger.add(*made)
+    except Exception as exc:
+        log.error("attribution_record_failed", request_id=ex.request_id, error_class=type(exc).__name__)
 
 
 def access_fields(ex: Exchange, trail: Trail) -> dict[str, Any]:
