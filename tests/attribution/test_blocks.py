@@ -198,3 +198,29 @@ def test_every_builtin_pair_is_legal_and_no_mixed_block_is_direct() -> None:
     assert REG.resolve("wiregate.prepared_context").control == "assembly"
     assert REG.resolve("prompt.tool_result").control == "assembly"
     assert REG.resolve("anything.else").id == "unattributed.prompt_surface"
+
+
+def test_the_configuration_extends_the_registry_and_refuses_illegal_entries() -> None:
+    from pydantic import ValidationError
+
+    from gateway.config.model import GatewayConfig
+    from gateway.proxy.projections import registry_for
+
+    entry = {
+        "id": "host.coding_rules",
+        "display_name": "Coding rules",
+        "type": "instruction",
+        "origin": "host_policy",
+        "control": "direct",
+        "lifetime": "session_persistent",
+        "action": "Trim",
+        "validation": "Evals",
+        "target": 100,
+    }
+    config = GatewayConfig(deployment_id="d", attribution={"blocks": [entry]})
+    reg = registry_for(config.attribution)
+    assert reg.resolve("host.coding_rules").target == 100
+    with pytest.raises(ValidationError):
+        GatewayConfig(deployment_id="d", attribution={"blocks": [{**entry, "control": "assembly"}]})
+    with pytest.raises(ValidationError):
+        GatewayConfig(deployment_id="d", attribution={"retention_days": 8})
