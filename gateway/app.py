@@ -24,7 +24,7 @@ import aiohttp
 from aiohttp import web
 
 from gateway.api import attribution as attribution_api
-from gateway.api import check, ops, provider
+from gateway.api import check, ops, provider, ui
 from gateway.api import context as context_api
 from gateway.carriers import CARRIERS, ROUTES
 from gateway.config.load import resolve
@@ -37,6 +37,7 @@ from gateway.ledgers.release import MemoryReleaseLedger
 from gateway.ledgers.stored import LEDGER_MIGRATIONS, StoredReleaseLedger, StoredUsageLedger
 from gateway.obs import logging as log
 from gateway.obs.metrics import Metrics
+from gateway.obs.timeline import Timeline
 from gateway.proxy import projections, release
 from gateway.proxy.offload import OFFLOAD, Offload
 from gateway.proxy.upstream import UPSTREAM, Upstream
@@ -52,6 +53,7 @@ from gateway.state import (
     PRINCIPAL_CALLS,
     RELEASE_LEDGER,
     RUNTIME,
+    TIMELINE,
     USAGE_LEDGER,
     Call,
     Capacity,
@@ -253,6 +255,7 @@ def create_app(
     app[METRICS] = metrics or Metrics()
     app[CAPACITY] = Capacity(app[METRICS])
     app[PRINCIPAL_CALLS] = PrincipalCalls()
+    app[TIMELINE] = Timeline()
     if config_path is not None:
         app[CONFIG_PATH] = config_path
     for route, name in ROUTES.items():
@@ -263,6 +266,7 @@ def create_app(
     app.router.add_get("/v1/capabilities", ops.capabilities)
     app.router.add_get("/v1/usage/report", ops.usage_report)
     attribution_api.add_routes(app)
+    ui.add_routes(app)
     app.router.add_get("/healthz", ops.healthz)
     app.router.add_get("/readyz", ops.readyz)
     app.router.add_get("/metrics", ops.metrics)

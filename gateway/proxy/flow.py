@@ -67,7 +67,17 @@ from gateway.proxy.exchange import (
 )
 from gateway.proxy.offload import OFFLOAD, Stale, parsed_stub
 from gateway.proxy.upstream import UPSTREAM, Sent, upstream_headers
-from gateway.state import CALL, CAPACITY, CONTEXT, LOCAL_RELEASE_LEDGER, METRICS, PRINCIPAL_CALLS, RUNTIME, Call
+from gateway.state import (
+    CALL,
+    CAPACITY,
+    CONTEXT,
+    LOCAL_RELEASE_LEDGER,
+    METRICS,
+    PRINCIPAL_CALLS,
+    RUNTIME,
+    TIMELINE,
+    Call,
+)
 from gateway.vocab import Decision, Mode, Outcome, Phase, ReasonCode
 
 SESSION_HEADER = "x-wiregate-session"
@@ -182,7 +192,7 @@ async def send_along_chain(app: web.Application, ex: Exchange, trail: Trail) -> 
         trail.add(Admitted(loaded.profile.id, prepared.input_estimate))
         send = prepared.outcome
         trail.add(Checked(loaded.profile.id, send))
-        note_check(app, ex.request_id, send, loaded.profile.id)
+        note_check(app, ex.request_id, send, loaded.profile.id, ex.route)
         if not send.proceed or send.binding is None:
             raise refusal(send)
         if loaded.credential_error is not None:
@@ -465,7 +475,7 @@ async def read_and_check(
         ledger=app[LOCAL_RELEASE_LEDGER],
         seconds=time.perf_counter() - started,
     )
-    note_check(app, ex.request_id, outcome, attempt.party.profile.profile.id)
+    note_check(app, ex.request_id, outcome, attempt.party.profile.profile.id, ex.route)
     return read, outcome
 
 
@@ -566,10 +576,16 @@ def _refused(trail: Trail, err: GatewayError, outcome: Outcome) -> GatewayError:
     return err
 
 
-def note_check(app: web.Application, request_id: str, outcome: CheckOutcome, profile: str) -> None:
-    """Metrics and (for anything but a plain enforced allow) a content-free decision line."""
+def note_check(app: web.Application, request_id: str, outcome: CheckOutcome, profile: str, route: str) -> None:
+    """Metrics, the pages' timeline and (for anything but a plain enforced allow) a
+    content-free decision line."""
     metrics = app[METRICS]
     verdict = outcome.verdict
+    timeline = app.get(TIMELINE)
+    if timeline is not None:
+        timeline.note_decision(
+            time.time(), outcome.phase.value, verdict.decision.value, verdict.reason_codes, route, profile
+        )
     metrics.check_seconds.labels(outcome.phase.value).observe(outcome.seconds)
     for reason in verdict.reason_codes or ("none",):
         metrics.decisions.labels(outcome.phase.value, verdict.decision.value, reason, outcome.mode.value).inc()

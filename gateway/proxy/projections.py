@@ -27,7 +27,7 @@ from gateway.config.model import AttributionConfig
 from gateway.config.runtime import Runtime
 from gateway.obs import logging as log
 from gateway.proxy.exchange import Admitted, Buffered, Decoded, Exchange, Refused, Released, Trail
-from gateway.state import ATTRIBUTION, METRICS, USAGE_LEDGER
+from gateway.state import ATTRIBUTION, METRICS, TIMELINE, USAGE_LEDGER
 from gateway.vocab import Outcome
 
 # Carriers whose requests are prompts (embeddings inputs are not split into blocks).
@@ -84,12 +84,16 @@ async def record_usage(app: web.Application, ex: Exchange, trail: Trail) -> list
         metrics = app[METRICS]
         metrics.stage_seconds.labels("checks").observe(sum(c.seconds for c in trail.checks))
         ledger = app[USAGE_LEDGER]
+        timeline = app.get(TIMELINE)
+        now = time.time()
         records = usage_records(ex, trail)
         for record in records:
             await ledger.add(record)
             for kind, count in record.counts.items():
                 if count.value is not None:
                     metrics.usage_tokens.labels(kind, record.profile, count.provenance).inc(count.value)
+                    if timeline is not None:
+                        timeline.note_usage(now, kind, count.provenance, record.profile, count.value)
                 else:
                     metrics.usage_unknown.labels(kind, record.profile).inc()
     except Exception as exc:  # accounting never fails a request
