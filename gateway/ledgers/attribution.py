@@ -2,7 +2,8 @@
 usage ledger): raw boundary records and the collection switch.
 
 Owns: its migrations (component `attribution`), the batched write of records (queued by
-the flow, written off the response path like usage), the retention purge (raw records at
+the flow, written off the response path in one transaction a second — a report flushes
+first; a stop flushes; a SIGKILL loses at most the last second of diagnostics), the retention purge (raw records at
 most `retention_s`, seven days by default and at most), the bounded read a report makes,
 and the runtime collection switch shared by every replica on the database (each process
 reads it again at most every `refresh_s`; the process that switches knows at once).
@@ -57,7 +58,7 @@ class AttributionLedger:
         *,
         retention_s: float = RETENTION_S,
         max_records: int = MAX_RECORDS,
-        flush_after_s: float = 0.05,
+        flush_after_s: float = 1.0,  # diagnostics: one write a second, not one per call
         max_pending: int = 10_000,
         refresh_s: float = 1.0,
         purge_every_s: float = 300.0,
@@ -74,6 +75,7 @@ class AttributionLedger:
         self._flusher: asyncio.Task[None] | None = None
         self._refresher: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
+        self._held: set[asyncio.Task[None]] = set()  # records being made off the loop
         self._enabled = False  # off by default (SPEC §11)
         self._read_at = float("-inf")
         self.dropped = 0
@@ -143,6 +145,12 @@ class AttributionLedger:
 
     # --- writing -----------------------------------------------------------------------
 
+    def hold(self, task: asyncio.Task[None]) -> None:
+        """Keep a task that will `add` a record (made off the loop) until it is done; a
+        stop waits for it."""
+        self._held.add(task)
+        task.add_done_callback(self._held.discard)
+
     def add(self, scope: str, record: Record) -> None:
         """Queue a record (never waits, never touches the database on the caller's path)."""
         if len(self._pending) >= self._max_pending:
@@ -203,6 +211,8 @@ class AttributionLedger:
                 self._pending.popleft()
 
     async def close(self) -> None:
+        if self._held:
+            await asyncio.wait(set(self._held), timeout=5.0)
         for task in (self._flusher, self._refresher):
             if task is not None and not task.done():
                 task.cancel()

@@ -12,9 +12,12 @@ Must not: change or delay anything the client receives; it never raises into a r
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import hmac
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -25,6 +28,7 @@ from gateway.attribution.ledger import USAGE_KINDS, Record
 from gateway.attribution.registry import Registry
 from gateway.config.model import AttributionConfig
 from gateway.config.runtime import Runtime
+from gateway.ledgers.attribution import AttributionLedger
 from gateway.obs import logging as log
 from gateway.proxy.exchange import Admitted, Buffered, Decoded, Exchange, Refused, Released, Trail
 from gateway.state import ATTRIBUTION, METRICS, TIMELINE, USAGE_LEDGER
@@ -116,7 +120,7 @@ def attribution_record(ex: Exchange, trail: Trail, records: list[usage.UsageReco
     doc = ex.parsed.doc if not ex.offloaded else json.loads(ex.raw)
     labels, _ = blocks.parse_labels(ex.client_headers.get(blocks.LABEL_HEADER))
     split = blocks.split(
-        ex.carrier.prompt_layout(doc), registry_for(runtime.config.attribution), runtime.log_digest, labels
+        ex.carrier.prompt_layout(doc), registry_for(runtime.config.attribution), block_digest(runtime.log_key), labels
     )
     decoded = trail.last(Decoded)
     response_id = decoded.response_id if decoded is not None else None
@@ -135,18 +139,45 @@ def attribution_record(ex: Exchange, trail: Trail, records: list[usage.UsageReco
     return scope_digest(runtime, ex.identity.scope), record
 
 
+@functools.lru_cache(maxsize=4)
+def block_digest(key: bytes) -> Callable[[str], str]:
+    """`obs.logging.digest` (same key, same values) through the one-shot HMAC: a block's
+    identity is hashed on every collected call, up to the whole body."""
+
+    def digest(text: str) -> str:
+        return "h:" + hmac.digest(key, text.encode("utf-8", "surrogatepass"), "sha256")[:8].hex()
+
+    return digest
+
+
 def scope_digest(runtime: Runtime, scope: str) -> str:
     return runtime.log_digest("scope\x00" + scope)
 
 
 def record_attribution(app: web.Application, ex: Exchange, trail: Trail, records: list[usage.UsageRecord]) -> None:
-    """Step 11, when collection is on: queue the call's attribution record. Whatever fails
-    here is logged and dropped: attribution never affects a request."""
+    """Step 11, when collection is on: queue the call's attribution record. A body large
+    enough to be checked in a worker is split on a thread, off the event loop. Whatever
+    fails here is logged and dropped: attribution never affects a request."""
     try:
         ledger = app.get(ATTRIBUTION)
         if ledger is None or not ledger.collecting:
             return
+        if ex.offloaded or len(ex.raw) >= ex.runtime.config.limits.offload_bytes:
+            task = asyncio.create_task(_record_off_loop(ledger, ex, trail, records), name="attribution-record")
+            ledger.hold(task)
+            return
         made = attribution_record(ex, trail, records)
+        if made is not None:
+            ledger.add(*made)
+    except Exception as exc:
+        log.error("attribution_record_failed", request_id=ex.request_id, error_class=type(exc).__name__)
+
+
+async def _record_off_loop(
+    ledger: AttributionLedger, ex: Exchange, trail: Trail, records: list[usage.UsageRecord]
+) -> None:
+    try:
+        made = await asyncio.to_thread(attribution_record, ex, trail, records)
         if made is not None:
             ledger.add(*made)
     except Exception as exc:

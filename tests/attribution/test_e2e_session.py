@@ -338,3 +338,26 @@ def test_the_cli_switches_collection_and_prints_the_report(gw: tuple[Env, Gatewa
         timeout=60,
     )
     assert missing.returncode == 2 and "WIREGATE_KEY" in missing.stderr
+
+
+def test_a_large_body_is_attributed_off_the_event_loop(gateways: GatewayFactory) -> None:
+    """Bodies past `offload_bytes` are parsed and checked in a worker; their blocks are made
+    on a thread, and the report is the same as for a small body."""
+    with gateways("attribution-offload", config_extra="[limits]\noffload_bytes = 2048\n") as (env, gateway):
+        api(env, gateway, "POST", "/v1/attribution/collection", {"collecting": True})
+        system = "Rules. " * 800
+        user = "Large question. " * 300
+        client = openai_client(gateway, env)
+        client.chat.completions.create(
+            model="gpt-4.1",
+            messages=[{"role": "system", "content": system}, {"role": "user", "content": user}],
+            tools=TOOLS,
+        )
+        report = api(env, gateway, "GET", "/v1/attribution/report")
+        got = {r["blockId"]: r["cumulativeMaterializedEstimate"] for r in report["ledger"]}
+        assert got == {
+            "prompt.system_instructions": est(system),
+            "prompt.current_user_turn": est(user),
+            "prompt.tool_schemas": est("".join(compact(t) for t in TOOLS)),
+        }
+        assert report["exposure"]["status"] == "supported"
