@@ -184,9 +184,13 @@ BUILTIN: tuple[BlockSpec, ...] = (
         "turn_context",
         "user_task_payload",
         "none",
-        "boundary_only",
+        # It stays in the conversation: a continuation of server-side state (Responses
+        # `previous_response_id`) is still exposed to it; a full-context request re-sends it
+        # as a history turn instead, which ends this instance (see ledger._carry).
+        "until_replaced",
         "None (user payload).",
         "None.",
+        compactable=True,
     ),
     BlockSpec(
         "host.notice",

@@ -361,3 +361,42 @@ def test_a_large_body_is_attributed_off_the_event_loop(gateways: GatewayFactory)
             "prompt.tool_schemas": est("".join(compact(t) for t in TOOLS)),
         }
         assert report["exposure"]["status"] == "supported"
+
+
+@pytest.mark.parametrize("session", [True, False])
+def test_a_responses_continuation_is_exposed_to_what_its_session_carries(
+    gateways: GatewayFactory, session: bool
+) -> None:
+    """With `previous_response_id` a call holds only what is new; the session carries the
+    rest, so exposure exceeds what was materialized. Without a session the evidence is
+    incomplete: `limited`, never filled in from injection counts."""
+    with gateways(f"attribution-responses-{session}") as (env, gateway):
+        api(env, gateway, "POST", "/v1/attribution/collection", {"collecting": True})
+        client = openai_client(gateway, env)
+        headers = {"x-wiregate-session": "responses-session"} if session else {}
+        instructions = "You answer in one sentence. " * 10
+        users = [f"Question {n}: what changed in module {n}?" for n in range(1, 4)]
+        previous = None
+        for user in users:
+            extra = {"previous_response_id": previous} if previous else {}
+            reply = client.responses.create(
+                model="gpt-4.1", instructions=instructions, input=user, extra_headers=headers, **extra
+            )
+            previous = reply.id
+        report = api(env, gateway, "GET", "/v1/attribution/report")
+        got = {r["blockId"]: r for r in report["ledger"]}
+        u = [est(x) for x in users]
+        assert got["prompt.current_user_turn"]["cumulativeMaterializedEstimate"] == sum(u)
+        assert got["prompt.system_instructions"]["cumulativeMaterializedEstimate"] == 3 * est(instructions)
+        if session:
+            assert report["exposure"]["status"] == "supported"
+            exposure = u[0] + (u[0] + u[1]) + (u[0] + u[1] + u[2])
+            assert got["prompt.current_user_turn"]["cumulativeExposureEstimate"] == exposure
+            assert got["prompt.system_instructions"]["cumulativeExposureEstimate"] == 3 * est(instructions)
+        else:
+            assert report["exposure"] == {
+                "status": "limited",
+                "correlatedInvocations": 3,
+                "incompleteInvocations": 2,
+            }
+            assert got["prompt.current_user_turn"]["cumulativeExposureEstimate"] == sum(u)  # what was seen, no more

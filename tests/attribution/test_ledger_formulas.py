@@ -99,8 +99,21 @@ def test_until_replaced_carries_across_a_session_until_a_new_instance_replaces_i
     assert prep["estimator"] == "addressable_exposure_target"
     sys = row(report, SYS)
     assert sys["cumulativeMaterializedEstimate"] == 100 and sys["cumulativeExposureEstimate"] == 300
-    cur = row(report, CUR)  # boundary_only: never carried
-    assert cur["cumulativeExposureEstimate"] == 30
+    cur = row(report, CUR)  # each user turn stays in the continued conversation
+    assert cur["cumulativeMaterializedEstimate"] == 30
+    assert cur["cumulativeExposureEstimate"] == 10 + (10 + 10) + (10 + 10 + 10)
+
+
+def test_boundary_only_blocks_are_never_carried() -> None:
+    records = [
+        Record(1.0, (b("host.notice", "N1", 40), b(CUR, "U1", 10)), invocation="i1", session="s"),
+        Record(2.0, (b(CUR, "U2", 10),), invocation="i2", session="s", full_context=False),
+    ]
+    report = aggregate(records, REG)
+    notice = row(report, "host.notice")
+    assert notice["cumulativeExposureEstimate"] == 40 and notice["activeInvocations"] == 1
+    assert notice["cumulativeTargetExposureEstimate"] == 0  # target 0: all of it is addressable
+    assert notice["cumulativeAddressableExposureEstimate"] == 40
 
 
 def test_addressable_never_goes_below_zero() -> None:
