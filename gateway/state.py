@@ -2,9 +2,10 @@
 per-request record the envelope middleware logs and counts.
 
 Owns: the AppKeys (runtime holder, metrics, buffering capacity, calls per principal, the
-upstream client, the release, usage and attribution ledgers, the configuration path), the two small
-admission counters, and `Call` — the request-scoped access-log record. A provider call
-keeps its facts on its `Trail`; other routes note the few they have.
+upstream client, the release, usage and attribution ledgers, the pages' timeline and
+sessions, the configuration path), the two small admission counters, the /ui/ sessions, and
+`Call` — the request-scoped access-log record. A provider call keeps its facts on its
+`Trail`; other routes note the few they have.
 """
 
 from __future__ import annotations

@@ -163,25 +163,34 @@ def record_attribution(app: web.Application, ex: Exchange, trail: Trail, records
         if ledger is None or not ledger.collecting:
             return
         if ex.offloaded or len(ex.raw) >= ex.runtime.config.limits.offload_bytes:
-            task = asyncio.create_task(_record_off_loop(ledger, ex, trail, records), name="attribution-record")
+            task = asyncio.create_task(_record_off_loop(app, ledger, ex, trail, records), name="attribution-record")
             ledger.hold(task)
             return
         made = attribution_record(ex, trail, records)
         if made is not None:
             ledger.add(*made)
+            app[METRICS].attribution_records.labels("queued").inc()
     except Exception as exc:
-        log.error("attribution_record_failed", request_id=ex.request_id, error_class=type(exc).__name__)
+        _failed(app, ex, exc)
+
+
+def _failed(app: web.Application, ex: Exchange, exc: Exception) -> None:
+    log.error("attribution_record_failed", request_id=ex.request_id, error_class=type(exc).__name__)
+    metrics = app.get(METRICS)
+    if metrics is not None:
+        metrics.attribution_records.labels("failed").inc()
 
 
 async def _record_off_loop(
-    ledger: AttributionLedger, ex: Exchange, trail: Trail, records: list[usage.UsageRecord]
+    app: web.Application, ledger: AttributionLedger, ex: Exchange, trail: Trail, records: list[usage.UsageRecord]
 ) -> None:
     try:
         made = await asyncio.to_thread(attribution_record, ex, trail, records)
         if made is not None:
             ledger.add(*made)
+            app[METRICS].attribution_records.labels("queued").inc()
     except Exception as exc:
-        log.error("attribution_record_failed", request_id=ex.request_id, error_class=type(exc).__name__)
+        _failed(app, ex, exc)
 
 
 def access_fields(ex: Exchange, trail: Trail) -> dict[str, Any]:

@@ -291,6 +291,8 @@ def test_a_failing_attribution_sink_never_affects_a_call(gateways: GatewayFactor
             assert reply.choices[0].message.content
         chunks = list(client.chat.completions.create(model="gpt-4.1", messages=messages, stream=True))
         assert chunks
+        metrics = raw_client(gateway, env).get("/metrics", headers={"authorization": f"Bearer {env.gateway_key}"}).text
+        assert 'wiregate_attribution_records_total{outcome="failed"} 4.0' in metrics
         # The database itself fails: records queue, the flush fails off the call's path.
         del ledger.add
         db = sqlite3.connect(env.dir / "data" / "wiregate.db")
