@@ -83,9 +83,10 @@ class AttributionLedger:
     # --- the switch --------------------------------------------------------------------
 
     async def load(self) -> None:
-        """Read the switch now (at start)."""
+        """Read the switch now and purge what is past the retention (at start)."""
         self._enabled = await self._read_switch()
         self._read_at = time.monotonic()
+        await self.flush()
 
     @property
     def collecting(self) -> bool:
@@ -97,8 +98,11 @@ class AttributionLedger:
         return self._enabled
 
     async def _refresh(self) -> None:
+        """Re-read the switch; and purge when due, collecting or not (raw records never
+        outlive the retention because collection was switched off)."""
         try:
             self._enabled = await self._read_switch()
+            await self.flush()
         except Exception as exc:  # keep the last known value
             log.error("attribution_switch_read_failed", error_class=type(exc).__name__)
 

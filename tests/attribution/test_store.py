@@ -5,6 +5,7 @@ database (two handles stand for two replicas)."""
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import time
 from collections.abc import AsyncIterator
@@ -100,3 +101,26 @@ async def test_the_switch_is_off_by_default_and_shared(databases: tuple[Database
     await second.set_collecting(False)
     await first.load()
     assert not first.collecting
+
+
+async def test_the_purge_runs_while_collection_is_off(databases: tuple[Database, Database]) -> None:
+    db, _ = databases
+    now = time.time()
+    writer = AttributionLedger(db, flush_after_s=0.0)
+    writer._next_purge = float("inf")  # this writer never purges by itself
+    writer.add("h:scope", _record(now - 8 * 86400, 1))
+    writer.add("h:scope", _record(now, 2))
+    await writer.flush()
+    assert await writer.count() == 2
+    reader = AttributionLedger(db, refresh_s=0.0, purge_every_s=0.0)
+    await reader.load()  # collection off; the start purges
+    assert await writer.count() == 1
+    writer.add("h:scope", _record(now - 8 * 86400, 3))
+    await writer.flush()
+    assert await writer.count() == 2
+    assert not reader.collecting  # a stale switch is re-read in the background, with a purge
+    for _ in range(50):
+        await asyncio.sleep(0.02)
+        if await writer.count() == 1:
+            break
+    assert await writer.count() == 1
