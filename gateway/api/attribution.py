@@ -1,5 +1,5 @@
-"""Token attribution routes: the report (`observe`) and the collection switch (`admin` to
-change it).
+"""Token attribution routes: the registry (any caller), the report (`observe`) and the
+collection switch (`admin` to change it).
 
 Must not: return anything but aggregates — no content, paths or raw ids ever reach the
 records these read.
@@ -15,6 +15,7 @@ from typing import Any
 from aiohttp import web
 
 from gateway import auth
+from gateway.attribution.blocks import ESTIMATOR, LABEL_HEADER
 from gateway.attribution.ledger import TOP_N, Aggregator
 from gateway.errors import ClientError
 from gateway.http.body import read_body
@@ -102,7 +103,39 @@ async def switch(request: web.Request) -> web.Response:
     return web.json_response({"collecting": collecting})
 
 
+async def registry(request: web.Request) -> web.Response:
+    """The block ids a host may use in `x-wiregate-blocks`, and what each means (any
+    authenticated caller: hosts label their own requests)."""
+    runtime = request.app[RUNTIME].current
+    auth.authenticate(runtime, request.headers)
+    specs = projections.registry_for(runtime.config.attribution)
+    blocks = [
+        {
+            "blockId": spec.id,
+            "displayName": spec.display_name,
+            "type": spec.type,
+            "origin": spec.origin,
+            "control": spec.control,
+            "lifetime": spec.lifetime,
+            "eligible": spec.eligible,
+            "suggestedAction": spec.action,
+            "requiredValidation": spec.validation,
+            **({"targetPerInjection": spec.target} if spec.target is not None else {}),
+        }
+        for spec in specs
+    ]
+    return web.json_response(
+        {
+            "schema": "wiregate.attribution-registry.v1",
+            "labelHeader": LABEL_HEADER,
+            "estimator": ESTIMATOR,
+            "blocks": sorted(blocks, key=lambda b: b["blockId"]),
+        }
+    )
+
+
 def add_routes(app: web.Application) -> None:
+    app.router.add_get("/v1/attribution/registry", registry)
     app.router.add_get("/v1/attribution/report", report)
     app.router.add_get("/v1/attribution/collection", collection)
     app.router.add_post("/v1/attribution/collection", switch)

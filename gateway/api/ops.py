@@ -164,6 +164,7 @@ async def capabilities(request: web.Request) -> web.Response:
         "attribution": {
             "schema": "wiregate.attribution-report.v1",
             "report": "/v1/attribution/report",
+            "registry": "/v1/attribution/registry",
             "collection": "/v1/attribution/collection",
             "estimator": "runes/4@1",
             "label_header": "x-wiregate-blocks",

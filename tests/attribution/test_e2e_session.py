@@ -262,7 +262,16 @@ def test_switching_needs_admin_and_reading_needs_observe(gw: tuple[Env, GatewayT
     env, gateway = gw
     client = raw_client(gateway, env)
     viewer = env.add_principal("viewer", ["observe"], [])
+    caller = env.add_principal("caller", ["proxy"], ["mock-openai"])
     assert gateway.reload()
+    # Hosts read the registry to label their blocks; it is not the report.
+    registry = client.get("/v1/attribution/registry", headers={"authorization": f"Bearer {caller}"}).json()
+    ids = [b["blockId"] for b in registry["blocks"]]
+    assert "wiregate.prepared_context" in ids and "unattributed.prompt_surface" in ids
+    assert registry["labelHeader"] == "x-wiregate-blocks" and registry["estimator"] == "runes/4@1"
+    prepared = next(b for b in registry["blocks"] if b["blockId"] == "wiregate.prepared_context")
+    assert prepared["targetPerInjection"] == 256 and prepared["control"] == "assembly"
+    assert client.get("/v1/attribution/report", headers={"authorization": f"Bearer {caller}"}).status_code == 403
     as_viewer = {"authorization": f"Bearer {viewer}"}
     assert client.get("/v1/attribution/report", headers=as_viewer).status_code == 200
     assert client.post("/v1/attribution/collection", json={"collecting": False}, headers=as_viewer).status_code == 403
