@@ -56,6 +56,9 @@ async def build_report(
     for record in records:
         agg.add(record)
     body = agg.report(limited_scan=limited, top_n=top)
+    if ledger.dropped:  # this process dropped queued records (the database was away too long)
+        body["limited"] = True
+        body["limitReasons"] = [*body["limitReasons"], "records_dropped"]
     body["window"] = {"since": start, "until": end, "retentionDays": ledger.retention_s / 86400}
     body["scope"] = "selected" if scope is not None else "all"
     body["collection"] = {"collecting": ledger.collecting}

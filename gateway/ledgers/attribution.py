@@ -159,7 +159,7 @@ class AttributionLedger:
         """Queue a record (never waits, never touches the database on the caller's path)."""
         if len(self._pending) >= self._max_pending:
             self._pending.popleft()
-            self.dropped += 1
+            self.dropped += 1  # reports from this process say `limited` from now on
         self._pending.append((scope, record))
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush_soon(), name="attribution-flush")

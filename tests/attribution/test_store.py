@@ -124,3 +124,15 @@ async def test_the_purge_runs_while_collection_is_off(databases: tuple[Database,
         if await writer.count() == 1:
             break
     assert await writer.count() == 1
+
+
+async def test_the_queue_is_bounded_and_says_what_it_dropped(databases: tuple[Database, Database]) -> None:
+    db, _ = databases
+    ledger = AttributionLedger(db, max_pending=2, flush_after_s=60.0)
+    now = time.time()
+    for n in range(3):
+        ledger.add("h:scope", _record(now, n))
+    assert ledger.dropped == 1
+    records, _ = await ledger.records(None, now + 1, now=now)
+    assert [r.invocation for r in records] == ["h:inv1", "h:inv2"]
+    await ledger.close()
