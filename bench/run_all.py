@@ -1,5 +1,6 @@
 """Run every benchmark in bench/ (`make bench`): the wire benchmark, the inspection
-benchmark, then the 30-turn cache replay. `--quick` goes to both; `--rounds` and `--secrets` are the wire benchmark's;
+benchmark, the 30-turn cache replay, the event-loop benchmark and the attribution
+collection cost. `--quick` goes to both; `--rounds` and `--secrets` are the wire benchmark's;
 `--json PATH` writes each benchmark's results next to PATH, named after it
 (`all.json` -> `all.wire.json`, `all.inspect.json`)."""
 
@@ -14,6 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import attribution_bench  # noqa: E402
 import inspect_bench  # noqa: E402
 import loop_bench  # noqa: E402
 import replay_bench  # noqa: E402
@@ -24,6 +26,7 @@ BENCHMARKS: dict[str, Callable[[list[str] | None], int]] = {
     "inspect": inspect_bench.main,
     "replay": replay_bench.main,
     "loop": loop_bench.main,
+    "attribution": attribution_bench.main,
 }
 
 

@@ -6,8 +6,8 @@ middleware that gives every response an `X-PowerContext-Request-ID` (and, once t
 has retried upstream, retry advice for the SDK: `release.retry_advice`), renders
 `GatewayError`s in the caller's dialect and writes one allow-listed access line, and the
 resources under typed AppKeys (runtime holder, metrics, capacity, calls per principal,
-release and usage ledgers, the upstream client session, the bundled mock provider when
-configured).
+release, usage, cache pace and attribution ledgers, the upstream client session, the bundled
+mock provider when configured).
 Must not: sequence the wire path (proxy/flow.py does), handle a route itself (api/ does),
 or hold state outside AppKeys.
 """
@@ -25,7 +25,8 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from gateway.api import check, ops, provider
+from gateway.api import attribution as attribution_api
+from gateway.api import check, ops, provider, ui
 from gateway.api import context as context_api
 from gateway.carriers import CARRIERS, ROUTES
 from gateway.config.load import resolve
@@ -34,16 +35,19 @@ from gateway.context.store.database import open_database
 from gateway.context.store.migrations import Migration
 from gateway.devmock import embedded_mock
 from gateway.errors import ClientError, GatewayError, ServiceError
+from gateway.ledgers.attribution import ATTRIBUTION_MIGRATIONS, AttributionLedger
 from gateway.ledgers.pace import PACE_MIGRATIONS, StoredPaceLedger
 from gateway.ledgers.release import MemoryReleaseLedger
 from gateway.ledgers.stored import LEDGER_MIGRATIONS, StoredReleaseLedger, StoredUsageLedger
 from gateway.obs import logging as log
 from gateway.obs.metrics import Metrics
+from gateway.obs.timeline import Timeline
 from gateway.proxy import projections, release
 from gateway.proxy.models import MODEL_CATALOGUE, ModelCatalogue
 from gateway.proxy.offload import OFFLOAD, Offload
 from gateway.proxy.upstream import UPSTREAM, Upstream
 from gateway.state import (
+    ATTRIBUTION,
     CALL,
     CAPACITY,
     CONFIG_PATH,
@@ -56,6 +60,7 @@ from gateway.state import (
     PRINCIPAL_CALLS,
     RELEASE_LEDGER,
     RUNTIME,
+    TIMELINE,
     USAGE_LEDGER,
     Call,
     Capacity,
@@ -204,7 +209,7 @@ async def _upstream(app: web.Application) -> AsyncIterator[None]:
 
 # Every table owner's migrations, applied when the database opens (the context store's own
 # come first, from the store module).
-STORE_MIGRATIONS: tuple[Migration, ...] = (*LEDGER_MIGRATIONS, *PACE_MIGRATIONS)
+STORE_MIGRATIONS: tuple[Migration, ...] = (*LEDGER_MIGRATIONS, *PACE_MIGRATIONS, *ATTRIBUTION_MIGRATIONS)
 
 
 async def _database(app: web.Application) -> AsyncIterator[None]:
@@ -227,8 +232,14 @@ async def _database(app: web.Application) -> AsyncIterator[None]:
     app[LOCAL_RELEASE_LEDGER] = MemoryReleaseLedger()
     app[USAGE_LEDGER] = usage_ledger = StoredUsageLedger(db)
     app[PACE_LEDGER] = StoredPaceLedger(db)
+    app[ATTRIBUTION] = attribution = AttributionLedger(
+        db,
+        retention_s=runtime.config.attribution.retention_days * 86400,
+        max_records=runtime.config.attribution.max_records,
+    )
     app[CONTEXT] = service = context_api.service(app, db)
     try:
+        await attribution.load()
         await service.start()
         yield
     finally:
@@ -236,6 +247,10 @@ async def _database(app: web.Application) -> AsyncIterator[None]:
             await usage_ledger.close()
         except Exception as exc:  # the database went away: say so, still close it
             log.error("usage_flush_failed", error_class=type(exc).__name__)
+        try:
+            await attribution.close()
+        except Exception as exc:
+            log.error("attribution_flush_failed", error_class=type(exc).__name__)
         await db.close()
 
 
@@ -260,6 +275,7 @@ def create_app(
     app[DRAINING] = Draining()
     app[PRINCIPAL_CALLS] = PrincipalCalls()
     app[MODEL_CATALOGUE] = ModelCatalogue()
+    app[TIMELINE] = Timeline()
     if config_path is not None:
         app[CONFIG_PATH] = config_path
     for route, name in ROUTES.items():
@@ -269,6 +285,8 @@ def create_app(
     app.router.add_get("/v1/models", ops.models)
     app.router.add_get("/v1/capabilities", ops.capabilities)
     app.router.add_get("/v1/usage/report", ops.usage_report)
+    attribution_api.add_routes(app)
+    ui.add_routes(app)
     app.router.add_get("/healthz", ops.healthz)
     app.router.add_get("/readyz", ops.readyz)
     app.router.add_get("/metrics", ops.metrics)

@@ -22,6 +22,7 @@ from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, get_args
+from urllib.parse import quote
 
 from gateway.carriers import SHORT_NAMES
 from gateway.config.model import Action
@@ -259,6 +260,42 @@ def _cmd_mock(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_attribution(args: argparse.Namespace) -> int:
+    import os
+
+    from gateway import opsclient
+    from gateway.config.load import ConfigError, read_config, resolve
+
+    key = os.environ.get(opsclient.KEY_ENV, "")
+    if not key:
+        print(f"wiregate attribution: set {opsclient.KEY_ENV} to a gateway key (admin to switch)", file=sys.stderr)
+        return 2
+    uds = args.uds
+    if args.config and not args.url and not uds:
+        cfg_path = Path(args.config).resolve()
+        try:
+            cfg = read_config(cfg_path)
+        except ConfigError as exc:
+            print(f"wiregate attribution: {exc}", file=sys.stderr)
+            return 1
+        if cfg.server.uds is None:
+            print("wiregate attribution: the configuration has no Unix socket; pass --url", file=sys.stderr)
+            return 1
+        uds = str(resolve(cfg_path.parent, cfg.server.uds.path))
+    if args.action == "report":
+        query = f"?scope={quote(args.scope, safe='')}" if args.scope else ""
+        method, path, body = "GET", "/v1/attribution/report" + query, None
+    else:
+        method, path, body = "POST", "/v1/attribution/collection", {"collecting": args.action == "on"}
+    try:
+        status, answer = opsclient.call(method, path, key, body=body, uds=uds, url=args.url, cafile=args.cacert)
+    except (OSError, ValueError) as exc:
+        print(f"wiregate attribution: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(answer, indent=2, sort_keys=True))
+    return 0 if status == 200 else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="wiregate", description="wiregate model gateway")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -337,6 +374,16 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--config")
     group.add_argument("--file")
     p.set_defaults(func=_cmd_principals_add)
+
+    p = sub.add_parser("attribution", help="token attribution: switch collection on or off, or print the report")
+    p.add_argument("action", choices=["on", "off", "report"])
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--config", help="reach the gateway on the Unix socket its configuration names")
+    where.add_argument("--uds", help="the gateway's Unix socket")
+    where.add_argument("--url", help="https://host:port of the gateway")
+    p.add_argument("--cacert", help="CA file for --url (the dev CA: tls/ca.pem)")
+    p.add_argument("--scope", help="report on one scope only")
+    p.set_defaults(func=_cmd_attribution)
 
     p = sub.add_parser("mock-provider", help="run the bundled mock OpenAI/Anthropic provider")
     where = p.add_mutually_exclusive_group(required=True)

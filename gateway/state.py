@@ -2,13 +2,16 @@
 per-request record the envelope middleware logs and counts.
 
 Owns: the AppKeys (runtime holder, metrics, buffering capacity, calls per principal, the
-upstream client, the release, usage and cache pace ledgers, the configuration path), the two small
-admission counters, and `Call` — the request-scoped access-log record. A provider call
-keeps its facts on its `Trail`; other routes note the few they have.
+upstream client, the release, usage, cache pace and attribution ledgers, the pages' timeline
+and sessions, the configuration path), the two small admission counters, the /ui/ sessions,
+and `Call` — the request-scoped access-log record. A provider call keeps its facts on its
+`Trail`; other routes note the few they have.
 """
 
 from __future__ import annotations
 
+import hashlib
+import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,10 +22,12 @@ from aiohttp import web
 from gateway.config.runtime import Runtime, RuntimeHolder
 from gateway.context.service import ContextService
 from gateway.context.store.database import Database
+from gateway.ledgers.attribution import AttributionLedger
 from gateway.ledgers.pace import StoredPaceLedger
 from gateway.ledgers.release import ReleaseLedger
 from gateway.ledgers.usage import UsageLedger
 from gateway.obs.metrics import Metrics
+from gateway.obs.timeline import Timeline
 from gateway.vocab import Dialect, Outcome
 
 if TYPE_CHECKING:
@@ -70,6 +75,40 @@ class PrincipalCalls:
             self._in_flight[principal] = left
 
 
+@dataclass(frozen=True, slots=True)
+class UiSession:
+    key_digest: bytes  # sha256 of the gateway key it was exchanged for (never the key)
+    csrf: str
+    expires: float
+
+
+class UiSessions:
+    """The /ui/ pages' short-lived sessions, in this process (a replica behind a load
+    balancer needs sticky sessions or a new sign-in). Looked up by the digest of the
+    cookie's token; at most `max_sessions`, the oldest dropped first."""
+
+    def __init__(self, *, ttl_s: float = 900.0, max_sessions: int = 1024) -> None:
+        self.ttl_s = ttl_s
+        self.max_sessions = max_sessions
+        self._by_token: dict[bytes, UiSession] = {}
+
+    def create(self, key_digest: bytes, now: float) -> tuple[str, UiSession]:
+        self._by_token = {t: s for t, s in self._by_token.items() if s.expires > now}
+        while len(self._by_token) >= self.max_sessions:
+            self._by_token.pop(next(iter(self._by_token)))
+        token = secrets.token_urlsafe(32)
+        session = UiSession(key_digest, secrets.token_urlsafe(24), now + self.ttl_s)
+        self._by_token[hashlib.sha256(token.encode()).digest()] = session
+        return token, session
+
+    def get(self, token: str, now: float) -> UiSession | None:
+        session = self._by_token.get(hashlib.sha256(token.encode()).digest())
+        return session if session is not None and session.expires > now else None
+
+    def drop(self, token: str) -> None:
+        self._by_token.pop(hashlib.sha256(token.encode()).digest(), None)
+
+
 RUNTIME = web.AppKey("wiregate_runtime", RuntimeHolder)
 METRICS = web.AppKey("wiregate_metrics", Metrics)
 CAPACITY = web.AppKey("wiregate_capacity", Capacity)
@@ -90,6 +129,9 @@ DRAINING = web.AppKey("wiregate_draining", Draining)
 WORKER = web.AppKey("wiregate_worker", int)
 USAGE_LEDGER = web.AppKey("wiregate_usage_ledger", UsageLedger)
 PACE_LEDGER = web.AppKey("wiregate_pace_ledger", StoredPaceLedger)  # sessions' cache pace, shared database
+ATTRIBUTION = web.AppKey("wiregate_attribution", AttributionLedger)
+UI_SESSIONS = web.AppKey("wiregate_ui_sessions", UiSessions)
+TIMELINE = web.AppKey("wiregate_timeline", Timeline)  # the /ui/ pages' recent history (per process)
 CONFIG_PATH = web.AppKey("wiregate_config_path", Path)
 DATABASE = web.AppKey("wiregate_database", Database)  # the one store: context, shared ledgers
 CONTEXT = web.AppKey("wiregate_context", ContextService)

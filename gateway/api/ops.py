@@ -175,5 +175,15 @@ async def capabilities(request: web.Request) -> web.Response:
             "estimators": ["runes/4@1", "character:weighted@1"],
         },
         "context": context_capabilities(runtime),
+        "attribution": {
+            "schema": "wiregate.attribution-report.v1",
+            "report": "/v1/attribution/report",
+            "registry": "/v1/attribution/registry",
+            "collection": "/v1/attribution/collection",
+            "estimator": "runes/4@1",
+            "label_header": "x-wiregate-blocks",
+            "session_header": "x-wiregate-session",
+            "retention_days": runtime.config.attribution.retention_days,
+        },
     }
     return web.Response(text=json.dumps(body), content_type="application/json")

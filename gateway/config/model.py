@@ -11,6 +11,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from gateway.attribution.registry import RegistryError, build
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -160,6 +162,41 @@ class MockProviderSettings(_Strict):
     api_key: str | None = Field(None, pattern=r"^(env:[A-Za-z_][A-Za-z0-9_]*|file:.+)$")
 
 
+class AttributionBlock(_Strict):
+    """An operator's own block id for the attribution registry (`[[attribution.blocks]]`)."""
+
+    id: str = Field(pattern=r"^[a-z][a-z0-9_.]{2,127}$")
+    display_name: str = Field(min_length=1, max_length=80)
+    type: Literal["instruction", "turn_context", "notice", "reference"]
+    origin: Literal["host_policy", "host_generated", "workspace_configuration", "user_task_payload", "unknown"]
+    control: Literal["direct", "assembly", "none", "unknown"]
+    lifetime: Literal["boundary_only", "session_persistent", "until_replaced", "unknown"]
+    action: str = Field(min_length=1, max_length=300)
+    validation: str = Field(min_length=1, max_length=300)
+    target: int | None = Field(None, ge=0)  # per-injection target estimate (tokens)
+    singleton: bool = False
+    compactable: bool = False
+    compacts: bool = False
+
+
+class AttributionConfig(_Strict):
+    """Token attribution (SPEC §11). Collection itself is switched at runtime (off at first start)."""
+
+    # Raw records are kept this long; seven days is the ceiling.
+    retention_days: float = Field(7.0, gt=0, le=7)
+    # Records one report reads (newest first); more makes the report `limited`.
+    max_records: int = Field(100_000, ge=10, le=1_000_000)
+    blocks: tuple[AttributionBlock, ...] = ()
+
+    @model_validator(mode="after")
+    def _registrable(self) -> AttributionConfig:
+        try:
+            build(b.model_dump() for b in self.blocks)
+        except RegistryError as exc:
+            raise ValueError(str(exc)) from None
+        return self
+
+
 class GatewayConfig(_Strict):
     deployment_id: str = Field(pattern=r"^[A-Za-z0-9._-]{1,64}$")
     server: ServerSettings = ServerSettings()
@@ -171,6 +208,7 @@ class GatewayConfig(_Strict):
     store: StoreSettings = StoreSettings()
     context: ContextConfig = ContextConfig()
     mock_provider: MockProviderSettings = MockProviderSettings()
+    attribution: AttributionConfig = AttributionConfig()
     profiles_dir: str = "profiles"
     principals_file: str = "principals.toml"
     policy_file: str = "policy.toml"

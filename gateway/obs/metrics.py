@@ -89,6 +89,12 @@ class Metrics:
             ["kind", "profile"],
             registry=r,
         )
+        self.attribution_records = Counter(
+            "wiregate_attribution_records",
+            "Attribution records of proxied calls by outcome (queued, failed), while collection is on",
+            ["outcome"],
+            registry=r,
+        )
         self.reloads = Counter(
             "wiregate_config_reloads",
             "Configuration reloads by outcome",

@@ -23,8 +23,9 @@ A provider call arrives on the TLS or Unix-socket listener and reaches `handle`:
   9  decide: before_release on the complete response; it opens the send binding first
  10  release the original bytes (non-stream) or the re-framed events (stream), or refuse
      (once heartbeats are out, any refusal is the protocol's own error event)
- 11  project the trail: usage records and metrics, the session's pace event (never changes
-     or delays the decision)
+ 11  project the trail: usage records and metrics, the session's pace event, and (when
+     collection is on) the attribution record of the prompt's blocks (never changes or
+     delays the decision)
 
 Every step appends a typed event to the call's `Trail`; nothing else is written. Observe
 mode (per route or profile, per phase) lets a non-allow decision through and records it;
@@ -72,7 +73,17 @@ from gateway.proxy.exchange import (
 )
 from gateway.proxy.offload import OFFLOAD, Stale, parsed_stub
 from gateway.proxy.upstream import UPSTREAM, Sent, upstream_headers
-from gateway.state import CALL, CAPACITY, CONTEXT, LOCAL_RELEASE_LEDGER, METRICS, PRINCIPAL_CALLS, RUNTIME, Call
+from gateway.state import (
+    CALL,
+    CAPACITY,
+    CONTEXT,
+    LOCAL_RELEASE_LEDGER,
+    METRICS,
+    PRINCIPAL_CALLS,
+    RUNTIME,
+    TIMELINE,
+    Call,
+)
 from gateway.vocab import Decision, Mode, Outcome, Phase, ReasonCode
 
 SESSION_HEADER = "x-wiregate-session"
@@ -108,7 +119,8 @@ async def handle(request: web.Request, carrier: Carrier) -> web.StreamResponse:
             raise
         finally:
             capacity.release()
-            await projections.record_usage(app, exchange, trail)  # 11
+            records = await projections.record_usage(app, exchange, trail)  # 11
+            projections.record_attribution(app, exchange, trail, records)  # 11
     finally:
         principal_calls.release(identity.principal.id)
 
@@ -202,7 +214,7 @@ async def send_along_chain(app: web.Application, ex: Exchange, trail: Trail) -> 
         trail.add(Admitted(loaded.profile.id, prepared.input_estimate))
         send = prepared.outcome
         trail.add(Checked(loaded.profile.id, send))
-        note_check(app, ex.request_id, send, loaded.profile.id)
+        note_check(app, ex.request_id, send, loaded.profile.id, ex.route)
         if not send.proceed or send.binding is None:
             raise refusal(send, loaded.profile.id)
         if loaded.credential_error is not None:
@@ -507,7 +519,7 @@ async def read_and_check(
         ledger=app[LOCAL_RELEASE_LEDGER],
         seconds=time.perf_counter() - started,
     )
-    note_check(app, ex.request_id, outcome, attempt.party.profile.profile.id)
+    note_check(app, ex.request_id, outcome, attempt.party.profile.profile.id, ex.route)
     return read, outcome
 
 
@@ -608,10 +620,16 @@ def _refused(trail: Trail, err: GatewayError, outcome: Outcome) -> GatewayError:
     return err
 
 
-def note_check(app: web.Application, request_id: str, outcome: CheckOutcome, profile: str) -> None:
-    """Metrics and (for anything but a plain enforced allow) a content-free decision line."""
+def note_check(app: web.Application, request_id: str, outcome: CheckOutcome, profile: str, route: str) -> None:
+    """Metrics, the pages' timeline and (for anything but a plain enforced allow) a
+    content-free decision line."""
     metrics = app[METRICS]
     verdict = outcome.verdict
+    timeline = app.get(TIMELINE)
+    if timeline is not None:
+        timeline.note_decision(
+            time.time(), outcome.phase.value, verdict.decision.value, verdict.reason_codes, route, profile
+        )
     metrics.check_seconds.labels(outcome.phase.value).observe(outcome.seconds)
     for reason in verdict.reason_codes or ("none",):
         metrics.decisions.labels(outcome.phase.value, verdict.decision.value, reason, outcome.mode.value).inc()

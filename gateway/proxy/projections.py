@@ -3,23 +3,40 @@ their metrics, and the facts of its access line.
 
 Owns: one usage record per upstream attempt (failed and withheld ones too) — normalised by
 the carrier, filtered by the profile's `usage_fields`, estimated only where the profile
-asks, all under the runtime the call was pinned to — the session's pace event, and the access-line fields of a
+asks, all under the runtime the call was pinned to — the session's pace event, the attribution record of a call that
+reached a provider (its blocks' ids, digests and estimates, the invocation and session
+digests, the provider's usage of it) when collection is on, and the access-line fields of a
 provider call.
 Must not: change or delay anything the client receives; it never raises into a request.
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import hmac
+import json
+import time
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
 
 from gateway import admission, usage
+from gateway.attribution import blocks, registry
+from gateway.attribution.ledger import USAGE_KINDS, Record
+from gateway.attribution.registry import Registry
+from gateway.config.model import AttributionConfig
+from gateway.config.runtime import Runtime
+from gateway.ledgers.attribution import AttributionLedger
 from gateway.obs import logging as log
 from gateway.proxy import pacing
-from gateway.proxy.exchange import Admitted, Decoded, Exchange, Planned, Refused, Released, Trail
-from gateway.state import METRICS, USAGE_LEDGER
+from gateway.proxy.exchange import Admitted, Buffered, Decoded, Exchange, Planned, Refused, Released, Trail
+from gateway.state import ATTRIBUTION, METRICS, TIMELINE, USAGE_LEDGER
 from gateway.vocab import Outcome
+
+# Carriers whose requests are prompts (embeddings inputs are not split into blocks).
+ATTRIBUTED_CARRIERS = frozenset({"openai.chat", "openai.responses", "anthropic.messages"})
 
 
 def usage_records(ex: Exchange, trail: Trail) -> list[usage.UsageRecord]:
@@ -69,25 +86,119 @@ def usage_records(ex: Exchange, trail: Trail) -> list[usage.UsageRecord]:
     return records
 
 
-async def record_usage(app: web.Application, ex: Exchange, trail: Trail) -> None:
-    """Step 11: records into the usage ledger and metrics, and the final attempt's event into
-    its session's cache pace. Never raises into the request."""
+async def record_usage(app: web.Application, ex: Exchange, trail: Trail) -> list[usage.UsageRecord]:
+    """Step 11: records into the usage ledger and metrics (returned, for attribution), and the
+    final attempt's event into its session's cache pace. Never raises into the request."""
+    records: list[usage.UsageRecord] = []
     try:
         metrics = app[METRICS]
         metrics.stage_seconds.labels("checks").observe(sum(c.seconds for c in trail.checks))
         ledger = app[USAGE_LEDGER]
+        timeline = app.get(TIMELINE)
+        now = time.time()
         records = usage_records(ex, trail)
         for record in records:
             await ledger.add(record)
             for kind, count in record.counts.items():
                 if count.value is not None:
                     metrics.usage_tokens.labels(kind, record.profile, count.provenance).inc(count.value)
+                    if timeline is not None:
+                        timeline.note_usage(now, kind, count.provenance, record.profile, count.value)
                 else:
                     metrics.usage_unknown.labels(kind, record.profile).inc()
         if records:
             await pacing.record(app, ex, trail, records[-1])
     except Exception as exc:  # accounting never fails a request
         log.error("usage_record_failed", request_id=ex.request_id, error_class=type(exc).__name__)
+    return records
+
+
+@functools.lru_cache(maxsize=8)
+def registry_for(config: AttributionConfig) -> Registry:
+    """The block registry a configuration defines (built-ins plus its own entries)."""
+    return registry.build(b.model_dump() for b in config.blocks)
+
+
+def attribution_record(ex: Exchange, trail: Trail, records: list[usage.UsageRecord]) -> tuple[str, Record] | None:
+    """The content-free attribution record of a call that reached a provider, with the
+    keyed digest of its scope; None for a call that never did (not an input boundary)."""
+    if trail.last(Buffered) is None or ex.carrier.name not in ATTRIBUTED_CARRIERS:
+        return None
+    runtime = ex.runtime
+    doc = ex.parsed.doc if not ex.offloaded else json.loads(ex.raw)
+    labels, _ = blocks.parse_labels(ex.client_headers.get(blocks.LABEL_HEADER))
+    split = blocks.split(
+        ex.carrier.prompt_layout(doc), registry_for(runtime.config.attribution), block_digest(runtime.log_key), labels
+    )
+    decoded = trail.last(Decoded)
+    response_id = decoded.response_id if decoded is not None else None
+    final = records[-1].counts if records else {}
+    counts = {kind: final[kind] for kind in USAGE_KINDS if kind in final}
+    record = Record(
+        ts=time.time(),
+        blocks=split.blocks,
+        invocation=runtime.log_digest("invocation\x00" + response_id) if response_id else None,
+        session=runtime.log_digest("session\x00" + ex.session) if ex.session else None,
+        full_context=not blocks.continues_server_state(doc),
+        usage={kind: (c.value, c.provenance) for kind, c in counts.items()},
+        truncated=split.truncated,
+        profile=trail.profile_id or "",
+    )
+    return scope_digest(runtime, ex.identity.scope), record
+
+
+@functools.lru_cache(maxsize=4)
+def block_digest(key: bytes) -> Callable[[str], str]:
+    """`obs.logging.digest` (same key, same values) through the one-shot HMAC: a block's
+    identity is hashed on every collected call, up to the whole body."""
+
+    def digest(text: str) -> str:
+        return "h:" + hmac.digest(key, text.encode("utf-8", "surrogatepass"), "sha256")[:8].hex()
+
+    return digest
+
+
+def scope_digest(runtime: Runtime, scope: str) -> str:
+    return runtime.log_digest("scope\x00" + scope)
+
+
+def record_attribution(app: web.Application, ex: Exchange, trail: Trail, records: list[usage.UsageRecord]) -> None:
+    """Step 11, when collection is on: queue the call's attribution record. A body large
+    enough to be checked in a worker is split on a thread, off the event loop. Whatever
+    fails here is logged and dropped: attribution never affects a request."""
+    try:
+        ledger = app.get(ATTRIBUTION)
+        if ledger is None or not ledger.collecting:
+            return
+        if ex.offloaded or len(ex.raw) >= ex.runtime.config.limits.offload_bytes:
+            task = asyncio.create_task(_record_off_loop(app, ledger, ex, trail, records), name="attribution-record")
+            ledger.hold(task)
+            return
+        made = attribution_record(ex, trail, records)
+        if made is not None:
+            ledger.add(*made)
+            app[METRICS].attribution_records.labels("queued").inc()
+    except Exception as exc:
+        _failed(app, ex, exc)
+
+
+def _failed(app: web.Application, ex: Exchange, exc: Exception) -> None:
+    log.error("attribution_record_failed", request_id=ex.request_id, error_class=type(exc).__name__)
+    metrics = app.get(METRICS)
+    if metrics is not None:
+        metrics.attribution_records.labels("failed").inc()
+
+
+async def _record_off_loop(
+    app: web.Application, ledger: AttributionLedger, ex: Exchange, trail: Trail, records: list[usage.UsageRecord]
+) -> None:
+    try:
+        made = await asyncio.to_thread(attribution_record, ex, trail, records)
+        if made is not None:
+            ledger.add(*made)
+            app[METRICS].attribution_records.labels("queued").inc()
+    except Exception as exc:
+        _failed(app, ex, exc)
 
 
 def access_fields(ex: Exchange, trail: Trail) -> dict[str, Any]:

@@ -1,0 +1,144 @@
+"""Token attribution routes: the registry (any caller), the report (`observe`) and the
+collection switch (`admin` to change it).
+
+Must not: return anything but aggregates — no content, paths or raw ids ever reach the
+records these read.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from typing import Any
+
+from aiohttp import web
+
+from gateway import auth
+from gateway.attribution.blocks import ESTIMATOR, LABEL_HEADER
+from gateway.attribution.ledger import TOP_N, Aggregator
+from gateway.errors import ClientError
+from gateway.http.body import read_body
+from gateway.proxy import projections
+from gateway.state import ATTRIBUTION, CONTEXT, RUNTIME
+from gateway.vocab import ReasonCode
+
+
+def _bad() -> ClientError:
+    return ClientError(422, "invalid_request", (ReasonCode.INVALID_REQUEST,))
+
+
+def _number(value: str | None, default: float) -> float:
+    if value is None or value == "":
+        return default
+    try:
+        number = float(value)
+    except ValueError:
+        raise _bad() from None
+    if not math.isfinite(number):
+        raise _bad()
+    return number
+
+
+async def build_report(
+    request: web.Request, scope: str | None, since: float | None, until: float | None, top: int = TOP_N
+) -> dict[str, Any]:
+    """The report for a scope (None: every scope) over [since, until] (unix seconds)."""
+    app = request.app
+    runtime = app[RUNTIME].current
+    ledger = app[ATTRIBUTION]
+    now = time.time()
+    start = max(since if since is not None else now - ledger.retention_s, now - ledger.retention_s)
+    end = until if until is not None else now
+    digest = projections.scope_digest(runtime, scope) if scope is not None else None
+    records, limited = await ledger.records(digest, end, now=now)
+    agg = Aggregator(projections.registry_for(runtime.config.attribution), since=start)
+    for record in records:
+        agg.add(record)
+    body = agg.report(limited_scan=limited, top_n=top)
+    if ledger.dropped:  # this process dropped queued records (the database was away too long)
+        body["limited"] = True
+        body["limitReasons"] = [*body["limitReasons"], "records_dropped"]
+    body["window"] = {"since": start, "until": end, "retentionDays": ledger.retention_s / 86400}
+    body["scope"] = "selected" if scope is not None else "all"
+    body["collection"] = {"collecting": ledger.collecting}
+    return body
+
+
+async def report(request: web.Request) -> web.Response:
+    runtime = request.app[RUNTIME].current
+    query = request.query
+    scope = query.get("scope") or None
+    if scope is not None and len(scope) > 256:
+        raise _bad()
+    service = request.app.get(CONTEXT)
+    creator_of = await auth.creators(
+        runtime, request.headers, service.scope_creator if service else None, body_scope=scope
+    )
+    auth.identify(runtime, request.headers, "observe", body_scope=scope, creator_of=creator_of)
+    top = int(_number(query.get("top"), TOP_N))
+    if not 1 <= top <= TOP_N:
+        raise _bad()
+    since = _number(query.get("since"), -1.0)
+    until = _number(query.get("until"), -1.0)
+    body = await build_report(request, scope, since if since >= 0 else None, until if until >= 0 else None, top)
+    return web.json_response(body)
+
+
+async def collection(request: web.Request) -> web.Response:
+    runtime = request.app[RUNTIME].current
+    auth.identify(runtime, request.headers, "observe")
+    return web.json_response({"collecting": request.app[ATTRIBUTION].collecting})
+
+
+async def switch(request: web.Request) -> web.Response:
+    runtime = request.app[RUNTIME].current
+    auth.identify(runtime, request.headers, "admin")
+    raw = await read_body(request, runtime.config.limits)
+    try:
+        body = json.loads(raw) if len(raw) <= 1024 else None
+    except ValueError:
+        body = None
+    if not isinstance(body, dict) or set(body) != {"collecting"} or type(body["collecting"]) is not bool:
+        raise _bad()
+    collecting: bool = body["collecting"]
+    await request.app[ATTRIBUTION].set_collecting(collecting)
+    return web.json_response({"collecting": collecting})
+
+
+async def registry(request: web.Request) -> web.Response:
+    """The block ids a host may use in `x-wiregate-blocks`, and what each means (any
+    authenticated caller: hosts label their own requests)."""
+    runtime = request.app[RUNTIME].current
+    auth.authenticate(runtime, request.headers)
+    specs = projections.registry_for(runtime.config.attribution)
+    blocks = [
+        {
+            "blockId": spec.id,
+            "displayName": spec.display_name,
+            "type": spec.type,
+            "origin": spec.origin,
+            "control": spec.control,
+            "lifetime": spec.lifetime,
+            "eligible": spec.eligible,
+            "suggestedAction": spec.action,
+            "requiredValidation": spec.validation,
+            **({"targetPerInjection": spec.target} if spec.target is not None else {}),
+        }
+        for spec in specs
+    ]
+    return web.json_response(
+        {
+            "schema": "wiregate.attribution-registry.v1",
+            "labelHeader": LABEL_HEADER,
+            "estimator": ESTIMATOR,
+            "blocks": sorted(blocks, key=lambda b: b["blockId"]),
+        }
+    )
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get("/v1/attribution/registry", registry)
+    app.router.add_get("/v1/attribution/report", report)
+    app.router.add_get("/v1/attribution/collection", collection)
+    app.router.add_post("/v1/attribution/collection", switch)

@@ -1,0 +1,273 @@
+"""The attribution ledger in the gateway's one database (beside the context store and the
+usage ledger): raw boundary records and the collection switch.
+
+Owns: its migrations (component `attribution`), the batched write of records (queued by
+the flow, written off the response path in one transaction a second — a report flushes
+first; a stop flushes; a SIGKILL loses at most the last second of diagnostics), the retention purge (raw records at
+most `retention_s`, seven days by default and at most), the bounded read a report makes,
+and the runtime collection switch shared by every replica on the database (each process
+reads it again at most every `refresh_s`; the process that switches knows at once).
+Must not: store text, paths or raw ids (records hold block ids, keyed digests and
+estimates only), block a call, or raise into one (`add` only queues).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import time
+from collections import deque
+from typing import Any
+
+from gateway.attribution.ledger import Record
+from gateway.context.store.database import Database
+from gateway.context.store.migrations import Migration
+from gateway.context.store.postgres import Conn
+from gateway.obs import logging as log
+
+ATTRIBUTION_MIGRATIONS: tuple[Migration, ...] = (
+    Migration(
+        "attribution",
+        1,
+        sqlite=(
+            "CREATE TABLE wg_attr_records(seq INTEGER PRIMARY KEY AUTOINCREMENT, ts REAL NOT NULL,"
+            " scope TEXT NOT NULL, session TEXT, invocation TEXT, profile TEXT NOT NULL, record TEXT NOT NULL)",
+            "CREATE INDEX wg_attr_records_ts ON wg_attr_records(ts)",
+            "CREATE INDEX wg_attr_records_scope_ts ON wg_attr_records(scope, ts)",
+            "CREATE TABLE wg_attr_settings(name TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID",
+        ),
+        postgres=(
+            "CREATE TABLE wg_attr_records(seq bigserial PRIMARY KEY, ts double precision NOT NULL,"
+            " scope text NOT NULL, session text, invocation text, profile text NOT NULL, record text NOT NULL)",
+            "CREATE INDEX wg_attr_records_ts ON wg_attr_records(ts)",
+            "CREATE INDEX wg_attr_records_scope_ts ON wg_attr_records(scope, ts)",
+            "CREATE TABLE wg_attr_settings(name text PRIMARY KEY, value text NOT NULL)",
+        ),
+    ),
+)
+
+RETENTION_S = 7 * 86400.0  # raw records are kept at most seven days (SPEC §11)
+MAX_RECORDS = 100_000  # records one report reads; more makes the report `limited`
+
+
+class AttributionLedger:
+    def __init__(
+        self,
+        db: Database,
+        *,
+        retention_s: float = RETENTION_S,
+        max_records: int = MAX_RECORDS,
+        flush_after_s: float = 1.0,  # diagnostics: one write a second, not one per call
+        max_pending: int = 10_000,
+        refresh_s: float = 1.0,
+        purge_every_s: float = 300.0,
+    ) -> None:
+        self._db = db
+        self.retention_s = min(retention_s, RETENTION_S)
+        self.max_records = max_records
+        self._after = flush_after_s
+        self._max_pending = max_pending
+        self._refresh_s = refresh_s
+        self._purge_every = purge_every_s
+        self._next_purge = 0.0
+        self._pending: deque[tuple[str, Record]] = deque()
+        self._flusher: asyncio.Task[None] | None = None
+        self._refresher: asyncio.Task[None] | None = None
+        self._lock = asyncio.Lock()
+        self._held: set[asyncio.Task[None]] = set()  # records being made off the loop
+        self._enabled = False  # off by default (SPEC §11)
+        self._read_at = float("-inf")
+        self.dropped = 0
+
+    # --- the switch --------------------------------------------------------------------
+
+    async def load(self) -> None:
+        """Read the switch now and purge what is past the retention (at start)."""
+        self._enabled = await self._read_switch()
+        self._read_at = time.monotonic()
+        await self.flush()
+
+    @property
+    def collecting(self) -> bool:
+        """The switch as last read; a stale value starts a re-read in the background
+        (the call in hand is never held up by it)."""
+        if time.monotonic() - self._read_at > self._refresh_s and (self._refresher is None or self._refresher.done()):
+            self._read_at = time.monotonic()
+            self._refresher = asyncio.create_task(self._refresh(), name="attribution-switch")
+        return self._enabled
+
+    async def _refresh(self) -> None:
+        """Re-read the switch; and purge when due, collecting or not (raw records never
+        outlive the retention because collection was switched off)."""
+        try:
+            self._enabled = await self._read_switch()
+            await self.flush()
+        except Exception as exc:  # keep the last known value
+            log.error("attribution_switch_read_failed", error_class=type(exc).__name__)
+
+    async def _read_switch(self) -> bool:
+        if self._db.sqlite is not None:
+            row = await self._db.sqlite.read(
+                lambda c: c.execute("SELECT value FROM wg_attr_settings WHERE name = 'collection'").fetchone()
+            )
+        else:
+
+            async def pg(conn: Conn) -> Any:
+                cur = await conn.execute("SELECT value FROM wg_attr_settings WHERE name = 'collection'")
+                return await cur.fetchone()
+
+            assert self._db.postgres is not None
+            row = await self._db.postgres.read(pg)
+        return row is not None and row[0] == "on"
+
+    async def set_collecting(self, on: bool) -> None:
+        """Switch collection for every process on this database. Switching on does not
+        back-fill: only calls that end from now on are recorded."""
+        value = "on" if on else "off"
+        if self._db.sqlite is not None:
+            await self._db.sqlite.write(
+                lambda c: c.execute(
+                    "INSERT INTO wg_attr_settings(name, value) VALUES ('collection', ?)"
+                    " ON CONFLICT(name) DO UPDATE SET value = excluded.value",
+                    (value,),
+                )
+            )
+        else:
+
+            async def pg(conn: Conn) -> None:
+                await conn.execute(
+                    "INSERT INTO wg_attr_settings(name, value) VALUES ('collection', %s)"
+                    " ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+                    (value,),
+                )
+
+            assert self._db.postgres is not None
+            await self._db.postgres.write(pg)
+        self._enabled = on
+        self._read_at = time.monotonic()
+
+    # --- writing -----------------------------------------------------------------------
+
+    def hold(self, task: asyncio.Task[None]) -> None:
+        """Keep a task that will `add` a record (made off the loop) until it is done; a
+        stop waits for it."""
+        self._held.add(task)
+        task.add_done_callback(self._held.discard)
+
+    def add(self, scope: str, record: Record) -> None:
+        """Queue a record (never waits, never touches the database on the caller's path)."""
+        if len(self._pending) >= self._max_pending:
+            self._pending.popleft()
+            self.dropped += 1  # reports from this process say `limited` from now on
+        self._pending.append((scope, record))
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush_soon(), name="attribution-flush")
+
+    async def _flush_soon(self) -> None:
+        await asyncio.sleep(self._after)
+        try:
+            await self.flush()
+        except Exception as exc:  # kept queued; the next add or a stop retries
+            log.error("attribution_flush_failed", error_class=type(exc).__name__, count=len(self._pending))
+
+    async def flush(self) -> None:
+        async with self._lock:
+            now = time.time()
+            purge_before = now - self.retention_s if now >= self._next_purge else None
+            if not self._pending and purge_before is None:
+                return
+            batch = list(self._pending)
+            rows = [
+                (r.ts, scope, r.session, r.invocation, r.profile, json.dumps(r.as_json(), separators=(",", ":")))
+                for scope, r in batch
+            ]
+            if self._db.sqlite is not None:
+
+                def lite(conn: sqlite3.Connection) -> None:
+                    conn.executemany(
+                        "INSERT INTO wg_attr_records(ts, scope, session, invocation, profile, record)"
+                        " VALUES (?, ?, ?, ?, ?, ?)",
+                        rows,
+                    )
+                    if purge_before is not None:
+                        conn.execute("DELETE FROM wg_attr_records WHERE ts < ?", (purge_before,))
+
+                await self._db.sqlite.write(lite)
+            else:
+
+                async def pg(conn: Conn) -> None:
+                    async with conn.cursor() as cur:
+                        if rows:
+                            await cur.executemany(
+                                "INSERT INTO wg_attr_records(ts, scope, session, invocation, profile, record)"
+                                " VALUES (%s, %s, %s, %s, %s, %s)",
+                                rows,
+                            )
+                        if purge_before is not None:
+                            await cur.execute("DELETE FROM wg_attr_records WHERE ts < %s", (purge_before,))
+
+                assert self._db.postgres is not None
+                await self._db.postgres.write(pg)
+            if purge_before is not None:
+                self._next_purge = now + self._purge_every
+            for _ in batch:
+                self._pending.popleft()
+
+    async def close(self) -> None:
+        if self._held:
+            await asyncio.wait(set(self._held), timeout=5.0)
+        for task in (self._flusher, self._refresher):
+            if task is not None and not task.done():
+                task.cancel()
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    pass
+        await self.flush()
+
+    # --- reading -----------------------------------------------------------------------
+
+    async def records(self, scope: str | None, until: float, *, now: float) -> tuple[list[Record], bool]:
+        """The newest `max_records` records of the retention window up to `until`, oldest
+        first, and whether more were there (the report is then `limited`)."""
+        await self.flush()
+        start = now - self.retention_s
+        limit = self.max_records + 1
+        where = "ts >= ? AND ts <= ?" + (" AND scope = ?" if scope is not None else "")
+        params: tuple[Any, ...] = (start, until, scope) if scope is not None else (start, until)
+        sql = f"SELECT ts, invocation, session, profile, record FROM wg_attr_records WHERE {where}"  # noqa: S608 -- fixed text
+        sql += " ORDER BY ts DESC, seq DESC LIMIT ?"
+        if self._db.sqlite is not None:
+            rows = await self._db.sqlite.read(lambda c: [tuple(r) for r in c.execute(sql, (*params, limit))])
+        else:
+            pg_sql = sql.replace("?", "%s")
+
+            async def pg(conn: Conn) -> list[tuple[Any, ...]]:
+                cur = await conn.execute(pg_sql, (*params, limit))
+                return [tuple(r) for r in await cur.fetchall()]
+
+            assert self._db.postgres is not None
+            rows = await self._db.postgres.read(pg)
+        limited = len(rows) > self.max_records
+        rows = rows[: self.max_records]
+        rows.reverse()
+        return [
+            Record.from_json(float(ts), inv, ses, str(prof), json.loads(doc)) for ts, inv, ses, prof, doc in rows
+        ], limited
+
+    async def count(self) -> int:
+        """Records held (tests)."""
+        await self.flush()
+        if self._db.sqlite is not None:
+            return int(
+                await self._db.sqlite.read(lambda c: c.execute("SELECT count(*) FROM wg_attr_records").fetchone()[0])
+            )
+
+        async def pg(conn: Conn) -> int:
+            cur = await conn.execute("SELECT count(*) FROM wg_attr_records")
+            row = await cur.fetchone()
+            return int(row[0]) if row else 0
+
+        assert self._db.postgres is not None
+        return await self._db.postgres.read(pg)

@@ -1,0 +1,226 @@
+"""Requests split into registered blocks, per carrier; host labels; the registry's rules."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gateway.attribution import blocks, registry
+from gateway.attribution.blocks import estimate, parse_labels, split
+from gateway.carriers import CARRIERS
+from gateway.context import builder
+
+REG = registry.build()
+PREPARED = builder.TRUST_POLICY + "\n\n" + builder.BEGIN_MARKER + '\n{"items":[]}\n' + builder.END_MARKER
+
+
+def digest(text: str) -> str:
+    return "d" + str(len(text))  # tests only: the gateway uses a keyed digest
+
+
+def ids(carrier: str, doc: dict, labels: dict | None = None) -> list[tuple[str, int]]:
+    layout = CARRIERS[carrier].prompt_layout(doc)
+    return [(x.block_id, x.estimate) for x in split(layout, REG, digest, labels).blocks]
+
+
+def test_the_wrapper_constants_are_the_builders() -> None:
+    assert blocks.BEGIN_MARKER == builder.BEGIN_MARKER and blocks.END_MARKER == builder.END_MARKER
+    assert blocks.TRUST_HEAD == builder.TRUST_POLICY + "\n\n"
+
+
+def test_estimate_is_ceil_runes_over_four() -> None:
+    assert [estimate(t) for t in ("", "a", "abcd", "abcde", "ééééé", "😀" * 8)] == [0, 1, 1, 2, 2, 2]
+
+
+def test_openai_chat_split() -> None:
+    doc = {
+        "model": "gpt-4.1",
+        "tools": [{"type": "function", "function": {"name": "read", "parameters": {}}}],
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "first " + PREPARED + " tail"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "read", "arguments": "{}"}}],
+            },
+            {"role": "tool", "tool_call_id": "c1", "content": "file body"},
+            {"role": "tool", "tool_call_id": "c2", "content": "more"},
+            {"role": "user", "content": "now this"},
+        ],
+    }
+    got = [i for i, _ in ids("openai.chat", doc)]
+    assert got == [
+        "prompt.tool_schemas",
+        "prompt.system_instructions",
+        "prompt.history.user_turn",
+        "wiregate.prepared_context",
+        "prompt.history.user_turn",
+        "prompt.history.assistant_turn",
+        "prompt.tool_result",  # each tool message is one block, fields and all
+        "prompt.tool_result",
+        "prompt.current_user_turn",
+    ]
+    est = dict(ids("openai.chat", doc))
+    assert est["wiregate.prepared_context"] == estimate(PREPARED)
+    assert est["prompt.current_user_turn"] == estimate("now this")
+
+
+def test_anthropic_messages_split() -> None:
+    doc = {
+        "model": "claude-sonnet-4-5",
+        "system": [{"type": "text", "text": "Rules."}],
+        "tools": [{"name": "a", "input_schema": {}}, {"name": "b", "input_schema": {}}],
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "a", "input": {}}]},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": "t", "content": "out"},
+                    {"type": "text", "text": "go on"},
+                ],
+            },
+        ],
+    }
+    got = [i for i, _ in ids("anthropic.messages", doc)]
+    assert got == [
+        "prompt.tool_schemas",  # both tools: one block
+        "prompt.system_instructions",
+        "prompt.history.user_turn",
+        "prompt.history.assistant_turn",
+        "prompt.tool_result",
+        "prompt.current_user_turn",
+    ]
+
+
+def test_openai_responses_split_and_continuation() -> None:
+    doc = {
+        "model": "gpt-4.1",
+        "instructions": "Be exact.",
+        "previous_response_id": "resp_1",
+        "input": [
+            {"type": "function_call_output", "call_id": "c", "output": "42"},
+            {"role": "user", "content": "and?"},
+        ],
+    }
+    assert [i for i, _ in ids("openai.responses", doc)] == [
+        "prompt.system_instructions",
+        "prompt.tool_result",
+        "prompt.current_user_turn",
+    ]
+    assert blocks.continues_server_state(doc) and not blocks.continues_server_state({"input": "x"})
+
+
+def test_host_labels_map_pointers_to_registered_ids() -> None:
+    doc = {
+        "model": "gpt-4.1",
+        "messages": [
+            {"role": "system", "content": "Repo rules"},
+            {"role": "system", "content": "secret/path/AGENTS.md"},
+            {"role": "user", "content": "q"},
+        ],
+    }
+    labels, invalid = parse_labels(
+        json.dumps({"/messages/0": "host.workspace_configuration", "/messages/1/content": "src/AGENTS.md"})
+    )
+    assert not invalid
+    assert [i for i, _ in ids("openai.chat", doc, labels)] == [
+        "host.workspace_configuration",
+        "unattributed.prompt_surface",  # path-like or unknown: never an opportunity
+        "prompt.current_user_turn",
+    ]
+    assert parse_labels("not json") == ({}, True)
+    assert parse_labels("x" * 9000) == ({}, True)
+    assert parse_labels('{"a": "b"}') == ({}, True)  # not a pointer
+
+
+def test_nothing_of_the_request_is_kept() -> None:
+    doc = {"model": "gpt-4.1", "messages": [{"role": "user", "content": "the-secret-words"}]}
+    layout = CARRIERS["openai.chat"].prompt_layout(doc)
+    (only,) = split(layout, REG, lambda t: "h:0123").blocks
+    assert "secret" not in repr(only)
+
+
+def test_past_the_per_call_bound_the_rest_is_one_unattributed_block() -> None:
+    doc = {"model": "gpt-4.1", "messages": [{"role": "tool", "content": str(n)} for n in range(10)]}
+    got = split(CARRIERS["openai.chat"].prompt_layout(doc), REG, digest, max_blocks=4)
+    assert got.truncated and len(got.blocks) == 4 and got.blocks[-1].block_id == "unattributed.prompt_surface"
+
+
+@pytest.mark.parametrize(
+    ("origin", "control"),
+    [
+        ("host_policy", "assembly"),
+        ("workspace_configuration", "direct"),
+        ("user_task_payload", "direct"),
+        ("unknown", "none"),
+    ],
+)
+def test_illegal_pairs_are_refused(origin: str, control: str) -> None:
+    entry = {
+        "id": "host.thing",
+        "display_name": "x",
+        "type": "instruction",
+        "origin": origin,
+        "control": control,
+        "lifetime": "unknown",
+        "action": "a",
+        "validation": "v",
+    }
+    with pytest.raises(registry.RegistryError):
+        registry.build([entry])
+
+
+@pytest.mark.parametrize(
+    "bad", ["Host.x", "host", "host.rules.md", "a/b.c", "prompt.system_instructions", "unattributed.prompt_surface"]
+)
+def test_unregistrable_ids_are_refused(bad: str) -> None:
+    entry = {
+        "id": bad,
+        "display_name": "x",
+        "type": "notice",
+        "origin": "host_policy",
+        "control": "direct",
+        "lifetime": "boundary_only",
+        "action": "a",
+        "validation": "v",
+    }
+    with pytest.raises(registry.RegistryError):
+        registry.build([entry])
+
+
+def test_every_builtin_pair_is_legal_and_no_mixed_block_is_direct() -> None:
+    for spec in REG:
+        assert spec.control in registry.LEGAL[spec.origin]
+    # prepared context and tool results mix framing with payload: never `direct`
+    assert REG.resolve("wiregate.prepared_context").control == "assembly"
+    assert REG.resolve("prompt.tool_result").control == "assembly"
+    assert REG.resolve("anything.else").id == "unattributed.prompt_surface"
+
+
+def test_the_configuration_extends_the_registry_and_refuses_illegal_entries() -> None:
+    from pydantic import ValidationError
+
+    from gateway.config.model import GatewayConfig
+    from gateway.proxy.projections import registry_for
+
+    entry = {
+        "id": "host.coding_rules",
+        "display_name": "Coding rules",
+        "type": "instruction",
+        "origin": "host_policy",
+        "control": "direct",
+        "lifetime": "session_persistent",
+        "action": "Trim",
+        "validation": "Evals",
+        "target": 100,
+    }
+    config = GatewayConfig(deployment_id="d", attribution={"blocks": [entry]})
+    reg = registry_for(config.attribution)
+    assert reg.resolve("host.coding_rules").target == 100
+    with pytest.raises(ValidationError):
+        GatewayConfig(deployment_id="d", attribution={"blocks": [{**entry, "control": "assembly"}]})
+    with pytest.raises(ValidationError):
+        GatewayConfig(deployment_id="d", attribution={"retention_days": 8})

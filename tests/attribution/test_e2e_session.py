@@ -1,0 +1,413 @@
+"""A twenty-turn agent session through the proxy with the official openai SDK against the
+bundled mock: tool schemas, prepared context from the context layer, tool calls and tool
+results, a client retry, a compaction labelled by the host. The attribution report equals
+the figures computed here by hand from what was sent; nothing of the prompt or any raw id
+is stored; collection is off by default and switching it on does not back-fill; a failing
+attribution sink never affects a call."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from gateway.context import builder
+from gateway.state import ATTRIBUTION
+from tests.conftest import GatewayFactory
+from tests.harness import Env, GatewayThread, openai_client, raw_client
+
+SENTINEL = "QUOKKA"  # only ever in prompt text
+SESSION = "agent-session-7f3a"
+SYSTEM = "You are a careful coding agent. Follow the repository rules exactly.\n\n"
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "read_file",
+            "description": "Read one file of the repository",
+            "parameters": {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]},
+        },
+    }
+]
+TURNS = 20
+COMPACT_AT = 13  # the host compacts its history before this turn
+RETRY_AT = 7  # the client sends this turn twice (same invocation)
+TARGET = 256  # wiregate.prepared_context's registered per-injection target
+
+
+def est(text: str) -> int:
+    return math.ceil(len(text) / 4)
+
+
+def compact(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def api(env: Env, gw: GatewayThread, method: str, path: str, body: Any = None, **params: Any) -> Any:
+    client = raw_client(gw, env)
+    response = client.request(
+        method, path, json=body, params=params or None, headers={"authorization": f"Bearer {env.gateway_key}"}
+    )
+    assert response.status_code in (200, 201), response.text
+    return response.json()
+
+
+@pytest.fixture(scope="module")
+def gw(gateways: GatewayFactory) -> Iterator[tuple[Env, GatewayThread]]:
+    with gateways("attribution-e2e") as started:
+        yield started
+
+
+def _prepare(env: Env, gw: GatewayThread) -> tuple[str, str]:
+    scope = api(env, gw, "POST", "/v1/scopes", {"title": "a", "summary": "a", "idempotency_key": uuid.uuid4().hex})[
+        "scope_id"
+    ]
+    api(
+        env,
+        gw,
+        "POST",
+        f"/v1/scopes/{scope}/artifacts",
+        {"family": "atomic-memory", "content": {"kind": "decision", "text": "Modules are tested before merge."}},
+    )
+    prepared = api(env, gw, "POST", "/v1/context/prepare", {"scope_id": scope, "query": "how are modules tested"})
+    content = prepared["content"]
+    assert content.startswith(builder.TRUST_POLICY) and content.endswith(builder.END_MARKER)
+    return scope, content
+
+
+class Expected:
+    """The report, by hand: per block id, what each call sent."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, dict[str, int]] = {}
+        self.calls = 0
+
+    def call(self, blocks: list[tuple[str, str]]) -> None:
+        self.calls += 1
+        seen: set[str] = set()
+        for block_id, text in blocks:
+            row = self.rows.setdefault(block_id, {"materialized": 0, "injections": 0})
+            row["materialized"] += est(text)
+            if block_id not in seen:
+                seen.add(block_id)
+                row["injections"] += 1
+
+
+def test_a_twenty_turn_session_reports_what_was_computed_by_hand(gw: tuple[Env, GatewayThread]) -> None:
+    env, gateway = gw
+    scope, prepared = _prepare(env, gateway)
+    client = openai_client(gateway, env)
+    headers = {"x-wiregate-scope": scope, "x-wiregate-session": SESSION}
+
+    # Collection is off by default: this call is never recorded, and switching on does not back-fill it.
+    assert api(env, gateway, "GET", "/v1/attribution/collection") == {"collecting": False}
+    client.chat.completions.create(
+        model="gpt-4.1", messages=[{"role": "user", "content": f"{SENTINEL} before"}], extra_headers=headers
+    )
+    assert api(env, gateway, "POST", "/v1/attribution/collection", {"collecting": True}) == {"collecting": True}
+
+    system = {"role": "system", "content": SYSTEM + prepared}
+    history: list[dict[str, Any]] = []  # after the system message
+    hand: list[tuple[str, str]] = []  # (block id, text) of the history, in order
+    expected = Expected()
+    usage = {"input_total": 0, "output": 0, "cache_read": 0}
+    response_ids: set[str] = set()
+    labels: dict[str, str] = {}
+    for turn in range(1, TURNS + 1):
+        if turn == COMPACT_AT:
+            summary = f"Summary of turns 1-{turn - 1}: modules checked, two files read. {SENTINEL}"
+            history = [{"role": "user", "content": summary}]
+            hand = [("host.compaction_summary", summary)]
+            labels = {"/messages/1": "host.compaction_summary"}
+        user = f"Turn {turn}: check module {turn} and report. {SENTINEL}"
+        messages = [system, *history, {"role": "user", "content": user}]
+        extra = {**headers, "x-wiregate-blocks": json.dumps(labels)} if labels else headers
+        reply = client.chat.completions.create(model="gpt-4.1", messages=messages, tools=TOOLS, extra_headers=extra)
+        if turn == RETRY_AT:  # the client retries: the same invocation again
+            again = client.chat.completions.create(model="gpt-4.1", messages=messages, tools=TOOLS, extra_headers=extra)
+            assert again.id == reply.id
+        assert reply.id not in response_ids
+        response_ids.add(reply.id)
+        assert reply.usage is not None
+        usage["input_total"] += reply.usage.prompt_tokens
+        usage["output"] += reply.usage.completion_tokens
+        details = reply.usage.prompt_tokens_details
+        usage["cache_read"] += (details.cached_tokens or 0) if details is not None else 0
+        expected.call(
+            [
+                ("prompt.tool_schemas", "".join(compact(t) for t in TOOLS)),
+                ("prompt.system_instructions", SYSTEM),
+                ("wiregate.prepared_context", prepared),
+                *hand,
+                ("prompt.current_user_turn", user),
+            ]
+        )
+        history.append({"role": "user", "content": user})
+        hand.append(("prompt.history.user_turn", user))
+        if turn % 4 == 0:  # the agent calls a tool; its result joins the history
+            call_id = f"call_{turn}"
+            calls = [
+                {
+                    "id": call_id,
+                    "type": "function",
+                    "function": {"name": "read_file", "arguments": json.dumps({"name": f"m{turn}.txt"})},
+                }
+            ]
+            result = f"contents of module {turn}: " + "x = 1\n" * (40 + turn)
+            history += [
+                {"role": "assistant", "tool_calls": calls},
+                {"role": "tool", "tool_call_id": call_id, "content": result},
+            ]
+            hand += [
+                ("prompt.history.assistant_turn", compact({"tool_calls": calls})),
+                ("prompt.tool_result", result + compact({"tool_call_id": call_id})),
+            ]
+        else:
+            text = reply.choices[0].message.content or ""
+            history.append({"role": "assistant", "content": text})
+            hand.append(("prompt.history.assistant_turn", text))
+
+    report = api(env, gateway, "GET", "/v1/attribution/report", scope=scope)
+    assert report["estimator"] == {"name": "runes/4@1", "kind": "relative_attribution_only"}
+    assert report["boundaries"] == TURNS == expected.calls
+    assert report["replaysDeduplicated"] == 1
+    assert report["exposure"] == {"status": "supported", "correlatedInvocations": TURNS, "incompleteInvocations": 0}
+    assert report["limited"] is False
+
+    got = {r["blockId"]: r for r in report["ledger"]}
+    assert set(got) == set(expected.rows)
+    eligible = {
+        "prompt.tool_schemas",
+        "prompt.system_instructions",
+        "wiregate.prepared_context",
+        "prompt.history.assistant_turn",
+        "prompt.tool_result",
+        "host.compaction_summary",
+    }
+    for block_id, want in expected.rows.items():
+        row = got[block_id]
+        materialized, injections = want["materialized"], want["injections"]
+        assert row["cumulativeMaterializedEstimate"] == materialized, block_id
+        assert row["injectionCount"] == injections, block_id
+        assert row["injectionCoverage"] == round(injections / TURNS, 6)
+        assert row["meanTokensWhenInjected"] == round(materialized / injections, 2)
+        # Every call carries its whole context: what is active is exactly what was sent.
+        assert row["cumulativeExposureEstimate"] == materialized, block_id
+        assert row["activeInvocations"] == injections, block_id
+        controllable = materialized if block_id in eligible else 0
+        assert row["cumulativeControllableExposureEstimate"] == controllable, block_id
+        if block_id == "wiregate.prepared_context":
+            assert row["cumulativeTargetExposureEstimate"] == TARGET * TURNS
+            assert row["cumulativeAddressableExposureEstimate"] == max(controllable - TARGET * TURNS, 0)
+            assert row["estimator"] == "addressable_exposure_target"
+        else:
+            assert "cumulativeAddressableExposureEstimate" not in row and "cumulativeTargetExposureEstimate" not in row
+            assert row["estimator"] == "exposure_contribution"
+
+    total = sum(w["materialized"] for w in expected.rows.values())
+    user_payload = sum(
+        expected.rows[b]["materialized"] for b in ("prompt.current_user_turn", "prompt.history.user_turn")
+    )
+    assert report["partition"] == {
+        "compiledMaterialized": total,
+        "owned": total - user_payload,
+        "workspaceConfiguration": 0,
+        "userTaskPayload": user_payload,
+        "unknown": 0,
+    }
+    assert report["controllableMaterialized"] == total - user_payload
+
+    def value(block_id: str) -> int:
+        row = got[block_id]
+        return row.get("cumulativeAddressableExposureEstimate", row["cumulativeExposureEstimate"])
+
+    ranked = sorted((b for b in eligible if value(b) > 0), key=lambda b: (-value(b), -got[b]["injectionCount"], b))
+    assert [o["blockId"] for o in report["opportunities"]] == ranked
+    assert all(
+        o["blockId"] not in ("prompt.current_user_turn", "prompt.history.user_turn") for o in report["opportunities"]
+    )
+
+    kinds = report["providerUsage"]["kinds"]
+    for kind, total_tokens in usage.items():
+        assert kinds[kind]["known"] == total_tokens, kind
+    assert report["providerUsage"]["invocations"] == TURNS
+
+    # The report without a scope covers every scope: the same here.
+    assert api(env, gateway, "GET", "/v1/attribution/report")["boundaries"] == TURNS
+    # A window that ends before the session holds nothing.
+    assert api(env, gateway, "GET", "/v1/attribution/report", until=str(time.time() - 3600))["boundaries"] == 0
+
+    # Nothing of the prompt, the session, the scope or a response id is stored.
+    db = sqlite3.connect(env.dir / "data" / "wiregate.db")
+    try:
+        rows = db.execute("SELECT ts, scope, session, invocation, profile, record FROM wg_attr_records").fetchall()
+    finally:
+        db.close()
+    assert len(rows) == TURNS + 1  # the retry is stored, and counted once
+    stored = json.dumps(rows)
+    for raw in (SENTINEL, SESSION, scope, "read_file", "module", *response_ids):
+        assert raw not in stored
+
+
+def test_switching_needs_admin_and_reading_needs_observe(gw: tuple[Env, GatewayThread]) -> None:
+    env, gateway = gw
+    client = raw_client(gateway, env)
+    viewer = env.add_principal("viewer", ["observe"], [])
+    caller = env.add_principal("caller", ["proxy"], ["mock-openai"])
+    assert gateway.reload()
+    # Hosts read the registry to label their blocks; it is not the report.
+    registry = client.get("/v1/attribution/registry", headers={"authorization": f"Bearer {caller}"}).json()
+    ids = [b["blockId"] for b in registry["blocks"]]
+    assert "wiregate.prepared_context" in ids and "unattributed.prompt_surface" in ids
+    assert registry["labelHeader"] == "x-wiregate-blocks" and registry["estimator"] == "runes/4@1"
+    prepared = next(b for b in registry["blocks"] if b["blockId"] == "wiregate.prepared_context")
+    assert prepared["targetPerInjection"] == 256 and prepared["control"] == "assembly"
+    assert client.get("/v1/attribution/report", headers={"authorization": f"Bearer {caller}"}).status_code == 403
+    as_viewer = {"authorization": f"Bearer {viewer}"}
+    assert client.get("/v1/attribution/report", headers=as_viewer).status_code == 200
+    assert client.post("/v1/attribution/collection", json={"collecting": False}, headers=as_viewer).status_code == 403
+    assert client.get("/v1/attribution/report").status_code == 401
+    admin = {"authorization": f"Bearer {env.gateway_key}"}
+    assert client.post("/v1/attribution/collection", json={"collecting": "yes"}, headers=admin).status_code == 422
+    assert client.get("/v1/attribution/report", params={"top": "13"}, headers=admin).status_code == 422
+
+
+def test_a_failing_attribution_sink_never_affects_a_call(gateways: GatewayFactory) -> None:
+    with gateways("attribution-failing") as (env, gateway):
+        api(env, gateway, "POST", "/v1/attribution/collection", {"collecting": True})
+        assert gateway.running is not None
+        ledger = gateway.running.app[ATTRIBUTION]
+        client = openai_client(gateway, env)
+        messages = [{"role": "user", "content": "hello"}]
+
+        def broken(*args: Any) -> None:
+            raise RuntimeError("attribution sink down")
+
+        ledger.add = broken  # type: ignore[method-assign]
+        for n in range(3):
+            reply = client.chat.completions.create(
+                model="gpt-4.1", messages=[*messages, {"role": "user", "content": str(n)}]
+            )
+            assert reply.choices[0].message.content
+        chunks = list(client.chat.completions.create(model="gpt-4.1", messages=messages, stream=True))
+        assert chunks
+        metrics = raw_client(gateway, env).get("/metrics", headers={"authorization": f"Bearer {env.gateway_key}"}).text
+        assert 'wiregate_attribution_records_total{outcome="failed"} 4.0' in metrics
+        # The database itself fails: records queue, the flush fails off the call's path.
+        del ledger.add
+        db = sqlite3.connect(env.dir / "data" / "wiregate.db")
+        try:
+            db.execute("DROP TABLE wg_attr_records")
+            db.commit()
+        finally:
+            db.close()
+        for n in range(3):
+            reply = client.chat.completions.create(
+                model="gpt-4.1", messages=[{"role": "user", "content": f"again {n}"}]
+            )
+            assert reply.choices[0].message.content
+        time.sleep(0.2)  # let a flush fail
+        reply = client.chat.completions.create(model="gpt-4.1", messages=[{"role": "user", "content": "still"}])
+        assert reply.choices[0].message.content
+
+
+def test_the_cli_switches_collection_and_prints_the_report(gw: tuple[Env, GatewayThread]) -> None:
+    env, gateway = gw
+
+    def cli(*args: str) -> Any:
+        done = subprocess.run(
+            [sys.executable, "-m", "gateway", "attribution", *args, "--uds", str(gateway.uds)],
+            env={**os.environ, "WIREGATE_KEY": env.gateway_key},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    assert cli("on") == {"collecting": True}
+    before = cli("report")["boundaries"]
+    assert cli("off") == {"collecting": False}
+    openai_client(gateway, env).chat.completions.create(model="gpt-4.1", messages=[{"role": "user", "content": "x"}])
+    after = cli("report")
+    assert after["collection"] == {"collecting": False} and after["boundaries"] == before
+    assert cli("on") == {"collecting": True}
+    missing = subprocess.run(
+        [sys.executable, "-m", "gateway", "attribution", "on", "--uds", str(gateway.uds)],
+        env={k: v for k, v in os.environ.items() if k != "WIREGATE_KEY"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert missing.returncode == 2 and "WIREGATE_KEY" in missing.stderr
+
+
+def test_a_large_body_is_attributed_off_the_event_loop(gateways: GatewayFactory) -> None:
+    """Bodies past `offload_bytes` are parsed and checked in a worker; their blocks are made
+    on a thread, and the report is the same as for a small body."""
+    with gateways("attribution-offload", config_extra="[limits]\noffload_bytes = 2048\n") as (env, gateway):
+        api(env, gateway, "POST", "/v1/attribution/collection", {"collecting": True})
+        system = "Rules. " * 800
+        user = "Large question. " * 300
+        client = openai_client(gateway, env)
+        client.chat.completions.create(
+            model="gpt-4.1",
+            messages=[{"role": "system", "content": system}, {"role": "user", "content": user}],
+            tools=TOOLS,
+        )
+        report = api(env, gateway, "GET", "/v1/attribution/report")
+        got = {r["blockId"]: r["cumulativeMaterializedEstimate"] for r in report["ledger"]}
+        assert got == {
+            "prompt.system_instructions": est(system),
+            "prompt.current_user_turn": est(user),
+            "prompt.tool_schemas": est("".join(compact(t) for t in TOOLS)),
+        }
+        assert report["exposure"]["status"] == "supported"
+
+
+@pytest.mark.parametrize("session", [True, False])
+def test_a_responses_continuation_is_exposed_to_what_its_session_carries(
+    gateways: GatewayFactory, session: bool
+) -> None:
+    """With `previous_response_id` a call holds only what is new; the session carries the
+    rest, so exposure exceeds what was materialized. Without a session the evidence is
+    incomplete: `limited`, never filled in from injection counts."""
+    with gateways(f"attribution-responses-{session}") as (env, gateway):
+        api(env, gateway, "POST", "/v1/attribution/collection", {"collecting": True})
+        client = openai_client(gateway, env)
+        headers = {"x-wiregate-session": "responses-session"} if session else {}
+        instructions = "You answer in one sentence. " * 10
+        users = [f"Question {n}: what changed in module {n}?" for n in range(1, 4)]
+        previous = None
+        for user in users:
+            extra = {"previous_response_id": previous} if previous else {}
+            reply = client.responses.create(
+                model="gpt-4.1", instructions=instructions, input=user, extra_headers=headers, **extra
+            )
+            previous = reply.id
+        report = api(env, gateway, "GET", "/v1/attribution/report")
+        got = {r["blockId"]: r for r in report["ledger"]}
+        u = [est(x) for x in users]
+        assert got["prompt.current_user_turn"]["cumulativeMaterializedEstimate"] == sum(u)
+        assert got["prompt.system_instructions"]["cumulativeMaterializedEstimate"] == 3 * est(instructions)
+        if session:
+            assert report["exposure"]["status"] == "supported"
+            exposure = u[0] + (u[0] + u[1]) + (u[0] + u[1] + u[2])
+            assert got["prompt.current_user_turn"]["cumulativeExposureEstimate"] == exposure
+            assert got["prompt.system_instructions"]["cumulativeExposureEstimate"] == 3 * est(instructions)
+        else:
+            assert report["exposure"] == {
+                "status": "limited",
+                "correlatedInvocations": 3,
+                "incompleteInvocations": 2,
+            }
+            assert got["prompt.current_user_turn"]["cumulativeExposureEstimate"] == sum(u)  # what was seen, no more
