@@ -201,7 +201,8 @@ def test_a_reuse_binding_verifies_on_both_and_goes_stale_on_both(pair: Pair) -> 
     made = _memory(pair.a, scope, "Billing stores amounts in integer cents.")
     with pair.b.http() as client:  # prepared by the other replica, from the shared store
         prepared = client.post(
-            "/v1/context/prepare", json={"scope_id": scope, "query": "how are billing amounts stored", "include_reuse": True}
+            "/v1/context/prepare",
+            json={"scope_id": scope, "query": "how are billing amounts stored", "include_reuse": True},
         ).json()
     assert prepared["context"]["status"] == "ready"
     for replica in (pair.a, pair.b):
