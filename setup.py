@@ -5,14 +5,18 @@ are present the install still succeeds and jsonraw uses its pure-Python referenc
 (CI sets WIREGATE_REQUIRE_NATIVE=1 so a missing module fails a test there).
 """
 
+import sys
+
 from setuptools import Extension, setup
+
+GCC_FLAGS = ["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Wno-missing-field-initializers"]
 
 setup(
     ext_modules=[
         Extension(
             "gateway.carriers._jsonraw_native",
             sources=["gateway/carriers/_jsonraw_native.c"],
-            extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Wno-missing-field-initializers"],
+            extra_compile_args=[] if sys.platform == "win32" else GCC_FLAGS,
             optional=True,
         )
     ]
