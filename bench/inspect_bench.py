@@ -10,7 +10,10 @@ be `allow`. Cases, interleaved round by round:
 * ``parse only``         -- the carrier parse alone;
 * ``checks.before_send`` -- carrier parse + the proxy's complete `before_send` (destination
   check, header units, binding sealing);
-* ``python engine``      -- the full decision with the documented slow engine (baseline).
+* ``python engine``      -- the full decision with the documented slow engine (baseline);
+* ``full, py reader`` and ``parse, py reader`` -- the full decision and the parse with the
+  pure-Python reference JSON reader instead of the native one (when that is built), so the
+  native/reference ratio comes from the same run.
 
 Part 2 runs the wire benchmark's ``chat-200KB c=1`` workload with the gateway configured with
 1,000 secret values: direct vs gateway-https vs gateway-uds.
@@ -45,7 +48,7 @@ from typing import Any
 import wire_bench  # bench/ is on sys.path (this script's directory, or run_all's)
 from wire_bench import BenchError, Check, Stats, WorkloadResult, percentile
 
-from gateway.carriers import CARRIERS
+from gateway.carriers import CARRIERS, jsonraw
 from gateway.carriers.base import CarrierLimits, ParsedRequest
 from gateway.checks import runner as checks
 from gateway.checks.destination import Target
@@ -596,12 +599,14 @@ def validate(payload: Payload, engines: Engines, setup: CheckSetup) -> None:
 
 # --- measurement -----------------------------------------------------------------------
 
-FULL, ENGINE, PARSE, CHECKS, PYTHON = (
+FULL, ENGINE, PARSE, CHECKS, PYTHON, FULL_PY_READER, PARSE_PY_READER = (
     "full decision",
     "engine only",
     "parse only",
     "checks.before_send",
     "python engine",
+    "full, py reader",
+    "parse, py reader",
 )
 
 
@@ -612,6 +617,19 @@ class Case:
     name: str
     run: Callable[[], Verdict | None]
     iterations: int
+
+
+def reference_reader(run: Callable[[], Verdict | None]) -> Callable[[], Verdict | None]:
+    """`run` with jsonraw's pure-Python reference reader instead of the native one."""
+
+    def call() -> Verdict | None:
+        jsonraw.use_native(False)
+        try:
+            return run()
+        finally:
+            jsonraw.use_native(True)
+
+    return call
 
 
 def cases(payload: Payload, engines: Engines, setup: CheckSetup) -> list[Case]:
@@ -629,6 +647,9 @@ def cases(payload: Payload, engines: Engines, setup: CheckSetup) -> list[Case]:
         Case(PARSE, parse, size.iterations),
         Case(CHECKS, lambda: before_send(setup, raw).verdict, size.iterations),
     ]
+    if jsonraw.NATIVE_AVAILABLE:
+        out.append(Case(FULL_PY_READER, reference_reader(full(engines.hyperscan)), size.iterations))
+        out.append(Case(PARSE_PY_READER, reference_reader(parse), size.iterations))
     if size.python_iterations:
         out.append(Case(PYTHON, full(engines.python), size.python_iterations))
     return out
@@ -717,6 +738,14 @@ def format_size_table(result: SizeResult) -> str:
             f"{s.mean_ms:>10.3f}{s.mbps_p50:>10.1f}{s.mbps_mean:>11.1f}"
             f"{s.vs_full:>8.2f}x"
         )
+    if FULL_PY_READER in result.stats:
+        full_x = result.stats[FULL_PY_READER].p50_ms / result.stats[FULL].p50_ms
+        parse_x = result.stats[PARSE_PY_READER].p50_ms / result.stats[PARSE].p50_ms
+        lines.append(
+            f"   native JSON reader: full decision {full_x:.2f}x, parse {parse_x:.2f}x as fast as the reference reader (p50)"
+        )
+    elif not jsonraw.NATIVE_AVAILABLE:
+        lines.append("   native JSON reader not built: every case used the pure-Python reference reader")
     if PYTHON in result.stats:
         ratio = result.stats[PYTHON].vs_full
         lines.append(f"   baseline: the documented slow engine takes {ratio:.0f}x the Hyperscan full decision's p50")
@@ -840,6 +869,7 @@ def machine_info(pinning: str) -> dict[str, Any]:
         "hyperscan": metadata.version("hyperscan"),
         "pinning": pinning,
         "secret_values": SECRET_COUNT,
+        "native_json_reader": jsonraw.NATIVE_AVAILABLE,
     }
 
 

@@ -57,3 +57,30 @@ def _imports(path: Path) -> set[str]:
 def test_pure_module_imports_no_io(path: Path) -> None:
     bad = {name for name in _imports(path) if any(name == f or name.startswith(f + ".") for f in FORBIDDEN)}
     assert not bad, f"{path.name} imports {sorted(bad)}"
+
+
+NATIVE = sorted(ROOT.joinpath("carriers").glob("*.c"))
+NATIVE_HEADERS = {"Python.h", "string.h"}
+NATIVE_FORBIDDEN_CALLS = (
+    "fopen",
+    "open(",
+    "read(",
+    "write(",
+    "printf",
+    "socket",
+    "getenv",
+    "time(",
+    "rand(",
+    "system(",
+)
+
+
+@pytest.mark.parametrize("path", NATIVE, ids=lambda p: str(p.relative_to(ROOT)))
+def test_native_module_does_no_io(path: Path) -> None:
+    """The native path of a pure package is pure too: the C API and string.h only."""
+    source = path.read_text()
+    headers = {line.split()[1].strip('<>"') for line in source.splitlines() if line.startswith("#include")}
+    assert headers <= NATIVE_HEADERS, f"{path.name} includes {sorted(headers - NATIVE_HEADERS)}"
+    code = "\n".join(line for line in source.splitlines() if not line.lstrip().startswith(("/*", "*")))
+    called = [name for name in NATIVE_FORBIDDEN_CALLS if name in code]
+    assert not called, f"{path.name} calls {called}"

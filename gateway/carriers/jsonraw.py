@@ -3,7 +3,9 @@
 Owns: decoding provider JSON without losing anything an inspector must see — duplicate keys
 (every value kept), exact numbers (floats keep their lexical form), depth and size limits,
 strict UTF-8, no lone surrogates, no NaN/Infinity — and the walk that yields every string,
-key and number with its RFC 6901 path.
+key and number with its RFC 6901 path. The functions below are the reference; when the
+native module (_jsonraw_native.c) is built, `loads`, `decode_units` (wire bytes),
+`decode_shape` and `decode_texts` use it, with the same results (tests/test_jsonraw_native.py).
 Must not: do I/O, or "repair" input. A parse failure raises `JsonError`; callers refuse.
 """
 
@@ -12,7 +14,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 from gateway import units
 from gateway.units import Path, TextUnit
@@ -92,6 +94,13 @@ def loads(raw: bytes, *, max_depth: int, check_depth: bool = True) -> Any:
 
     `check_depth=False` is for callers that `collect` the whole document right after
     (collect enforces the same limit in the same pass)."""
+    if _native is not None and type(raw) is bytes:
+        return _native.loads(raw, max_depth, check_depth)
+    return loads_reference(raw, max_depth=max_depth, check_depth=check_depth)
+
+
+def loads_reference(raw: bytes, *, max_depth: int, check_depth: bool = True) -> Any:
+    """`loads` by the pure-Python reference reader."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
@@ -104,6 +113,15 @@ def loads(raw: bytes, *, max_depth: int, check_depth: bool = True) -> Any:
 
 def decode_shape(text: str, max_depth: int) -> tuple[Any, bool]:
     """Decode `text`, check depth; return the document and whether it had duplicate keys."""
+    if _native is not None:
+        shape = _native.decode_shape(text, max_depth)
+        if shape is not NotImplemented:  # text holding a surrogate: the reference reads it
+            return cast(tuple[Any, bool], shape)
+    return decode_shape_reference(text, max_depth)
+
+
+def decode_shape_reference(text: str, max_depth: int) -> tuple[Any, bool]:
+    """`decode_shape` by the pure-Python reference reader."""
     doc = loads_text(text, max_depth=max_depth, check_depth=False)
     dups, _ = check_shape(doc, max_depth)
     return doc, dups
@@ -112,6 +130,15 @@ def decode_shape(text: str, max_depth: int) -> tuple[Any, bool]:
 def decode_texts(text: str, max_depth: int) -> tuple[Any, list[str], bool]:
     """Decode `text`; return the document, its strings/keys/numbers and whether it had
     duplicate keys (every value of a duplicate included)."""
+    if _native is not None:
+        decoded = _native.decode_texts(text, max_depth)
+        if decoded is not NotImplemented:  # text holding a surrogate: the reference reads it
+            return cast(tuple[Any, list[str], bool], decoded)
+    return decode_texts_reference(text, max_depth)
+
+
+def decode_texts_reference(text: str, max_depth: int) -> tuple[Any, list[str], bool]:
+    """`decode_texts` by the pure-Python reference reader."""
     doc = loads_text(text, max_depth=max_depth, check_depth=False)
     texts, dups, _ = collect_texts(doc, max_depth)
     return doc, texts, dups
@@ -120,12 +147,19 @@ def decode_texts(text: str, max_depth: int) -> tuple[Any, list[str], bool]:
 def decode_units(raw: bytes | str, base: Path, max_depth: int) -> tuple[Any, list[TextUnit], list[Path]]:
     """Decode a complete document (wire bytes: strict UTF-8; no lone surrogates) and
     collect its units; duplicate keys keep every value and are reported by path."""
+    if _native is not None and type(raw) is bytes:
+        return cast(tuple[Any, list[TextUnit], list[Path]], _native.decode_units(raw, base, max_depth))
+    return decode_units_reference(raw, base, max_depth)
+
+
+def decode_units_reference(raw: bytes | str, base: Path, max_depth: int) -> tuple[Any, list[TextUnit], list[Path]]:
+    """`decode_units` by the pure-Python reference reader."""
     if isinstance(raw, str):
         doc = loads_text(raw, max_depth=max_depth, check_depth=False)
         if not surrogates_ok(raw, doc):
             raise JsonError(ReasonCode.JSON_INVALID)
     else:
-        doc = loads(raw, max_depth=max_depth, check_depth=False)
+        doc = loads_reference(raw, max_depth=max_depth, check_depth=False)
     items, dups, _ = collect(doc, base, max_depth)
     return doc, items, dups
 
@@ -301,3 +335,36 @@ def collect_texts(doc: Any, max_depth: int) -> tuple[list[str], bool, int]:
 def is_str(value: Any) -> bool:
     """A real JSON string (not a number kept as its lexical form)."""
     return type(value) is str
+
+
+# --- the native path ------------------------------------------------------------------
+# gateway/carriers/_jsonraw_native.c, built by the package's install (setup.py; optional:
+# without a C compiler the install succeeds and the reference reader above is used). It
+# gives the same results as the reference for wire bytes and for text (which is the
+# specification; tests/test_jsonraw_native.py checks them against each other).
+_native: Any = None
+try:
+    from gateway.carriers import _jsonraw_native
+except ImportError:  # pragma: no cover - a machine without a C compiler
+    NATIVE_AVAILABLE = False
+else:
+    _jsonraw_native.configure(
+        JsonError,
+        DupDict,
+        JsonFloat,
+        TextUnit,
+        ReasonCode.JSON_INVALID,
+        ReasonCode.TOO_DEEP,
+        KIND_STRING,
+        KIND_KEY,
+        KIND_NUMBER,
+    )
+    NATIVE_AVAILABLE = True
+    _native = _jsonraw_native
+
+
+def use_native(enabled: bool) -> None:
+    """Choose the native path (when it is built) or the reference reader (benchmarks and
+    tests compare them)."""
+    global _native
+    _native = _jsonraw_native if enabled and NATIVE_AVAILABLE else None

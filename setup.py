@@ -1,0 +1,23 @@
+"""The one native module: the strict JSON reader's fast path (gateway/carriers/jsonraw.py).
+
+Everything else is in pyproject.toml. `optional=True`: where no C compiler or Python headers
+are present the install still succeeds and jsonraw uses its pure-Python reference reader
+(CI sets WIREGATE_REQUIRE_NATIVE=1 so a missing module fails a test there).
+"""
+
+import sys
+
+from setuptools import Extension, setup
+
+GCC_FLAGS = ["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Wno-missing-field-initializers"]
+
+setup(
+    ext_modules=[
+        Extension(
+            "gateway.carriers._jsonraw_native",
+            sources=["gateway/carriers/_jsonraw_native.c"],
+            extra_compile_args=[] if sys.platform == "win32" else GCC_FLAGS,
+            optional=True,
+        )
+    ]
+)
