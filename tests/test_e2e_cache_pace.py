@@ -166,9 +166,9 @@ def test_replicas_on_one_postgresql_plan_a_session_from_one_record(monkeypatch: 
                     client = anthropic_client(gw, env, uds=True)
                     body = replay.anthropic_request(session, turn)
                     usages.append(client.messages.create(**body, extra_headers={"x-wiregate-session": "shared"}).usage)
-                report = raw_client(b, env).get(
-                    "/v1/usage/report", headers={"authorization": f"Bearer {env.gateway_key}"}
-                )
+                auth = {"authorization": f"Bearer {env.gateway_key}"}
+                raw_client(a, env).get("/v1/usage/report", headers=auth)  # a writes what it has queued
+                report = raw_client(b, env).get("/v1/usage/report", headers=auth)
                 plans = [r["cache_plan"] for r in report.json()["recent"] if r["profile"] == "mock-anthropic"]
         assert plans == [["no_history", "ttl_5m"], ["ttl_1h"], ["ttl_1h"], ["ttl_1h"]]
         assert usages[1].cache_creation.ephemeral_5m_input_tokens == 0
