@@ -165,6 +165,9 @@ def running_server(*, start_timeout: float = START_TIMEOUT) -> Iterator[PowerCon
             else:
                 tail = log.read_text(errors="replace").strip().splitlines()[-3:]
                 last_error = f"exited {proc.returncode}: {' | '.join(tail)}"
+                if "already in use" in log.read_text(errors="replace").lower():
+                    continue
+            break
         finally:
             _stop(proc)
     raise PowerContextUnavailable(f"PowerContext {VERSION} server did not start: {last_error} (log: {log})")
