@@ -19,10 +19,12 @@ test is skipped with the reason, or fails when WIREGATE_REQUIRE_POWERCONTEXT=1.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
 import os
 import secrets
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -102,6 +104,12 @@ def ensure_venv() -> Path:
         return _bin("powercontext")
 
 
+def _die_with_parent() -> None:
+    """Runs in the server process before exec: a killed test run leaves no server behind."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -120,9 +128,12 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 @contextlib.contextmanager
-def running_server(*, start_timeout: float = START_TIMEOUT) -> Iterator[PowerContextServer]:
+def running_server(*, start_timeout: float = START_TIMEOUT, home: Path | None = None) -> Iterator[PowerContextServer]:
+    """`home`: an existing POWERCONTEXT_HOME to serve (kept afterwards); default a fresh
+    temporary one, deleted after the server stops."""
     executable = ensure_venv()
-    home = Path(tempfile.mkdtemp(prefix="pc-home-"))
+    own_home = home is None
+    home = Path(tempfile.mkdtemp(prefix="pc-home-")) if home is None else home
     token = secrets.token_urlsafe(24)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("POWERCONTEXT", "VIRTUAL_ENV"))}
     env.update(
@@ -138,7 +149,9 @@ def running_server(*, start_timeout: float = START_TIMEOUT) -> Iterator[PowerCon
         port = _free_port()
         cmd = [str(executable), "server", "run", "--host", "127.0.0.1", "--port", str(port), "--no-env-file"]
         with log.open("ab") as out:
-            proc = subprocess.Popen(cmd, cwd=home, env=env, stdout=out, stderr=subprocess.STDOUT)
+            proc = subprocess.Popen(
+                cmd, cwd=home, env=env, stdout=out, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
+            )
         try:
             server = PowerContextServer(f"http://127.0.0.1:{port}", token, home, log, proc.pid)
             deadline = time.monotonic() + start_timeout
@@ -158,7 +171,8 @@ def running_server(*, start_timeout: float = START_TIMEOUT) -> Iterator[PowerCon
                     yield server
                 finally:
                     _stop(proc)
-                    shutil.rmtree(home, ignore_errors=True)
+                    if own_home:
+                        shutil.rmtree(home, ignore_errors=True)
                 return
             if proc.poll() is None:
                 last_error = f"not ready after {start_timeout:.0f} s ({last_error})"
