@@ -1,13 +1,16 @@
 """Context routes over HTTP: wiregate against the real PowerContext 1.4.1 server, same run.
 
-    .venv/bin/python bench/context_bench.py [--sizes 1000,10000,100000] [--pc-fill-budget 180] [--json PATH]
+    .venv/bin/python bench/context_bench.py [--sizes 1000,10000,100000] [--pc-fill-budget 180]
+        [--no-snapshots] [--json PATH]
 
 Needs the PowerContext venv of tests/pcserver.py (built on first use, about 1-1.5 min). Both
 servers get the same deterministic synthetic atomic memories (context_store_bench's 45-word
 vocabulary, fixed seed) in one scope, through their HTTP APIs, except wiregate's memories
 beyond 10,000, which go straight through its service layer into its SQLite file while the
 gateway is stopped (synchronous=NORMAL, write inspection skipped). PowerContext is filled past
-1,000 only when the rate measured so far says it takes at most --pc-fill-budget seconds.
+1,000 only when the rate measured so far says it takes at most --pc-fill-budget seconds. A
+PowerContext store filled to a size is kept in .cache/powercontext-1.4.1/bench/seed<S>-<size>/
+and restored by later runs instead of being filled again (--no-snapshots: neither).
 
 Per store size and server, sequential requests on one keep-alive connection, in rounds that
 alternate between the servers: prepare p50/p99 (wiregate also with include_receipt, which
@@ -23,9 +26,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import fcntl
 import json
 import random
 import shutil
+import signal
 import ssl
 import subprocess
 import sys
@@ -44,7 +49,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from context_store_bench import VOCAB  # noqa: E402
-from wire_bench import free_port, set_https_port  # noqa: E402
+from wire_bench import _child_setup, free_port, set_https_port  # noqa: E402
 
 from gateway.context.service import ContextService  # noqa: E402
 from gateway.context.store.sqlite import SqliteContextStore, SqliteDatabase  # noqa: E402
@@ -155,6 +160,7 @@ class Gateway:
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
+                preexec_fn=_child_setup(None),
             )
         deadline = time.monotonic() + 60
         tls = ssl.create_default_context(cafile=str(self.ca))
@@ -291,16 +297,83 @@ async def new_scope(server: Server) -> None:
     server.scope = (await server.post("/v1/scopes", body, 201))["scope_id"]
 
 
-async def run(sizes: list[int], pc_fill_budget: float, http_fill_max: int) -> list[dict[str, Any]]:
+class PowerContextSide:
+    """The PowerContext server of this run, on a home directory of ours, so that a filled
+    store can be kept as a snapshot (`.cache/powercontext-1.4.1/bench/`) and served again by
+    a later run instead of being filled again."""
+
+    def __init__(self) -> None:
+        # a fixed path: a 1.4.1 home records where it lives and will not start elsewhere, so a
+        # snapshot is always copied back to this same place (one benchmark run at a time)
+        self.home = pcserver.CACHE / "bench" / "home"
+        self.home.parent.mkdir(parents=True, exist_ok=True)
+        self.lock = (self.home.parent / "run.lock").open("w")
+        try:
+            fcntl.flock(self.lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise SystemExit("another context_bench.py run holds .cache/powercontext-1.4.1/bench/run.lock") from None
+        shutil.rmtree(self.home, ignore_errors=True)
+        self.home.mkdir()
+        self.stack = contextlib.ExitStack()
+        self.server: Server | None = None
+
+    async def start(self) -> Server:
+        pcs = self.stack.enter_context(pcserver.running_server(home=self.home))
+        http = httpx.AsyncClient(base_url=pcs.base_url, timeout=60, headers=pcs.headers)
+        if self.server is None:
+            self.server = Server("powercontext", http)
+        else:
+            self.server.http = http
+        return self.server
+
+    async def stop(self) -> None:
+        if self.server is not None:
+            await self.server.http.aclose()
+        self.stack.close()
+        self.stack = contextlib.ExitStack()
+
+    async def restore(self, snap: Path) -> Server:
+        await self.stop()
+        meta = json.loads((snap / "meta.json").read_text())
+        shutil.rmtree(self.home)
+        shutil.copytree(snap / "home", self.home)
+        server = await self.start()
+        server.scope, server.count, server.fill_s = meta["scope"], meta["count"], meta["fill_s"]
+        return server
+
+    async def save(self, snap: Path) -> None:
+        assert self.server is not None
+        server = self.server
+        await self.stop()  # a stopped server: a consistent copy
+        partial = snap.with_name(snap.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        shutil.copytree(self.home, partial / "home")
+        meta = {"scope": server.scope, "count": server.count, "fill_s": server.fill_s, "seed": SEED}
+        (partial / "meta.json").write_text(json.dumps(meta))
+        shutil.rmtree(snap, ignore_errors=True)
+        partial.rename(snap)
+        await self.start()
+
+    async def close(self) -> None:
+        await self.stop()
+        shutil.rmtree(self.home, ignore_errors=True)
+        self.lock.close()
+
+
+def snapshot_dir(size: int) -> Path:
+    return pcserver.CACHE / "bench" / f"seed{SEED}-{size}"
+
+
+async def run(sizes: list[int], pc_fill_budget: float, http_fill_max: int, snapshots: bool) -> list[dict[str, Any]]:
     data = memories(max(sizes))
     results = []
     started = time.perf_counter()
-    with gateway() as gw, pcserver.running_server() as pcs:
-        print(f"wiregate {gw.url} (HTTPS, real gateway process); PowerContext {pcs.base_url} (HTTP)", flush=True)
-        pc_http = httpx.AsyncClient(base_url=pcs.base_url, timeout=60, headers=pcs.headers)
+    with gateway() as gw:
         wg = Server("wiregate", wiregate_client(gw))
-        pc: Server | None = Server("powercontext", pc_http)
+        side = PowerContextSide()
         try:
+            pc: Server | None = await side.start()
+            print(f"wiregate {gw.url} (HTTPS, real gateway process); PowerContext over loopback HTTP", flush=True)
             await new_scope(wg)
             assert pc is not None
             await new_scope(pc)
@@ -317,8 +390,13 @@ async def run(sizes: list[int], pc_fill_budget: float, http_fill_max: int) -> li
                     gw.start()
                     wg.http = wiregate_client(gw)
                     notes["wiregate fill"] = f"{len(need):,} via the service layer (gateway stopped)"
+                save = False
+                snap = snapshot_dir(size)
                 if pc is None:
                     notes["PowerContext"] = "not measured (not filled past a smaller size, see above)"
+                elif snapshots and (snap / "meta.json").is_file() and pc.count < size:
+                    pc = await side.restore(snap)
+                    notes["PowerContext fill"] = f"restored from {snap.relative_to(ROOT)} (filled by an earlier run)"
                 else:
                     more = data[pc.count : size] if size > pc.count else []
                     rate = pc.fill_s / pc.count if pc.count else None
@@ -328,10 +406,13 @@ async def run(sizes: list[int], pc_fill_budget: float, http_fill_max: int) -> li
                             f"not filled to {size:,}: {len(more):,} more writes would take ~{projected:.0f} s "
                             f"at its measured {rate * 1000:.0f} ms/write (> --pc-fill-budget {pc_fill_budget:.0f} s)"
                         )
-                        await pc.http.aclose()
+                        await side.stop()
                         pc = None
                     else:
                         await fill_http(pc, more)
+                        save = snapshots
+                if save:  # before measuring: the snapshot holds exactly the first `size` memories
+                    await side.save(snap)
                 active = [s for s in (wg, pc) if s is not None]
                 print(f"{size:,}: filled ({', '.join(f'{s.name} {s.fill_s:.0f} s' for s in active)})", flush=True)
                 await measure(active, size)
@@ -340,8 +421,7 @@ async def run(sizes: list[int], pc_fill_budget: float, http_fill_max: int) -> li
                 print(markdown(result), flush=True)
         finally:
             await wg.http.aclose()
-            if pc is not None:
-                await pc.http.aclose()
+            await side.close()
     print(f"\ntotal {time.perf_counter() - started:.0f} s", flush=True)
     return results
 
@@ -351,8 +431,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sizes", default="1000,10000,100000")
     ap.add_argument("--pc-fill-budget", type=float, default=180, help="seconds PowerContext may spend on one fill step")
     ap.add_argument("--http-fill-max", type=int, default=HTTP_FILL_MAX, help="wiregate: fill over HTTP up to this")
+    ap.add_argument(
+        "--no-snapshots", action="store_true", help="neither reuse nor keep filled PowerContext stores in .cache/"
+    )
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop both servers on the way out
     t = time.perf_counter()
     try:
         pcserver.ensure_venv()
@@ -360,7 +444,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"PowerContext {pcserver.VERSION} unavailable: {exc}", file=sys.stderr)
         return 2
     print(f"PowerContext venv ready in {time.perf_counter() - t:.1f} s ({pcserver.VENV})", flush=True)
-    results = asyncio.run(run([int(s) for s in args.sizes.split(",")], args.pc_fill_budget, args.http_fill_max))
+    sizes = [int(s) for s in args.sizes.split(",")]
+    results = asyncio.run(run(sizes, args.pc_fill_budget, args.http_fill_max, not args.no_snapshots))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(results, indent=2))
