@@ -45,35 +45,59 @@ from tests.pcserver import PowerContextServer, server_or_skip
 # An AWS access key id in credential format (AKIA + 16), not one of the documented examples.
 AWS_KEY_ID = "AKIA" + "Q3ZJ7K2M5N8P4R6T"
 
-# step -> why wiregate answers differently on purpose (README "Where wiregate differs", or
-# tests/test_context_api.py where it pins the behaviour)
-DELIBERATE: dict[str, str] = {
-    "capabilities": "wiregate serves no prompts and no extraction: `prompts` is {} and `extraction` "
-    "null in the same closed 1.4.1 object; PowerContext lists 16 disabled prompts and an extraction status",
-    "write_secret_memory": "wiregate refuses to store a credential format (AWS key id): 422 "
-    "memory_write_rejected, reason secret_value; PowerContext stores it (201)",
-    "invalid_body": "wiregate's 422 validation bodies are always invalid_request with details; PowerContext "
-    "with auth on says invalid_access_request with details null",
+# step -> (where the two answers differ, why). "where" is what `where()` makes of the
+# differences: "status <wiregate>/<powercontext>" when the statuses differ, else the body's
+# differing top-level fields (two levels inside "error").
+
+# On purpose (README "Where wiregate differs", or tests/test_context_api.py which pins it).
+DELIBERATE: dict[str, tuple[frozenset[str], str]] = {
+    "capabilities": (
+        frozenset({"prompts", "extraction"}),
+        "wiregate serves no prompts and no extraction: `prompts` is {} and `extraction` null in the "
+        "same closed 1.4.1 object; PowerContext lists 16 disabled prompts and an extraction status",
+    ),
+    "write_secret_memory": (
+        frozenset({"status 422/201"}),
+        "wiregate refuses to store a credential format (an AWS access key id): 422 memory_write_rejected, "
+        "reason secret_value; PowerContext stores it",
+    ),
+    "invalid_body": (
+        frozenset({"error.code", "error.details"}),
+        "wiregate's 422 validation bodies are always invalid_request with details; PowerContext with auth "
+        "on says invalid_access_request with details null",
+    ),
     **dict.fromkeys(
         ("search_memory_vector", "search_memory_hybrid", "search_atomic_vector", "search_atomic_hybrid"),
-        "no embeddings configured: wiregate refuses with 422 capability_not_supported; PowerContext 1.4.1 "
-        "answers 500 internal_error (it logs 503 embedding-profile, then an ASGI exception drops the connection)",
+        (
+            frozenset({"status 422/500"}),
+            "no embeddings configured: wiregate refuses with 422 capability_not_supported; PowerContext "
+            "1.4.1 answers 500 internal_error (it logs 503 embedding-profile, then an ASGI exception drops "
+            "the connection)",
+        ),
     ),
 }
 
-# step -> a difference this test found that the README does not list: each needs a decision
-# (document it as deliberate, or change wiregate); until then it is pinned here so it cannot
-# grow or vanish unnoticed.
-UNDOCUMENTED: dict[str, str] = {
+# Found by this test, not in the README: each needs a decision (document it as deliberate, or
+# change wiregate); until then it is pinned here so it cannot grow or vanish unnoticed.
+UNDOCUMENTED: dict[str, tuple[frozenset[str], str]] = {
     **dict.fromkeys(
         ("unknown_scope", "unknown_scope_artifacts"),
-        "wiregate authorises a scope before looking it up: an unknown scope is 403 forbidden, "
-        "PowerContext 404 scope_not_found",
+        (
+            frozenset({"status 403/404"}),
+            "wiregate authorises a scope before looking it up: an unknown scope is 403 forbidden, "
+            "PowerContext 404 scope_not_found",
+        ),
     ),
-    "search_artifacts": "include_scores: wiregate's scores.channels is {}, PowerContext names the text "
-    "channel (raw, metric, higher_is_better)",
-    "malformed_json": "422 details.errors[].loc: wiregate's holds strings only, PowerContext's also the "
-    "integer position of the JSON error",
+    "search_artifacts": (
+        frozenset({"results"}),
+        "include_scores: wiregate's scores.channels is {}, PowerContext names the text channel "
+        "(raw, metric, higher_is_better)",
+    ),
+    "malformed_json": (
+        frozenset({"error.details"}),
+        "422 details.errors[].loc: wiregate's holds strings only, PowerContext's also the integer "
+        "position of the JSON error",
+    ),
 }
 
 # Values kept in the shape because they are protocol enums, not instance data.
@@ -113,6 +137,18 @@ def differences(a: Any, b: Any, path: str = "") -> list[str]:
             out.extend(differences(x, y, f"{path}[{i}]"))
         return out
     return [] if a == b else [f"{path}: wiregate {json.dumps(a)[:200]} != powercontext {json.dumps(b)[:200]}"]
+
+
+def where(ours: list[Any], theirs: list[Any]) -> frozenset[str]:
+    """A step's difference in brief: the statuses if they differ, else the differing fields."""
+    statuses = [r[0] for r in ours], [r[0] for r in theirs]
+    if statuses[0] != statuses[1]:
+        return frozenset({f"status {'/'.join(str(s) for s in statuses[0] + statuses[1])}"})
+    out = set()
+    for line in differences(ours, theirs):
+        fields = [f.split("[")[0] for f in line.split(":", 1)[0].split("].", 1)[-1].split(".")]
+        out.add(".".join(fields[:2]) if fields[0] == "error" else fields[0])
+    return frozenset(out)
 
 
 class Recorder:
@@ -342,6 +378,8 @@ def test_wiregate_and_powercontext_differ_only_where_declared(
     declared = DELIBERATE | UNDOCUMENTED
     assert not set(DELIBERATE) & set(UNDOCUMENTED)
     assert set(differing) == set(declared), f"undeclared or vanished differences:\n{report}"
+    found = {step: where(ours[step], theirs[step]) for step in differing}
+    assert found == {step: spot for step, (spot, _) in declared.items()}, f"differences moved:\n{report}"
     # the scenario did what it says on the reference server (and so, where equal, on wiregate)
     statuses = {step: [r[0] for r in responses] for step, responses in theirs.items()}
     assert statuses["get_memory_not_modified"] == [304] and statuses["replace_stale_if_match"] == [412]
