@@ -63,6 +63,7 @@ PREPARE_N = 40
 SEARCH_N = 20
 WRITE_N = 30
 ROUNDS = 2
+PC_START_TIMEOUT = 600.0
 SEARCHES = [("auto", "/v1/memory/search", "auto"), ("fts", "/v1/memory/search", "fts")]
 SEARCHES.append(("atomic text", "/v1/atomic-memory/search", "text"))
 
@@ -318,7 +319,9 @@ class PowerContextSide:
         self.server: Server | None = None
 
     async def start(self) -> Server:
-        pcs = self.stack.enter_context(pcserver.running_server(home=self.home))
+        t = time.perf_counter()  # a 1.4.1 server checks its whole store at start: ~2 min at 10k
+        pcs = self.stack.enter_context(pcserver.running_server(home=self.home, start_timeout=PC_START_TIMEOUT))
+        print(f"PowerContext server ready in {time.perf_counter() - t:.0f} s", flush=True)
         http = httpx.AsyncClient(base_url=pcs.base_url, timeout=60, headers=pcs.headers)
         if self.server is None:
             self.server = Server("powercontext", http)
