@@ -229,7 +229,9 @@ async def _database(app: web.Application) -> AsyncIterator[None]:
     # Bindings a caller presents may come back to any replica: their ledger is the shared
     # database. A proxied call's own send binding never leaves its exchange: in process.
     app[RELEASE_LEDGER] = StoredReleaseLedger(db)
-    app[LOCAL_RELEASE_LEDGER] = MemoryReleaseLedger()
+    # Its entries never come back (the binding never leaves the exchange), so it stays small:
+    # it only guards the one release of each call in flight.
+    app[LOCAL_RELEASE_LEDGER] = MemoryReleaseLedger(capacity=4096)
     app[USAGE_LEDGER] = usage_ledger = StoredUsageLedger(db)
     app[PACE_LEDGER] = StoredPaceLedger(db)
     app[ATTRIBUTION] = attribution = AttributionLedger(

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -633,7 +634,14 @@ async def search_artifacts(ctx: Ctx, dto: SearchArtifacts, raw: bytes) -> web.Re
             },
         }
         if dto.include_scores:
-            item["scores"] = {"retrieval": min(1.0, hit.score * 60), "channels": {}}
+            item["scores"] = {
+                "retrieval": min(1.0, hit.score * 60),
+                "channels": {
+                    name: {"raw": value, "metric": metric, "higher_is_better": higher}
+                    for name, (value, metric, higher) in sorted(hit.channel_scores.items())
+                    if math.isfinite(value)
+                },
+            }
         if dto.min_score is None or min(1.0, hit.score * 60) >= dto.min_score:
             items.append(item)
     return _json({"results": items})

@@ -113,6 +113,8 @@ class SearchHit:
     head: ArtifactRevision
     score: float  # RRF score (1/(60+rank) summed over channels)
     matched_by: tuple[str, ...]  # 1.4.1 wire names: "text", "vector"
+    # Per channel that held it: (raw backend score, metric name, higher is better).
+    channel_scores: Mapping[str, tuple[float, str, bool]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -621,17 +623,25 @@ class ContextService:
         pool = search.pool_size(coarse)
         ranked: list[tuple[str, list[bytes]]] = []
         heads: dict[bytes, ArtifactRevision] = {}
+        raw: dict[bytes, dict[str, tuple[float, str, bool]]] = {}
         if used in (SearchMode.FTS, SearchMode.HYBRID):
             need = search.lexical_floor(len(terms)) if floor is None else floor
             rows = await self._store.search_text(scope_id, fam.value, terms, pool, kind, need)
             admitted = [r for r in rows if search.admits_lexically(terms, _row_text(fam, r), need)]
-            ranked.append(("text", self._keys(admitted, heads)))
+            keys = self._keys(admitted, heads)
+            metric, higher = self._store.text_metric
+            for key, row in zip(keys, admitted, strict=True):
+                raw.setdefault(key, {})["text"] = (row.score, metric, higher)
+            ranked.append(("text", keys))
         if used in (SearchMode.VECTOR, SearchMode.HYBRID) and vector is not None:
             cos = self._settings.min_cosine if min_cosine is None else min_cosine
             rows = await self._store.search_vector(scope_id, fam.value, vector, pool, cos, kind)
-            ranked.append(("vector", self._keys(rows, heads)))
+            keys = self._keys(rows, heads)
+            for key, row in zip(keys, rows, strict=True):
+                raw.setdefault(key, {})["vector"] = (row.score, "cosine", True)
+            ranked.append(("vector", keys))
         fused = search.rrf(ranked)[:coarse]
-        return [SearchHit(heads[f.key], f.score, f.channels) for f in fused], used, fallback
+        return [SearchHit(heads[f.key], f.score, f.channels, raw.get(f.key, {})) for f in fused], used, fallback
 
     @staticmethod
     def _keys(rows: Sequence[SearchRow], heads: dict[bytes, ArtifactRevision]) -> list[bytes]:

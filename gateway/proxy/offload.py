@@ -110,6 +110,11 @@ _WORKER: dict[str, Any] = {}
 
 def _init(config_path: str) -> None:
     _WORKER["config"] = config_path
+    # Below the serving process: a worker loading a runtime (seconds of Hyperscan compiling,
+    # at start and after each reload) or checking a large body never takes the core from
+    # the event loop that answers every other call.
+    with contextlib.suppress(OSError):
+        os.nice(10)
 
 
 def _warm(seconds: float) -> None:

@@ -210,6 +210,10 @@ class ContextStore(Protocol):
     acknowledged (returned) write survives a process kill.
     """
 
+    # How the backend's text score reads (reported with search scores): its name and whether a
+    # higher raw value ranks first.
+    text_metric: tuple[str, bool]
+
     async def open(self) -> None: ...
 
     async def close(self) -> None: ...

@@ -214,6 +214,8 @@ def _tsquery(terms: Sequence[str]) -> str:
 
 
 class PostgresContextStore:
+    text_metric = ("ts_rank", True)
+
     def __init__(self, db: PostgresDatabase) -> None:
         self._db = db
 

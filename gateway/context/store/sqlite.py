@@ -241,6 +241,8 @@ def _searchable(family: str, state: MemoryState | None) -> bool:
 class SqliteContextStore:
     """ContextStore over a SqliteDatabase (which the caller opens and closes, possibly shared)."""
 
+    text_metric = ("bm25", False)  # FTS5 bm25(): more negative is a better match
+
     def __init__(self, db: SqliteDatabase) -> None:
         self._db = db
 
