@@ -14,10 +14,10 @@ version, profile digests, key ring); a worker that cannot load that same runtime
 it stale and the call is decided on the loop instead — never under another policy. The
 pool is bounded: past `2 × workers` decisions in flight a call gets 503
 `capacity_exceeded`. The pool starts on first use (or when `wiregate serve` starts) and
-stops with the app. A worker that has not yet loaded the call's runtime would take seconds
-(loading the configuration compiles the inspection databases), so until every worker holds
-it — after a start, after a reload — calls are decided on the loop while the workers warm
-up in the background (metric outcome `cold`).
+stops with the app. Loading the runtime in a worker takes seconds (it compiles the
+inspection databases), so `wiregate serve` warms every worker at start and after each
+reload, at a lower CPU priority than the serving process; a large call that still finds
+them cold waits for that warm-up (metric outcome `cold`) instead of stalling the loop.
 
 Owns: the pool, the worker-side entry points and the runtime identity check.
 Must not: decide anything itself (decide.py does), or send content anywhere but to its
@@ -92,8 +92,7 @@ class Stale(Exception):
 
 
 class Cold(Stale):
-    """The workers have not loaded the call's runtime yet (just started, or just reloaded):
-    the call is decided on the loop while they warm up in the background."""
+    """The workers could not be warmed with the call's runtime: the call is decided on the loop."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,14 +307,20 @@ class Offload:
             self.metrics.offload_in_flight.dec()
             self.metrics.offloaded.labels(stage, outcome).inc()
 
-    def _ready(self, runtime: Runtime, stage: str) -> str:
-        """The runtime's key when every worker holds it; otherwise start warming them and
-        raise Cold (this call is decided on the loop: a cold worker would take seconds)."""
+    async def _ready(self, runtime: Runtime, stage: str) -> str:
+        """The runtime's key once every worker holds it. A call that finds them cold waits for
+        the warm-up (seconds, once per start or reload) rather than decide a large body on the
+        loop; if they cannot load this runtime (the files on disk changed) it raises Stale and
+        the call is decided on the loop under its pinned runtime."""
         key = runtime_key(runtime)
         if self._warm_key == key:
             return key
         self.warm_soon(runtime)
         self.metrics.offloaded.labels(stage, "cold").inc()
+        assert self._warming is not None
+        warmed = await asyncio.shield(self._warming)
+        if warmed and self._warm_key == key:
+            return key
         raise Cold
 
     def warm_soon(self, runtime: Runtime) -> None:
@@ -355,7 +360,7 @@ class Offload:
         return False
 
     async def parse(self, runtime: Runtime, carrier: str, raw: bytes) -> Summary:
-        self._ready(runtime, "parse")
+        await self._ready(runtime, "parse")
         result = await self._run("parse", _w_parse, runtime_key(runtime), carrier, raw)
         if isinstance(result, Failure):
             result.raise_()
@@ -377,7 +382,7 @@ class Offload:
         eligible: Mapping[str, bool] | None = None,
         pace: SessionPace | None = None,
     ) -> decide.Prepared:
-        self._ready(runtime, "send")
+        await self._ready(runtime, "send")
         spec = (party.principal, party.delegate, party.scope, party.profile.profile.id)
         answers = dict(eligible) if eligible is not None else None
         result = await self._run(
@@ -413,7 +418,7 @@ class Offload:
         mode: Mode,
         incomplete: bool = False,
     ) -> decide.Read:
-        self._ready(runtime, "read")
+        await self._ready(runtime, "read")
         spec = (party.principal, party.delegate, party.scope, party.profile.profile.id)
         read = await self._run(
             "read",
