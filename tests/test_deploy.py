@@ -40,7 +40,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.context.conftest import PG_DSN, require_pg
+from tests.context.conftest import PG_DSN, drop_schema, require_pg
 from tests.deploy import kubelet, procs
 from tests.deploy.manifests import (
     dashboard_exprs,
@@ -750,11 +750,6 @@ def _compose_store_here(config: Path) -> str:
     return schema
 
 
-def _drop_schema(schema: str) -> None:
-    with psycopg.connect(PG_DSN, autocommit=True) as conn:
-        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-
-
 def test_compose_init_script_provisions_an_observe_only_key(tmp_path: Path) -> None:
     root = tmp_path / "wiregate-dev"
     root.mkdir()
@@ -810,7 +805,7 @@ def test_compose_init_script_provisions_an_observe_only_key(tmp_path: Path) -> N
         assert tables is not None and tables[0] > 0, "the gateway migrated its store in PostgreSQL"
     finally:
         gw.close()
-        _drop_schema(schema)
+        drop_schema(schema)
 
 
 def _free_port() -> int:
@@ -902,7 +897,7 @@ def test_real_prometheus_scrapes_with_the_compose_config_and_evaluates_the_dashb
         if prom is not None:
             prom.terminate()
         gw.terminate()
-        _drop_schema(schema)
+        drop_schema(schema)
 
 
 def test_grafana_provisioning_points_at_the_dashboard_and_datasource(compose: dict[str, Any]) -> None:

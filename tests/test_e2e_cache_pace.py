@@ -15,14 +15,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 
 from gateway.mockprovider import MockProviderServer
 from gateway.mockprovider.state import TIME_SCALE_ENV, time_scale_from_env
 from gateway.state import METRICS, PACE_LEDGER
 from tests import replay
-from tests.context.conftest import PG_DSN, require_pg
+from tests.context.conftest import PG_DSN, drop_schema, require_pg
 from tests.harness import (
     UPSTREAM_KEY,
     Env,
@@ -174,8 +173,7 @@ def test_replicas_on_one_postgresql_plan_a_session_from_one_record(monkeypatch: 
         assert usages[1].cache_creation.ephemeral_5m_input_tokens == 0
         assert all(u.cache_read_input_tokens > 0 for u in usages[2:])
     finally:
-        with psycopg.connect(PG_DSN, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        drop_schema(schema)
 
 
 def test_openai_asks_for_extended_retention_when_the_pace_calls_for_it() -> None:

@@ -5,11 +5,9 @@ usage totals that agree with the in-memory ledger's arithmetic; a stop flushes q
 from __future__ import annotations
 
 import asyncio
-import secrets
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import psycopg
 import pytest
 import pytest_asyncio
 
@@ -17,7 +15,7 @@ from gateway.context.store.database import Database, open_database
 from gateway.ledgers.stored import LEDGER_MIGRATIONS, StoredReleaseLedger, StoredUsageLedger
 from gateway.ledgers.usage import MemoryUsageLedger
 from gateway.usage import KINDS, UNKNOWN, Count, UsageRecord
-from tests.context.conftest import PG_DSN, require_pg
+from tests.context.conftest import replica_databases
 
 pytestmark = pytest.mark.asyncio
 
@@ -25,23 +23,8 @@ pytestmark = pytest.mark.asyncio
 @pytest_asyncio.fixture(params=["sqlite", "postgres"])
 async def databases(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[tuple[Database, Database]]:
     """Two handles on one database, as two replicas hold them."""
-    if request.param == "postgres":
-        require_pg()
-        schema = f"ledgers_{secrets.token_hex(4)}"
-        kw = {"dsn": PG_DSN, "schema": schema}
-    else:
-        schema = ""
-        kw = {"path": tmp_path / "wiregate.db"}
-    one = await open_database(request.param, migrations=LEDGER_MIGRATIONS, **kw)  # type: ignore[arg-type]
-    two = await open_database(request.param, migrations=LEDGER_MIGRATIONS, **kw)  # type: ignore[arg-type]
-    try:
-        yield one, two
-    finally:
-        await one.close()
-        await two.close()
-        if schema:
-            with psycopg.connect(PG_DSN, autocommit=True) as conn:
-                conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    async with replica_databases(request.param, tmp_path, LEDGER_MIGRATIONS, "ledgers") as pair:
+        yield pair
 
 
 async def test_one_payload_per_binding_across_replicas(databases: tuple[Database, Database]) -> None:

@@ -5,43 +5,27 @@ counts), and what one replica appends the other plans from."""
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import psycopg
 import pytest
 import pytest_asyncio
 
 from gateway import caching
 from gateway.cachepace import MAX_EVENTS, PaceEvent
-from gateway.context.store.database import Database, open_database
+from gateway.context.store.database import Database
 from gateway.context.store.postgres import Conn
 from gateway.ledgers.pace import PACE_MIGRATIONS, StoredPaceLedger, session_digest
-from tests.context.conftest import PG_DSN, require_pg
+from tests.context.conftest import replica_databases
 
 pytestmark = pytest.mark.asyncio
 
 
 @pytest_asyncio.fixture(params=["sqlite", "postgres"])
 async def databases(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[tuple[Database, Database]]:
-    if request.param == "postgres":
-        require_pg()
-        schema = f"pace_{secrets.token_hex(4)}"
-        kw = {"dsn": PG_DSN, "schema": schema}
-    else:
-        schema = ""
-        kw = {"path": tmp_path / "wiregate.db"}
-    one = await open_database(request.param, migrations=PACE_MIGRATIONS, **kw)  # type: ignore[arg-type]
-    two = await open_database(request.param, migrations=PACE_MIGRATIONS, **kw)  # type: ignore[arg-type]
-    try:
-        yield one, two
-    finally:
-        await one.close()
-        await two.close()
-        if schema:
-            with psycopg.connect(PG_DSN, autocommit=True) as conn:
-                conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    """Two handles on one database, as two replicas hold them."""
+    async with replica_databases(request.param, tmp_path, PACE_MIGRATIONS, "pace") as pair:
+        yield pair
 
 
 async def test_replicas_share_a_sessions_pace(databases: tuple[Database, Database]) -> None:

@@ -20,11 +20,10 @@ from typing import Any
 
 import httpx
 import openai
-import psycopg
 import pytest
 
 from gateway.mockprovider import MockProviderServer
-from tests.context.conftest import PG_DSN, require_pg
+from tests.context.conftest import PG_DSN, drop_schema, require_pg
 from tests.deploy import procs
 from tests.harness import Env, build_env
 from tests.test_context_replay import SYSTEM, _header, _location
@@ -99,8 +98,7 @@ def pair(mock: MockProviderServer, tmp_path_factory: pytest.TempPathFactory) -> 
     finally:
         for replica in (holder.a, holder.b):
             replica.proc.terminate()
-        with psycopg.connect(PG_DSN, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        drop_schema(schema)
 
 
 CHAT = {"model": "gpt-4.1", "messages": [{"role": "user", "content": "hello"}]}

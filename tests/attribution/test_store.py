@@ -6,12 +6,10 @@ database (two handles stand for two replicas)."""
 from __future__ import annotations
 
 import asyncio
-import secrets
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import psycopg
 import pytest
 import pytest_asyncio
 
@@ -19,32 +17,18 @@ from gateway.app import STORE_MIGRATIONS
 from gateway.attribution import registry
 from gateway.attribution.blocks import Block
 from gateway.attribution.ledger import Record, aggregate
-from gateway.context.store.database import Database, open_database
+from gateway.context.store.database import Database
 from gateway.ledgers.attribution import AttributionLedger
-from tests.context.conftest import PG_DSN, require_pg
+from tests.context.conftest import replica_databases
 
 pytestmark = pytest.mark.asyncio
 
 
 @pytest_asyncio.fixture(params=["sqlite", "postgres"])
 async def databases(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[tuple[Database, Database]]:
-    if request.param == "postgres":
-        require_pg()
-        schema = f"attr_{secrets.token_hex(4)}"
-        kw = {"dsn": PG_DSN, "schema": schema}
-    else:
-        schema = ""
-        kw = {"path": tmp_path / "wiregate.db"}
-    one = await open_database(request.param, migrations=STORE_MIGRATIONS, **kw)  # type: ignore[arg-type]
-    two = await open_database(request.param, migrations=STORE_MIGRATIONS, **kw)  # type: ignore[arg-type]
-    try:
-        yield one, two
-    finally:
-        await one.close()
-        await two.close()
-        if schema:
-            with psycopg.connect(PG_DSN, autocommit=True) as conn:
-                conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    """Two handles on one database, as two replicas hold them."""
+    async with replica_databases(request.param, tmp_path, STORE_MIGRATIONS, "attr") as pair:
+        yield pair
 
 
 def _record(ts: float, n: int) -> Record:

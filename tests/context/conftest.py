@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 import secrets
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,8 @@ import pytest_asyncio
 
 from gateway.context.service import ContextService
 from gateway.context.store.base import ContextStore
+from gateway.context.store.database import Database, open_database
+from gateway.context.store.migrations import Migration
 from gateway.context.store.postgres import PostgresContextStore, PostgresDatabase
 from gateway.context.store.sqlite import SqliteContextStore, SqliteDatabase
 
@@ -122,3 +125,33 @@ def yes(scope_id: str) -> bool:
 
 
 MayRead = Callable[[str], bool]
+
+
+def drop_schema(schema: str) -> None:
+    """Remove a test's own PostgreSQL schema."""
+    with psycopg.connect(PG_DSN, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+@asynccontextmanager
+async def replica_databases(
+    backend: str, tmp_path: Path, migrations: Sequence[Migration], prefix: str
+) -> AsyncIterator[tuple[Database, Database]]:
+    """Two handles on one database (SQLite file or a PostgreSQL schema of the test's own), as
+    two replicas hold them; closed, and the schema dropped, afterwards."""
+    schema = ""
+    if backend == "postgres":
+        require_pg()
+        schema = f"{prefix}_{secrets.token_hex(4)}"
+        kw: dict[str, Any] = {"dsn": PG_DSN, "schema": schema}
+    else:
+        kw = {"path": tmp_path / "wiregate.db"}
+    one = await open_database(backend, migrations=migrations, **kw)
+    two = await open_database(backend, migrations=migrations, **kw)
+    try:
+        yield one, two
+    finally:
+        await one.close()
+        await two.close()
+        if schema:
+            drop_schema(schema)
