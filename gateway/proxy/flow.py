@@ -132,12 +132,12 @@ async def receive(
     request: web.Request, runtime: Runtime, carrier: Carrier, identity: auth.Identity, call: Call
 ) -> Exchange:
     limits = runtime.config.limits
-    stages = request.app[METRICS].stage_seconds
+    stages = request.app[METRICS].stages
     arrived = time.monotonic()
     started = time.perf_counter()
     raw = await read_body(request, limits)  # 1
     call.bytes_in = len(raw)
-    stages.labels("read").observe(time.perf_counter() - started)
+    stages["read"].observe(time.perf_counter() - started)
     started = time.perf_counter()
     replays = replay.parse(request.headers.getall(replay.HEADER, []))
     offload = request.app[OFFLOAD]
@@ -149,7 +149,7 @@ async def receive(
             offloaded = False
     if not offloaded:
         parsed = decide.parse_request(carrier, raw, runtime)  # 3
-    stages.labels("parse").observe(time.perf_counter() - started)
+    stages["parse"].observe(time.perf_counter() - started)
     deadline = time.monotonic() + limits.buffer_seconds
     now = datetime.now(UTC)  # 2: the profile chain
     requested = request.headers.get(routing.PROFILE_HEADER)
@@ -194,7 +194,7 @@ class Attempt:
 
 async def send_along_chain(app: web.Application, ex: Exchange, trail: Trail) -> Attempt:
     identity = ex.identity
-    stages = app[METRICS].stage_seconds
+    stages = app[METRICS].stages
     # Replayed prepared context: the store vouches for its dependencies once, before any check.
     eligible = await replay.eligibility(app.get(CONTEXT), ex.runtime, ex.replays, identity.principal)
     for index, loaded in enumerate(ex.chain):
@@ -208,8 +208,8 @@ async def send_along_chain(app: web.Application, ex: Exchange, trail: Trail) -> 
         started = time.perf_counter()
         prepared = await prepare(app, ex, party, target, headers, eligible, paced.pace if paced else None)  # 4-6
         spent = time.perf_counter() - started
-        stages.labels("check_before_send").observe(prepared.outcome.seconds)
-        stages.labels("plan").observe(max(0.0, spent - prepared.outcome.seconds))
+        stages["check_before_send"].observe(prepared.outcome.seconds)
+        stages["plan"].observe(max(0.0, spent - prepared.outcome.seconds))
         trail.add(Planned(loaded.profile.id, len(prepared.body), prepared.cache, prepared.usage_injected))
         trail.add(Admitted(loaded.profile.id, prepared.input_estimate))
         send = prepared.outcome
@@ -264,7 +264,7 @@ async def _send(
             sent = await app[UPSTREAM].send(target, loaded, body, headers, deadline=ex.wait_deadline)
     except TimeoutError:
         sent = Sent(response=None, failure=ReasonCode.UPSTREAM_TIMEOUT)
-    metrics.stage_seconds.labels("upstream").observe(time.perf_counter() - started)  # to the response headers
+    metrics.stages["upstream"].observe(time.perf_counter() - started)  # to the response headers
     for attempt in sent.attempts:
         metrics.upstream_attempts.labels(loaded.profile.id, attempt.outcome).inc()
     return sent
@@ -377,7 +377,7 @@ async def respond(request: web.Request, ex: Exchange, trail: Trail, attempt: Att
     is_stream = response.content_type == "text/event-stream"
     heartbeats: Heartbeats | None = None
     streaming = runtime.config.streaming
-    stages = request.app[METRICS].stage_seconds
+    stages = request.app[METRICS].stages
     try:
         if mode is not Mode.ENFORCE:
             return await pass_through(request, ex, trail, attempt, mode)
@@ -385,10 +385,10 @@ async def respond(request: web.Request, ex: Exchange, trail: Trail, attempt: Att
             heartbeats = Heartbeats(request, passed)
         started = time.perf_counter()
         body = await buffer(request.app, ex, trail, attempt, heartbeats)  # 8
-        stages.labels("buffer").observe(time.perf_counter() - started)
+        stages["buffer"].observe(time.perf_counter() - started)
         started = time.perf_counter()
         decided = await check_response(request.app, ex, trail, attempt, body, passed)  # 9
-        stages.labels("check_before_release").observe(time.perf_counter() - started)
+        stages["check_before_release"].observe(time.perf_counter() - started)
     except Exception as exc:
         if heartbeats is None or heartbeats.out is None:
             raise
@@ -399,7 +399,7 @@ async def respond(request: web.Request, ex: Exchange, trail: Trail, attempt: Att
     try:
         return await release_decided(ex, trail, attempt, decided, passed, heartbeats)  # 10
     finally:
-        stages.labels("release").observe(time.perf_counter() - started)
+        stages["release"].observe(time.perf_counter() - started)
 
 
 async def buffer(

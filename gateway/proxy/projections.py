@@ -92,7 +92,7 @@ async def record_usage(app: web.Application, ex: Exchange, trail: Trail) -> list
     records: list[usage.UsageRecord] = []
     try:
         metrics = app[METRICS]
-        metrics.stage_seconds.labels("checks").observe(sum(c.seconds for c in trail.checks))
+        metrics.stages["checks"].observe(sum(c.seconds for c in trail.checks))
         ledger = app[USAGE_LEDGER]
         timeline = app.get(TIMELINE)
         now = time.time()
