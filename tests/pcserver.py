@@ -25,7 +25,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,6 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+
+from tests.deploy.procs import free_port
 
 VERSION = "1.4.1"
 REQUIREMENT = f"powercontext[server,cli]=={VERSION}"
@@ -110,12 +111,6 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _stop(proc: subprocess.Popen[bytes]) -> None:
     if proc.poll() is not None:
         return
@@ -146,7 +141,7 @@ def running_server(*, start_timeout: float = START_TIMEOUT, home: Path | None = 
     log = home / "server.log"
     last_error = "no answer"
     for _attempt in range(3):  # the free port can be taken between probing and binding
-        port = _free_port()
+        port = free_port()
         cmd = [str(executable), "server", "run", "--host", "127.0.0.1", "--port", str(port), "--no-env-file"]
         with log.open("ab") as out:
             proc = subprocess.Popen(

@@ -27,7 +27,6 @@ import secrets
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -172,7 +171,7 @@ def test_dockerfile_lints_clean_with_hadolint() -> None:
 
 
 def test_entrypoint_serves_a_wiregate_init_directory_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
-    config = _wiregate_init(tmp_path / "wiregate", mock_port=_free_port())
+    config = _wiregate_init(tmp_path / "wiregate", mock_port=procs.free_port())
     # The only change: an ephemeral port instead of 8443 (the listener's port comes back in its log line).
     config.write_text(_set(config.read_text(), "port = 8443", "port = 0"))
     sock = tmp_path / "wiregate" / "run" / "wiregate.sock"
@@ -211,7 +210,7 @@ def test_entrypoint_runs_the_mock_provider_as_compose_does(tmp_path: Path) -> No
     entrypoint (compose: 9901; here a free port, which init's mock profiles name); then a
     call through a gateway configured as init-dev.sh leaves it (it does not serve the mock
     itself)."""
-    port = _free_port()
+    port = procs.free_port()
     config = _wiregate_init(tmp_path / "wiregate", mock_port=port)
     config.write_text(_set(_set(config.read_text(), "port = 8443", "port = 0"), "enabled = true", "enabled = false"))
     mock = procs.Proc(
@@ -381,7 +380,7 @@ def _overlay(tmp_path: Path, *, secret_mode: int | None = None) -> list[dict[str
     overlay = tmp_path / "k8s" / "overlay"
     overlay.mkdir()
     init = tmp_path / "init"
-    _wiregate_init(init, mock_port=_free_port())  # only its secrets are used
+    _wiregate_init(init, mock_port=procs.free_port())  # only its secrets are used
     for src, dst in (
         ("keys/bindings-keyring.json", "bindings-keyring.json"),
         ("secrets/secret-values.txt", "secret-values.txt"),
@@ -808,12 +807,6 @@ def test_compose_init_script_provisions_an_observe_only_key(tmp_path: Path) -> N
         drop_schema(schema)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def test_real_prometheus_scrapes_with_the_compose_config_and_evaluates_the_dashboard(tmp_path: Path) -> None:
     """Where a Prometheus binary exists (Debian: apt-get install prometheus): the scrape
     config as shipped — HTTPS, the dev CA, server_name localhost, the observe-only key file
@@ -857,7 +850,7 @@ def test_real_prometheus_scrapes_with_the_compose_config_and_evaluates_the_dashb
             timeout=60,
         )
         assert check.returncode == 0, check.stdout + check.stderr
-        web = _free_port()
+        web = procs.free_port()
         prom = procs.Proc(
             [
                 prometheus,

@@ -13,13 +13,8 @@ from gateway.devmock import MOCK_PROVIDER
 from gateway.listeners import ListenerError
 from gateway.server import start
 from tests.conftest import GatewayFactory
+from tests.deploy.procs import free_port
 from tests.harness import GatewayThread, openai_client, raw_client
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _section(port: int) -> str:
@@ -27,7 +22,7 @@ def _section(port: int) -> str:
 
 
 def test_gateway_serves_the_mock_and_stops_it(gateways: GatewayFactory) -> None:
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     with gateways("embedded_mock", mock_url=url, config_extra=_section(port)) as (env, gateway):
         assert gateway.running is not None

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from gateway.listeners import ListenerError, prepare_socket_path
+from tests.deploy.procs import free_port
 
 
 def test_stale_socket_is_replaced(tmp_path: Path) -> None:
@@ -69,12 +70,6 @@ def _get(conn: http.client.HTTPConnection, path: str, key: str | None = None) ->
     return r.status, r.read().decode()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[dict[str, Any]]:
     """`wiregate init` then `wiregate serve` as real processes (what `make run` does)."""
@@ -85,7 +80,7 @@ def served(tmp_path: Path) -> Iterator[dict[str, Any]]:
     assert init.returncode == 0, init.stderr
     key = (work / "dev-gateway-key").read_text().strip()
     assert key in init.stdout  # printed once at creation
-    port = _free_port()
+    port = free_port()
     cfg = work / "wiregate.toml"
     cfg.write_text(cfg.read_text().replace("port = 8443", f"port = {port}"))
     proc = subprocess.Popen(

@@ -31,14 +31,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.deploy.procs import free_port
+
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _run_recipe() -> list[str]:
@@ -86,7 +82,7 @@ class Served:
 @pytest.fixture(scope="module")
 def served() -> Iterator[Served]:
     work = Path(tempfile.mkdtemp(prefix="wgoob", dir="/tmp"))  # short: a Unix socket path is bounded
-    https_port, mock_port = _free_port(), _free_port()
+    https_port, mock_port = free_port(), free_port()
     init_line, serve_line = _run_recipe()
     assert "wiregate init --dir .wiregate" in init_line and "wiregate serve" in serve_line
     init_line = init_line.replace(

@@ -105,7 +105,7 @@ def test_workers_on_the_embedded_defaults_share_one_mock(tmp_path: Path) -> None
     """`wiregate init`'s configuration (embedded mock on) under --workers 2: worker 0 serves
     the mock, both workers serve calls to it."""
     work = tmp_path / "wg"
-    mock_port = _free_port()
+    mock_port = procs.free_port()
     init = [str(WIREGATE), "init", "--dir", str(work), "--https-port", "0", "--mock-port", str(mock_port)]
     assert subprocess.run(init, capture_output=True, timeout=120).returncode == 0
     key = (work / "dev-gateway-key").read_text().strip()
@@ -133,11 +133,3 @@ def test_workers_on_the_embedded_defaults_share_one_mock(tmp_path: Path) -> None
         assert proc.terminate(120) == 0
     finally:
         proc.close()
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])

@@ -146,6 +146,13 @@ class Proc:
         self._log.close()
 
 
+def free_port() -> int:
+    """A loopback TCP port nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 def port_is_free(port: int) -> bool:
     with socket.socket() as sock:
         try:
