@@ -142,53 +142,14 @@ class AnthropicMessages(base.NoEdits):
             return (span[0], span[1], f'[{{"type":"text","text":{literal},"cache_control":{marker}}}]')
         return jsonspan.add_member(text, span, f'"cache_control":{marker}')
 
+    def stream_folder(self, limits: CarrierLimits) -> common.StreamFolder:
+        return _Folder(limits)
+
     def fold_stream(self, events: Sequence[SSEEvent], limits: CarrierLimits) -> FoldedResponse:
-        decoder = common.EventDecoder(limits)
-        pieces: dict[Path, list[str]] = {}
-        usage: dict[str, Any] = {}
-        response_id: str | None = None
-        stopped = is_error = False
+        folder = _Folder(limits)
         for n, ev in enumerate(events):
-            try:
-                obj = decoder.decode(ev.data, n)
-            except JsonError as exc:
-                return FoldedResponse(units=(), complete=False, incomplete_reason=exc.reason)
-            if not isinstance(obj, dict):
-                return FoldedResponse(units=(), complete=False, incomplete_reason=ReasonCode.JSON_INVALID)
-            kind = common.get_str(obj, "type") or ev.event
-            if kind == "message_start":
-                msg = obj.get("message")
-                response_id = common.get_str(msg, "id")
-                _merge_usage(usage, msg.get("usage") if isinstance(msg, dict) else None)
-            elif kind == "content_block_start":
-                block = obj.get("content_block")
-                if isinstance(block, dict):  # text it already holds starts the folded field
-                    index = common.get_int(obj, "index") or 0
-                    common.string_leaves(block, ("content", index), pieces, skip=_NOT_TEXT)
-            elif kind == "content_block_delta":
-                delta = obj.get("delta")
-                if isinstance(delta, dict):
-                    index = common.get_int(obj, "index") or 0
-                    for field, value in delta.items():
-                        if field not in _NOT_TEXT:
-                            name = _FOLDED_NAME.get(str(field), str(field))
-                            common.string_leaves(value, ("content", index, name), pieces)
-            elif kind == "message_delta":
-                _merge_usage(usage, obj.get("usage"))
-            elif kind == "message_stop":
-                stopped = True
-            elif kind == "error":
-                is_error = True
-        for path, parts in pieces.items():
-            base.folded_units(path, "".join(parts), limits, decoder.found)
-        return decoder.result(
-            complete=stopped,
-            incomplete_reason=None,
-            usage=usage,
-            response_id=response_id,
-            is_error=is_error,
-            events=tuple(events),
-        )
+            folder.add(n, ev)
+        return folder.result(tuple(events))
 
     def stream_error_event(self, code: str, reason_codes: Sequence[str], message: str, error_type: str) -> bytes:
         body = {
@@ -253,3 +214,36 @@ def _merge_usage(into: dict[str, Any], usage: Any) -> None:
         for key, value in usage.items():
             if value is not None:
                 into[key] = value
+
+
+class _Folder(common.StreamFolder):
+    def __init__(self, limits: CarrierLimits) -> None:
+        super().__init__(limits)
+        self.merged: dict[str, Any] = {}  # message_start's usage, then message_delta's
+        self.usage = self.merged
+
+    def _event(self, event: SSEEvent, obj: dict[str, Any]) -> None:
+        kind = common.get_str(obj, "type") or event.event
+        if kind == "message_start":
+            msg = obj.get("message")
+            self.response_id = common.get_str(msg, "id")
+            _merge_usage(self.merged, msg.get("usage") if isinstance(msg, dict) else None)
+        elif kind == "content_block_start":
+            block = obj.get("content_block")
+            if isinstance(block, dict):  # text it already holds starts the folded field
+                index = common.get_int(obj, "index") or 0
+                common.string_leaves(block, ("content", index), self.pieces, skip=_NOT_TEXT)
+        elif kind == "content_block_delta":
+            delta = obj.get("delta")
+            if isinstance(delta, dict):
+                index = common.get_int(obj, "index") or 0
+                for field, value in delta.items():
+                    if field not in _NOT_TEXT:
+                        name = _FOLDED_NAME.get(str(field), str(field))
+                        common.string_leaves(value, ("content", index, name), self.pieces)
+        elif kind == "message_delta":
+            _merge_usage(self.merged, obj.get("usage"))
+        elif kind == "message_stop":
+            self.terminal = True
+        elif kind == "error":
+            self.is_error = True

@@ -147,9 +147,31 @@ class Carrier(Protocol):
 
     def fold_stream(self, events: Sequence[SSEEvent], limits: CarrierLimits) -> FoldedResponse: ...
 
+    def stream_folder(self, limits: CarrierLimits) -> StreamFolding:
+        """`fold_stream` one event at a time (for a stream released as it arrives)."""
+        ...
+
     def stream_error_event(self, code: str, reason_codes: Sequence[str], message: str, error_type: str) -> bytes:
         """The protocol's own error event, for a refusal once a stream's headers are out."""
         ...
+
+
+class StreamFolding(Protocol):
+    """A stream folded as it arrives: the same fields `fold_stream` reads, so far."""
+
+    pieces: dict[Path, list[str]]  # every folded field so far, in first-arrival order
+    terminal: bool  # a terminal event was seen
+    is_error: bool  # the provider's error event was seen
+    broken: str | None  # an event could not be read (why)
+
+    @property
+    def found(self) -> Collected:
+        """The units, duplicate keys and too-deep pointers of every event read so far."""
+        ...
+
+    def add(self, n: int, event: SSEEvent) -> None: ...
+
+    def result(self, events: tuple[SSEEvent, ...]) -> FoldedResponse: ...
 
 
 class NoEdits:

@@ -17,6 +17,7 @@ from gateway.carriers.base import (
     FoldedResponse,
     PromptPart,
     UsageReport,
+    folded_units,
     parse_document,
     units_of,
 )
@@ -109,6 +110,64 @@ class EventDecoder:
             duplicate_keys=tuple(self.found.dups),
             events=events,
             too_deep=tuple(self.found.deep),
+        )
+
+
+class StreamFolder:
+    """Folds a stream one event at a time (`add`), so a caller that releases a stream as it
+    arrives reads the same fields a buffered fold reads. `pieces` holds every folded field
+    so far (field path → its deltas, in first-arrival order); `found` the units of every
+    event read so far. A subclass reads one decoded event in `_event`."""
+
+    def __init__(self, limits: CarrierLimits) -> None:
+        self.limits = limits
+        self.decoder = EventDecoder(limits)
+        self.pieces: dict[Path, list[str]] = {}
+        self.usage: dict[str, Any] | None = None
+        self.response_id: str | None = None
+        self.terminal = False
+        self.is_error = False
+        self.broken: str | None = None  # why an event could not be read (then nothing folds)
+
+    @property
+    def found(self) -> Collected:
+        return self.decoder.found
+
+    def add(self, n: int, event: Any) -> None:
+        """Event `n` (an `SSEEvent`) of the stream."""
+        if self.broken is not None:
+            return
+        if event.data == "[DONE]":
+            self._done()
+            return
+        try:
+            obj = self.decoder.decode(event.data, n)
+        except JsonError as exc:
+            self.broken = exc.reason
+            return
+        if not isinstance(obj, dict):
+            self.broken = ReasonCode.JSON_INVALID
+            return
+        self._event(event, obj)
+
+    def _done(self) -> None:
+        """The `[DONE]` sentinel (by default tolerated, not terminal)."""
+
+    def _event(self, event: Any, obj: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def result(self, events: tuple[Any, ...]) -> FoldedResponse:
+        if self.broken is not None:
+            return FoldedResponse(units=(), complete=False, incomplete_reason=self.broken)
+        for path, parts in self.pieces.items():
+            folded_units(path, "".join(parts), self.limits, self.decoder.found)
+        return self.decoder.result(
+            complete=self.terminal,
+            incomplete_reason=None,
+            usage=self.usage,
+            response_id=self.response_id,
+            is_error=self.is_error,
+            events=events,
         )
 
 

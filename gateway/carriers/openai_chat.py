@@ -137,39 +137,14 @@ class OpenAIChat:
             out.append(SSEEvent(ev.event, data, ev.id))
         return out
 
+    def stream_folder(self, limits: CarrierLimits) -> common.StreamFolder:
+        return _Folder(limits)
+
     def fold_stream(self, events: Sequence[SSEEvent], limits: CarrierLimits) -> FoldedResponse:
-        decoder = common.EventDecoder(limits)
-        pieces: dict[Path, list[str]] = {}
-        usage: dict[str, Any] | None = None
-        response_id: str | None = None
-        done = is_error = False
+        folder = _Folder(limits)
         for n, ev in enumerate(events):
-            if ev.data == "[DONE]":
-                done = True
-                continue
-            try:
-                chunk = decoder.decode(ev.data, n)
-            except JsonError as exc:
-                return FoldedResponse(units=(), complete=False, incomplete_reason=exc.reason)
-            if not isinstance(chunk, dict):
-                return FoldedResponse(units=(), complete=False, incomplete_reason=ReasonCode.JSON_INVALID)
-            if "error" in chunk:
-                is_error = True
-            response_id = response_id or common.get_str(chunk, "id")
-            if isinstance(chunk.get("usage"), dict):
-                usage = chunk["usage"]
-            for choice in chunk.get("choices") or ():
-                _fold_choice(choice, pieces)
-        for path, parts in pieces.items():
-            base.folded_units(path, "".join(parts), limits, decoder.found)
-        return decoder.result(
-            complete=done,
-            incomplete_reason=None,
-            usage=usage,
-            response_id=response_id,
-            is_error=is_error,
-            events=tuple(events),
-        )
+            folder.add(n, ev)
+        return folder.result(tuple(events))
 
     def stream_error_event(self, code: str, reason_codes: Sequence[str], message: str, error_type: str) -> bytes:
         body = {
@@ -197,3 +172,17 @@ def _fold_choice(choice: Any, pieces: dict[Path, list[str]]) -> None:
     for position, call in enumerate(calls if isinstance(calls, list) else ()):
         ti = common.get_int(call, "index")
         common.string_leaves(call, (*message, "tool_calls", position if ti is None else ti), pieces, skip=_INDEX)
+
+
+class _Folder(common.StreamFolder):
+    def _done(self) -> None:
+        self.terminal = True
+
+    def _event(self, event: SSEEvent, chunk: dict[str, Any]) -> None:
+        if "error" in chunk:
+            self.is_error = True
+        self.response_id = self.response_id or common.get_str(chunk, "id")
+        if isinstance(chunk.get("usage"), dict):
+            self.usage = chunk["usage"]
+        for choice in chunk.get("choices") or ():
+            _fold_choice(choice, self.pieces)

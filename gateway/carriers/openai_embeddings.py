@@ -19,7 +19,7 @@ import binascii
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from gateway.carriers import base, jsonraw
+from gateway.carriers import base, common, jsonraw
 from gateway.carriers.base import CarrierLimits, FoldedResponse, ParsedRequest, PromptLayout, PromptPart, UsageReport
 from gateway.carriers.jsonraw import JsonError
 from gateway.carriers.jsonspan import Edit
@@ -145,8 +145,20 @@ class OpenAIEmbeddings(base.NoEdits):
         # Embeddings never stream; a stream here is not something we can vouch for.
         return FoldedResponse(units=(), complete=False, incomplete_reason=ReasonCode.UNSUPPORTED_CARRIER)
 
+    def stream_folder(self, limits: CarrierLimits) -> common.StreamFolder:
+        folder = _NoStream(limits)
+        folder.broken = ReasonCode.UNSUPPORTED_CARRIER
+        return folder
+
     def stream_error_event(self, code: str, reason_codes: Sequence[str], message: str, error_type: str) -> bytes:
         raise NotImplementedError("embeddings do not stream")
+
+
+class _NoStream(common.StreamFolder):
+    """Embeddings never stream: every event leaves the fold broken."""
+
+    def _event(self, event: SSEEvent, obj: dict[str, Any]) -> None:
+        self.broken = ReasonCode.UNSUPPORTED_CARRIER
 
 
 def _is_vector(value: Any) -> bool:

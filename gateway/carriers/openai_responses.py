@@ -109,43 +109,14 @@ class OpenAIResponses(base.NoEdits):
             usage, "input_tokens", "output_tokens", "input_tokens_details", "output_tokens_details"
         )
 
+    def stream_folder(self, limits: CarrierLimits) -> common.StreamFolder:
+        return _Folder(limits)
+
     def fold_stream(self, events: Sequence[SSEEvent], limits: CarrierLimits) -> FoldedResponse:
-        decoder = common.EventDecoder(limits)
-        pieces: dict[Path, list[str]] = {}
-        usage: dict[str, Any] | None = None
-        response_id: str | None = None
-        terminal = is_error = False
+        folder = _Folder(limits)
         for n, ev in enumerate(events):
-            if ev.data == "[DONE]":
-                continue  # tolerated (the SDK stops on it); completion needs a terminal event
-            try:
-                obj = decoder.decode(ev.data, n)
-            except JsonError as exc:
-                return FoldedResponse(units=(), complete=False, incomplete_reason=exc.reason)
-            if not isinstance(obj, dict):
-                return FoldedResponse(units=(), complete=False, incomplete_reason=ReasonCode.JSON_INVALID)
-            kind = common.get_str(obj, "type") or ev.event or ""
-            if kind in _TERMINAL:
-                terminal = True
-                is_error = kind in ("error", "response.failed")
-            resp = obj.get("response")
-            if isinstance(resp, dict):
-                response_id = response_id or common.get_str(resp, "id")
-                if isinstance(resp.get("usage"), dict):
-                    usage = resp["usage"]
-            delta = obj.get("delta")
-            if delta is not None and kind not in _TERMINAL:
-                common.string_leaves(delta, _delta_path(kind, obj), pieces)
-        for path, parts in pieces.items():
-            base.folded_units(path, "".join(parts), limits, decoder.found)
-        return decoder.result(
-            complete=terminal,
-            incomplete_reason=None,
-            usage=usage,
-            response_id=response_id,
-            is_error=is_error,
-            events=tuple(events),
-        )
+            folder.add(n, ev)
+        return folder.result(tuple(events))
 
     def stream_error_event(self, code: str, reason_codes: Sequence[str], message: str, error_type: str) -> bytes:
         # `error` mapping included so the SDK raises APIError on this event.
@@ -177,3 +148,21 @@ def _delta_path(kind: str, obj: dict[str, Any]) -> Path:
         if value is not None:
             path.append(value)
     return tuple(path)
+
+
+class _Folder(common.StreamFolder):
+    # `[DONE]` is tolerated (the SDK stops on it); completion needs a terminal event.
+
+    def _event(self, event: SSEEvent, obj: dict[str, Any]) -> None:
+        kind = common.get_str(obj, "type") or event.event or ""
+        if kind in _TERMINAL:
+            self.terminal = True
+            self.is_error = kind in ("error", "response.failed")
+        resp = obj.get("response")
+        if isinstance(resp, dict):
+            self.response_id = self.response_id or common.get_str(resp, "id")
+            if isinstance(resp.get("usage"), dict):
+                self.usage = resp["usage"]
+        delta = obj.get("delta")
+        if delta is not None and kind not in _TERMINAL:
+            common.string_leaves(delta, _delta_path(kind, obj), self.pieces)

@@ -26,6 +26,7 @@ from gateway.config.runtime import LoadedProfile, Policy, Principal, Runtime
 from gateway.inspection import literals
 from gateway.inspection.build import EngineUnavailable, build_engine
 from gateway.inspection.formats import FormatConfigError, FormatSet, build_format_set
+from gateway.inspection.window import stream_window
 from gateway.keyring import KeyRingError, load_keyring
 from gateway.profiles import signing
 from gateway.profiles.model import UpstreamProfile
@@ -371,6 +372,7 @@ def load_policy(
         secret_value_count=len(values),
         content_digest=content.hexdigest(),
         prepared_context=file.prepared_context,
+        window=stream_window(formats.widths(), literal_values, file.stream_window_cap),
     )
 
 

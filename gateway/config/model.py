@@ -317,3 +317,7 @@ class PolicyFile(_Strict):
     # request names and lets unnamed marker text through as ordinary (inspected) content;
     # "require_binding" withholds marker text no verified replay covers.
     prepared_context: Literal["verify_if_bound", "require_binding"] = "verify_if_bound"
+    # Profiles with `release = "windowed"` hold back this many characters of each streamed
+    # field at most (the longest match of the active rules and values, bounded by this cap;
+    # rules that can match more are named in every windowed call's decision record).
+    stream_window_cap: int = Field(1024, ge=64, le=65536)

@@ -19,6 +19,7 @@ from pathlib import Path
 from gateway.carriers.base import CarrierLimits
 from gateway.config.model import GatewayConfig, PrincipalEntry
 from gateway.inspection.engine import Engine
+from gateway.inspection.window import DEFAULT_CAP, StreamWindow
 from gateway.keyring import KeyRing
 from gateway.profiles.model import UpstreamProfile
 from gateway.vocab import Mode, Phase
@@ -79,6 +80,7 @@ class Policy:
     retention_required: frozenset[str] = frozenset()
     content_digest: str = field(default="", repr=False)
     prepared_context: str = "verify_if_bound"  # the file, its rules and literals
+    window: StreamWindow = StreamWindow(DEFAULT_CAP, DEFAULT_CAP, DEFAULT_CAP, ())  # windowed release
 
     def retention_ok(self, profile: UpstreamProfile) -> bool:
         """May content go to this profile under its data-retention promise?"""

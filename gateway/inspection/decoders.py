@@ -75,6 +75,10 @@ _INVISIBLE = re.compile(_class(((0x00, 0x08), (0x0E, 0x1F)) + _IGNORABLE_RANGES[
 _ASCII_INVISIBLE = re.compile("[\x00-\x08\x0e-\x1f\x7f]")  # the ASCII part of _INVISIBLE
 _DELETE_WHITESPACE_CONTROLS = str.maketrans("", "", "\t\n\x0b\x0c\r")
 _TAG = re.compile("[\U000e0020-\U000e007e]")
+# What does not count towards a stream's release window: everything `squeeze` removes
+# (ignorable, control and format characters, whitespace controls), but not tag characters,
+# which normalise to the ASCII they stand for.
+INSIGNIFICANT = re.compile(_class(_IGNORABLE_RANGES[:-1] + ((0xE0000, 0xE001F), (0xE007F, 0xE0FFF))))
 
 
 def is_ignorable(ch: str) -> bool:

@@ -40,6 +40,10 @@ class FormatSet:
     def patterns(self) -> Sequence[str]:
         return [r.pattern for r in self.rules] + [d.pattern for d, _ in self.detectors]
 
+    def widths(self) -> list[tuple[str, int]]:
+        """(id, the longest text it can match) for every rule and detector."""
+        return [(r.id, r.max_width) for r in self.rules] + [(d.kind, d.max_width) for d, _ in self.detectors]
+
     def confirm(self, index: int, data: bytes, end: int) -> list[tuple[int, int]]:
         if index < len(self.rules):
             return [(m.start, m.end) for m in catalogue.confirm_in_window(self.rules[index], data, end)]

@@ -64,6 +64,12 @@ ALLOWED_FIELDS = frozenset(
         "workers",
         "pid",
         "exit_status",
+        "release",
+        "window",
+        "window_cap",
+        "window_capped_rules",
+        "window_checks",
+        "released_early",
     }
 )
 # Fields every line of this process carries (`worker` under `wiregate serve --workers N`).

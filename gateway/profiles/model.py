@@ -131,6 +131,9 @@ class UpstreamProfile(_Strict):
     fallbacks: tuple[str, ...] = ()
     passthrough_headers: tuple[str, ...] = ()
     retention: str | None = None
+    # How a strict stream is released: "buffered" (whole, after the check) or "windowed"
+    # (as it arrives, holding back the policy's window; SPEC §5, README "Windowed streams").
+    release: Literal["buffered", "windowed"] = "buffered"
     not_before: datetime | None = None
     expires: datetime | None = None
     signature: Signature | None = None

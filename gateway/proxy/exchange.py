@@ -112,8 +112,21 @@ class Refused:
     in_stream: bool = False  # as the protocol's error event, after heartbeats
 
 
-Event = Paced | Planned | Admitted | Checked | Attempted | Buffered | Decoded | Released | Refused
-E = TypeVar("E", Paced, Planned, Admitted, Checked, Attempted, Buffered, Decoded, Released, Refused)
+@dataclass(frozen=True, slots=True)
+class Windowed:
+    """A stream released as it arrived (`release = "windowed"`): the window it held back,
+    the policy's cap and how many rules can match more than it, the inspections run while
+    it streamed, and the bytes released before the end of the stream was checked."""
+
+    window: int
+    cap: int
+    capped_rules: int
+    checks: int
+    early_bytes: int
+
+
+Event = Paced | Planned | Admitted | Checked | Attempted | Buffered | Decoded | Released | Refused | Windowed
+E = TypeVar("E", Paced, Planned, Admitted, Checked, Attempted, Buffered, Decoded, Released, Refused, Windowed)
 
 
 @dataclass(slots=True)

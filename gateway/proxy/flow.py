@@ -54,6 +54,7 @@ from gateway.checks import runner
 from gateway.checks.bindings import BindingError
 from gateway.checks.destination import Target
 from gateway.checks.runner import CheckOutcome, Party
+from gateway.checks.window import WindowedRelease
 from gateway.config.runtime import LoadedProfile, Runtime
 from gateway.errors import ClientError, GatewayError, ServiceError, UpstreamError
 from gateway.http.body import read_body
@@ -70,6 +71,7 @@ from gateway.proxy.exchange import (
     Refused,
     Released,
     Trail,
+    Windowed,
 )
 from gateway.proxy.offload import OFFLOAD, Stale, parsed_stub
 from gateway.proxy.upstream import UPSTREAM, Sent, upstream_headers
@@ -343,12 +345,15 @@ class Heartbeats:
         self.out: web.StreamResponse | None = None
 
     async def beat(self) -> None:
+        await self.write(sse.HEARTBEAT)
+
+    async def write(self, data: bytes) -> None:
         if self.out is None:
             self.out = web.StreamResponse(status=200, headers=self.headers)
             self.out.content_type = "text/event-stream"
             self.out.headers["Cache-Control"] = "no-cache"
             await self.out.prepare(self.request)
-        await self.out.write(sse.HEARTBEAT)
+        await self.out.write(data)
 
     async def finish(self, body: bytes) -> web.StreamResponse:
         assert self.out is not None
@@ -381,6 +386,8 @@ async def respond(request: web.Request, ex: Exchange, trail: Trail, attempt: Att
     try:
         if mode is not Mode.ENFORCE:
             return await pass_through(request, ex, trail, attempt, mode)
+        if is_stream and 200 <= response.status < 300 and attempt.party.profile.profile.release == "windowed":
+            return await release_windowed(request, ex, trail, attempt, passed)
         if is_stream and streaming.heartbeat_after_s > 0 and 200 <= response.status < 300:
             heartbeats = Heartbeats(request, passed)
         started = time.perf_counter()
@@ -543,6 +550,101 @@ async def release_decided(
         return release.release_stream(response.status, passed, decided.released)
     content_type = release.released_content_type(response.headers.get("content-type"))
     return release.release_body(response.status, passed, decided.released, content_type)
+
+
+async def release_windowed(
+    request: web.Request, ex: Exchange, trail: Trail, attempt: Attempt, passed: dict[str, str]
+) -> web.StreamResponse:
+    """Steps 8-10 for a profile with `release = "windowed"` (checks/window): each event
+    goes out once it and the window after it are inspected; the end of the stream is then
+    checked whole, as a buffered stream is, before the held remainder is released. A refusal
+    before the first release is an ordinary error response; after it, the protocol's error
+    event, and nothing after the last released event leaves."""
+    runtime = ex.runtime
+    response = attempt.response
+    limits = runtime.config.limits
+    stages = request.app[METRICS].stages
+    assert attempt.send.binding is not None
+    try:
+        runner.open_send_binding(runtime, attempt.send.binding, attempt.party, time.time())
+    except BindingError as exc:  # nothing is released for a send no one can vouch for
+        response.close()
+        raise _refused(trail, errors.withheld_response((exc.reason,)), Outcome.WITHHELD) from None
+    profile_id = attempt.target.profile_id
+    window = WindowedRelease(runtime, ex.carrier, profile_id, passed, attempt.usage_injected)
+    spec = runtime.policy.window
+    stream = Heartbeats(request, passed)  # holds the open response once the first bytes are out
+    chunks: list[bytes] = []
+    total = 0
+    inspecting = 0.0
+    gauge = request.app[METRICS].buffered_bytes
+    started = time.perf_counter()
+
+    def record() -> None:
+        trail.add(Windowed(spec.chars, spec.cap, len(spec.capped), window.checks, window.released_bytes))
+
+    try:
+        try:
+            async with asyncio.timeout(max(0.0, ex.deadline - time.monotonic())):
+                while chunk := await response.content.readany():
+                    total += len(chunk)
+                    if total > limits.response_bytes:
+                        raise _TooLarge
+                    gauge.inc(len(chunk))
+                    chunks.append(chunk)
+                    step = window.feed(chunk, time.monotonic())
+                    inspecting += step.seconds
+                    if step.refusal is not None:
+                        outcome = CheckOutcome(Phase.BEFORE_RELEASE, step.refusal, Mode.ENFORCE, step.seconds)
+                        trail.add(Checked(profile_id, outcome))
+                        note_check(request.app, ex.request_id, outcome, profile_id, ex.route)
+                        blocked = step.refusal.decision is Decision.BLOCK
+                        raise _refused(trail, refusal(outcome), Outcome.BLOCKED if blocked else Outcome.WITHHELD)
+                    if step.release:
+                        await stream.write(step.release)
+        except TimeoutError:
+            raise _refused(trail, errors.upstream_unavailable(ReasonCode.BUFFER_TIMEOUT), Outcome.TIMEOUT) from None
+        except _TooLarge:
+            err = UpstreamError(503, "response_withheld", (ReasonCode.RESPONSE_TOO_LARGE,))
+            raise _refused(trail, err, Outcome.WITHHELD) from None
+        except (aiohttp.ClientError, OSError):
+            err = errors.incomplete_response((ReasonCode.RESPONSE_INCOMPLETE,))
+            raise _refused(trail, err, Outcome.INCOMPLETE) from None
+        finally:
+            gauge.dec(sum(len(c) for c in chunks))
+            response.close()
+        window.close()
+        body = b"".join(chunks)
+        trail.add(Buffered(profile_id, response.status, True, len(body)))
+        stages["buffer"].observe(max(0.0, time.perf_counter() - started - inspecting))
+        checked_at = time.perf_counter()
+        decided = await check_response(request.app, ex, trail, attempt, body, passed)  # the whole stream
+        stages["check_before_release"].observe(inspecting + time.perf_counter() - checked_at)
+        sent = window.released_bytes
+        if decided.released[:sent] != _released_prefix(window):
+            log.error("windowed_release_mismatch", request_id=ex.request_id, profile=profile_id)
+            raise ServiceError(500, "internal_error", ())
+    except Exception as exc:
+        record()
+        if stream.out is None:
+            raise
+        return await _error_event(request, ex, trail, stream, exc)
+    record()
+    trail.add(Released(response.status, len(decided.released), Outcome.RELEASED))
+    released_at = time.perf_counter()
+    try:
+        if stream.out is None:  # nothing could go early (a stream that arrived in one read)
+            return release.release_stream(response.status, passed, decided.released)
+        return await stream.finish(decided.released[window.released_bytes :])
+    finally:
+        stages["release"].observe(time.perf_counter() - released_at)
+
+
+def _released_prefix(window: WindowedRelease) -> bytes:
+    """What the windowed releaser sent, re-framed again from its events (to compare with the
+    complete check's bytes: a difference would mean a fold that is not incremental)."""
+    chosen = window.carrier.released_events(window.events[: window.released], window.usage_injected)
+    return sse.frame(chosen)
 
 
 async def _error_event(

@@ -31,7 +31,7 @@ from gateway.config.runtime import Runtime
 from gateway.ledgers.attribution import AttributionLedger
 from gateway.obs import logging as log
 from gateway.proxy import pacing
-from gateway.proxy.exchange import Admitted, Buffered, Decoded, Exchange, Planned, Refused, Released, Trail
+from gateway.proxy.exchange import Admitted, Buffered, Decoded, Exchange, Planned, Refused, Released, Trail, Windowed
 from gateway.state import ATTRIBUTION, METRICS, TIMELINE, USAGE_LEDGER
 from gateway.vocab import Outcome
 
@@ -220,4 +220,18 @@ def access_fields(ex: Exchange, trail: Trail) -> dict[str, Any]:
         "upstream_status": attempts[-1].status if attempts else None,
         "attempts": len(attempts),
         "bytes_out": released.body_bytes if released is not None else 0,
+        **_windowed_fields(trail.last(Windowed)),
+    }
+
+
+def _windowed_fields(windowed: Windowed | None) -> dict[str, Any]:
+    if windowed is None:
+        return {}
+    return {
+        "release": "windowed",
+        "window": windowed.window,
+        "window_cap": windowed.cap,
+        "window_capped_rules": windowed.capped_rules,
+        "window_checks": windowed.checks,
+        "released_early": windowed.early_bytes,
     }
