@@ -14,9 +14,12 @@ import pytest
 
 from gateway.carriers import CARRIERS, sse
 from gateway.carriers.base import CarrierLimits
+from gateway.checks.window import json_string_text, significant
+from gateway.inspection import decoders
 from gateway.mockprovider import MockProviderServer
+from gateway.units import STRUCTURAL_FIELDS
 from tests.conftest import GatewayFactory
-from tests.harness import Env, GatewayThread, raw_client, sensitive
+from tests.harness import Env, GatewayThread, mock_profile, raw_client, sensitive
 from tests.inspection.secret_samples import true_positives
 
 LITERALS = [
@@ -52,6 +55,32 @@ PH1, PH2 = "@@PART1@@", "@@PART2@@"
 def gw(gateways: GatewayFactory) -> Iterator[tuple[Env, GatewayThread]]:
     with gateways("evasion", secrets_=[*LITERALS, NUMBER_LITERAL, {"value": CASELESS, "ignore_case": True}]) as started:
         yield started
+
+
+# Stream responses are checked under both release modes: buffered (the whole stream, then
+# the check) and windowed (released as it arrives, holding back the policy's window).
+WINDOW_CAP = 512
+
+
+@pytest.fixture(scope="module", params=["buffered", "windowed"])
+def stream_gw(
+    request: pytest.FixtureRequest, gateways: GatewayFactory, mock: MockProviderServer
+) -> Iterator[tuple[Env, GatewayThread, str]]:
+    release = str(request.param)
+    extra = {"profiles": _profiles(mock, release), "policy_extra": f"stream_window_cap = {WINDOW_CAP}\n"}
+    with gateways(
+        f"evasion-{release}",
+        secrets_=[*LITERALS, NUMBER_LITERAL, {"value": CASELESS, "ignore_case": True}],
+        **(extra if release == "windowed" else {}),
+    ) as (env, gateway):
+        yield env, gateway, release
+
+
+def _profiles(mock: MockProviderServer, release: str) -> list[dict[str, Any]]:
+    return [
+        mock_profile("mock-openai", "openai", mock.url, release=release),
+        mock_profile("mock-anthropic", "anthropic", mock.url, release=release),
+    ]
 
 
 # --- encodings of the secret inside a JSON string literal ------------------------------
@@ -441,10 +470,57 @@ def test_number_lexical_form(gw: tuple[Env, GatewayThread], mock: MockProviderSe
 # --- responses: the model emits it ----------------------------------------------------
 
 
-def _chunks(text: str) -> list[str]:
-    """Small pieces (a secret is never whole in one event), at most ~24 of them."""
-    size = max(3, len(text) // 24)
+def _chunks(text: str, size: int | None = None) -> list[str]:
+    """Small pieces (a secret is never whole in one event): at most ~24 of them, or pieces
+    of `size` characters."""
+    size = size or max(3, len(text) // 24)
     return [text[i : i + size] for i in range(0, len(text), size)]
+
+
+# Text around a secret, so that a windowed release has something to release before it
+# (and after it, something it must never release). It shares no 4 characters with a secret.
+FILL = " ".join("~~~~" for _ in range(120))
+
+
+def _released_views(body: bytes) -> list[str]:
+    """Everything a client read in the events it got, as it would read it: every string of
+    every event joined, JSON escapes inside them decoded (tool arguments), normalised
+    (invisible characters removed, NFKC)."""
+    events, _ = sse.parse_all(body)
+    strings: list[str] = []
+
+    def leaves(node: Any) -> None:
+        if isinstance(node, str):
+            strings.append(node)
+        elif isinstance(node, dict):
+            for key, value in node.items():
+                if key not in STRUCTURAL_FIELDS:  # "chat.completion.chunk" holds ".com"
+                    leaves(value)
+        elif isinstance(node, list):
+            for value in node:
+                leaves(value)
+
+    for event in events:
+        try:
+            doc = json.loads(event.data)
+        except ValueError:
+            continue
+        if isinstance(doc, dict) and ("error" in doc or doc.get("type") == "error"):
+            continue  # the gateway's own error event: its message is ours, not the model's
+        leaves(doc)
+    text = "".join(strings)
+    once = json_string_text(text)
+    return [view for t in (text, once, json_string_text(once)) for view in (t, decoders.squeeze(t))]
+
+
+def _grams(text: str, n: int = 4) -> set[str]:
+    return {text[i : i + n] for i in range(len(text) - n + 1)}
+
+
+def _partly_released(body: bytes, *forms: str) -> bool:
+    """Did any 4 consecutive characters of any form of the secret reach the client?"""
+    grams = set().union(*(_grams(decoders.squeeze(f)) for f in forms)) - _grams(FILL)
+    return any(_grams(view) & grams for view in _released_views(body))
 
 
 def _chat_events(pieces: list[str], tool: bool) -> list[str]:
@@ -542,12 +618,23 @@ def _client_saw(body: bytes, secret: str) -> bool:
     return secret in decoded
 
 
+def _refused(r: Any, release: str) -> bool:
+    """Buffered: a 403. Windowed: a 403, or (once the stream had started) the protocol's
+    error event as the last event."""
+    if r.status_code == 403:
+        return True
+    if release != "windowed" or r.status_code != 200:
+        return False
+    events, _ = sse.parse_all(r.content)
+    return bool(events) and '"error"' in events[-1].data
+
+
 @pytest.mark.parametrize("carrier", sorted(STREAMS))
 @pytest.mark.parametrize("tool", [False, True], ids=["text", "tool_args"])
 def test_stream_response_evasion(
-    gw: tuple[Env, GatewayThread], mock: MockProviderServer, carrier: str, tool: bool
+    stream_gw: tuple[Env, GatewayThread, str], mock: MockProviderServer, carrier: str, tool: bool
 ) -> None:
-    env, gateway = gw
+    env, gateway, release = stream_gw
     route, make_events, make_body = STREAMS[carrier]
     client = raw_client(gateway, env, uds=True)
     headers = {"authorization": f"Bearer {env.gateway_key}"}
@@ -555,28 +642,55 @@ def test_stream_response_evasion(
     for enc_name in ("json", "utf8", "u_all", "u_some", "escaped_slashes", "zero_width", "fullwidth"):
         encode = ENCODINGS[enc_name]
         for i, secret in enumerate(SECRETS):
-            content = json.dumps({"value": secret}) if tool else f"here: {secret} end"
+            content = json.dumps({"pad": FILL, "value": secret, "tail": FILL}) if tool else f"{FILL} {secret} {FILL}"
             # the text is split into pieces, each JSON-escaped on its own (raw is never whole)
-            pieces = [encode(p) if not tool else _at_depth(encode(p), 1) for p in _chunks(content)]
+            pieces = [encode(p) if not tool else _at_depth(encode(p), 1) for p in _chunks(content, 7)]
             if enc_name in ("zero_width", "fullwidth") and tool:
-                pieces = [
-                    json.dumps(p, ensure_ascii=False)[1:-1]
-                    for p in _chunks(
-                        json.dumps(
-                            {"value": "\u200b".join(secret) if enc_name == "zero_width" else _fullwidth(secret)},
-                            ensure_ascii=False,
-                        )
-                    )
-                ]
+                hidden = "\u200b".join(secret) if enc_name == "zero_width" else _fullwidth(secret)
+                inner = json.dumps({"pad": FILL, "value": hidden, "tail": FILL}, ensure_ascii=False)
+                pieces = [json.dumps(p, ensure_ascii=False)[1:-1] for p in _chunks(inner, 7)]
             sid = "e" + uuid.uuid4().hex[:12]
             # every third stream also arrives in odd-sized TCP writes, splitting events and
             # multi-byte characters across reads
             split = {"split_bytes": 61} if i % 3 == 0 else {}
             mock.state.add_scenario(sid, [{"raw_events": make_events(pieces, tool), **split}])
             r = client.post(route, json=make_body(sid), headers=headers)
-            if r.status_code != 403 or _client_saw(r.content, secret):
+            if not _refused(r, release) or _client_saw(r.content, secret) or _partly_released(r.content, secret):
                 leaks.append(f"{carrier}/{enc_name}/{i}: {r.status_code}")
     assert leaks == []
+
+
+@pytest.mark.parametrize("carrier", sorted(STREAMS))
+def test_stream_response_evasion_encoded(
+    stream_gw: tuple[Env, GatewayThread, str], mock: MockProviderServer, carrier: str
+) -> None:
+    """Every encoding of the suite, streamed in 7-character deltas between plain text: no
+    part of the secret reaches the client in either release mode. Windowed: an encoded form
+    longer than the window may begin before the window ends, so for those only the whole
+    secret is checked (the documented limit of a capped window)."""
+    env, gateway, release = stream_gw
+    route, make_events, make_body = STREAMS[carrier]
+    client = raw_client(gateway, env, uds=True)
+    headers = {"authorization": f"Bearer {env.gateway_key}"}
+    assert not (_grams(FILL) & set().union(*(_grams(decoders.squeeze(s)) for s in SECRETS)))
+    leaks, partial_checked = [], 0
+    for enc_name, encode in sorted(ENCODINGS.items()):
+        for i, secret in enumerate(SECRETS):
+            hidden = json.loads(f'"{encode(secret)}"')
+            text = f"{FILL} {hidden} {FILL}"
+            pieces = [json.dumps(p, ensure_ascii=False)[1:-1] for p in _chunks(text, 7)]
+            sid = "x" + uuid.uuid4().hex[:12]
+            split = {"split_bytes": 97} if i % 5 == 0 else {}
+            mock.state.add_scenario(sid, [{"raw_events": make_events(pieces, False), **split}])
+            r = client.post(route, json=make_body(sid), headers=headers)
+            if not _refused(r, release) or _client_saw(r.content, secret):
+                leaks.append(f"{carrier}/{enc_name}/{i}: {r.status_code}")
+            elif significant(hidden) <= WINDOW_CAP:
+                partial_checked += 1
+                if _partly_released(r.content, secret, hidden):
+                    leaks.append(f"{carrier}/{enc_name}/{i}: partly released")
+    assert leaks == []
+    assert partial_checked > len(ENCODINGS) * len(SECRETS) // 2
 
 
 @pytest.mark.parametrize("carrier", ["chat", "messages"])
@@ -646,12 +760,13 @@ def test_control_requests_pass(gw: tuple[Env, GatewayThread], mock: MockProvider
 @pytest.mark.parametrize("carrier", sorted(STREAMS))
 @pytest.mark.parametrize("tool", [False, True], ids=["text", "tool_args"])
 def test_control_streams_pass(
-    gw: tuple[Env, GatewayThread], mock: MockProviderServer, carrier: str, tool: bool
+    stream_gw: tuple[Env, GatewayThread, str], mock: MockProviderServer, carrier: str, tool: bool
 ) -> None:
-    env, gateway = gw
+    env, gateway, _ = stream_gw
     route, make_events, make_body = STREAMS[carrier]
-    content = json.dumps({"value": "all good, nothing to see"}) if tool else "here: all good é 日本 end"
-    pieces = [ENCODINGS["u_some"](p) for p in _chunks(content)]
+    text = f"{FILL} here: all good é 日本 end {FILL}"
+    content = json.dumps({"value": text}) if tool else text
+    pieces = [ENCODINGS["u_some"](p) for p in _chunks(content, 7)]
     sid = "c" + uuid.uuid4().hex[:12]
     mock.state.add_scenario(sid, [{"raw_events": make_events(pieces, tool), "split_bytes": 61}])
     r = raw_client(gateway, env, uds=True).post(
@@ -660,6 +775,10 @@ def test_control_streams_pass(
     assert r.status_code == 200
     events, clean = sse.parse_all(r.content)
     assert clean and len(events) == len(make_events(pieces, tool))
+    folded = CARRIERS[{CHAT: "openai.chat", MSGS: "anthropic.messages", RESP: "openai.responses"}[route]].fold_stream(
+        events, CarrierLimits()
+    )
+    assert folded.complete and any(u.kind == "folded" and u.text == content for u in folded.units)
 
 
 # --- configured literals split across parts, joined in document order ------------------
@@ -845,17 +964,19 @@ SHAPES: dict[str, tuple[str, Callable[[str], dict[str, Any]], dict[str, Any]]] =
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))
-def test_stream_shapes_fold_every_field(gw: tuple[Env, GatewayThread], mock: MockProviderServer, shape: str) -> None:
-    env, gateway = gw
+def test_stream_shapes_fold_every_field(
+    stream_gw: tuple[Env, GatewayThread, str], mock: MockProviderServer, shape: str
+) -> None:
+    env, gateway, release = stream_gw
     route, make_body, options = SHAPES[shape]
     client = raw_client(gateway, env, uds=True)
     headers = {"authorization": f"Bearer {env.gateway_key}"}
     leaks = []
     for i, secret in enumerate(SECRETS):
         sid = "s" + uuid.uuid4().hex[:12]
-        mock.state.add_scenario(sid, [{"text": f"here: {secret} end", "chunk_size": 3, **options}])
+        mock.state.add_scenario(sid, [{"text": f"{FILL} {secret} {FILL}", "chunk_size": 3, **options}])
         r = client.post(route, json=make_body(sid), headers=headers)
-        if r.status_code != 403 or _client_saw(r.content, secret):
+        if not _refused(r, release) or _client_saw(r.content, secret) or _partly_released(r.content, secret):
             leaks.append(f"{shape}/{i}: {r.status_code}")
     assert leaks == []
     # control: the same shape with nothing secret is released whole
