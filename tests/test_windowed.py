@@ -6,6 +6,7 @@ and everything else reaches the client exactly as a buffered release would send 
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
 from collections.abc import Iterator
@@ -18,6 +19,8 @@ import pytest
 from gateway.carriers import CARRIERS, sse
 from gateway.carriers.base import CarrierLimits
 from gateway.mockprovider import MockProviderServer
+from gateway.obs.logging import JsonFormatter
+from gateway.state import METRICS
 from tests.conftest import GatewayFactory
 from tests.harness import Env, GatewayThread, anthropic_client, mock_profile, openai_client, raw_client
 
@@ -176,3 +179,31 @@ def test_sdks_stream_through_windowed_release(gw: tuple[Env, GatewayThread], moc
         ):
             pass
     assert SECRET_VALUE not in str(caught.value)
+
+
+def test_nothing_stays_counted_and_the_access_line_names_the_window(
+    gw: tuple[Env, GatewayThread], mock: MockProviderServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """After clean, blocked and oversized windowed streams the buffered-bytes gauge is back
+    to zero, and each access line carries the window it held (content-free)."""
+    env, gateway = gw
+    assert gateway.running is not None
+    gauge = gateway.running.app[METRICS].buffered_bytes
+    client = raw_client(gateway, env, uds=True)
+    headers = {"authorization": f"Bearer {env.gateway_key}"}
+    with caplog.at_level(logging.INFO, logger="wiregate"):
+        for text in (FILLER, FILLER[:300] + " " + SECRET_VALUE + " " + FILLER[:300]):
+            sid = _scenario(mock, text=text, chunk_size=6, drip_ms=0.2)
+            r = client.post("/v1/chat/completions", json=_chat(sid), headers=headers)
+            assert r.status_code == 200
+        deadline = time.monotonic() + 5  # the access line follows the response's last byte
+        while sum(r.getMessage() == "request" for r in caplog.records) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+    assert gauge._value.get() == 0
+    formatter = JsonFormatter()
+    lines = [json.loads(formatter.format(r)) for r in caplog.records if r.getMessage() == "request"]
+    windowed = [line for line in lines if line.get("release") == "windowed"]
+    assert len(windowed) >= 2
+    assert all(line["window"] == WINDOW_CAP and line["window_capped_rules"] > 0 for line in windowed)
+    assert any(line["released_early"] > 0 and line["outcome"] == "refused_in_stream" for line in windowed)
+    assert not any(SECRET_VALUE in formatter.format(r) for r in caplog.records)

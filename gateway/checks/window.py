@@ -39,13 +39,14 @@ returns).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gateway.carriers import sse
-from gateway.carriers.base import Carrier
+from gateway.carriers.base import Carrier, FoldedResponse
 from gateway.carriers.jsonraw import JsonError
 from gateway.carriers.sse import SSEEvent
 from gateway.checks.inspect import header_units, inspect
@@ -133,6 +134,7 @@ class WindowedRelease:
         self.fields: dict[Path, _Field] = {}
         self.total_sig = 0
         self.released = 0  # events released
+        self.releasable = 0  # events that may be released once inspected
         self.released_bytes = 0
         self.inspected_events = 0
         self.units_seen = self.dups_seen = self.deep_seen = 0
@@ -159,13 +161,20 @@ class WindowedRelease:
             return self._refuse(withhold(broken, self.runtime.policy.version))
         return self._advance(now)
 
-    def close(self) -> bool:
-        """The upstream ended: takes the parser's last events. Returns whether the stream
-        ended cleanly (the complete check decides what that means)."""
-        events, clean = self.parser.close()
+    def close(self) -> tuple[FoldedResponse, bytes]:
+        """The upstream ended: the whole stream folded (as `fold_stream` folds it: an
+        unclean end is incomplete) and every byte a release would send, for the complete
+        check."""
+        try:
+            events, clean = self.parser.close()
+        except JsonError as exc:
+            return FoldedResponse(units=(), complete=False, incomplete_reason=exc.reason), b""
         for event in events:
             self._add(event)
-        return clean
+        folded = self.folder.result(tuple(self.events))
+        if not clean and folded.complete:
+            folded = dataclasses.replace(folded, complete=False, incomplete_reason=ReasonCode.RESPONSE_INCOMPLETE)
+        return folded, sse.frame(self.carrier.released_events(self.events, self.usage_injected))
 
     def _broken(self) -> str | None:
         folder = self.folder
@@ -215,9 +224,10 @@ class WindowedRelease:
         return True
 
     def _advance(self, now: float) -> Step:
-        limit = self.released
+        limit = self.releasable  # once releasable, an event stays so: its window only grows
         while limit < len(self.events) and self._releasable(limit):
             limit += 1
+        self.releasable = limit
         if limit == self.released:
             return Step(b"")
         due = (

@@ -196,6 +196,20 @@ def read_response(
     folded, released = decode(carrier, body, is_stream, runtime, usage_injected)
     if incomplete:
         folded = dataclasses.replace(folded, complete=False, incomplete_reason=ReasonCode.RESPONSE_INCOMPLETE)
+    return read_folded(runtime, folded, released, party=party, headers=headers, mode=mode, now=now)
+
+
+def read_folded(
+    runtime: Runtime,
+    folded: FoldedResponse,
+    released: bytes,
+    *,
+    party: Party,
+    headers: Mapping[str, str],
+    mode: Mode,
+    now: float,
+) -> Read:
+    """`read_response` for a response already folded (a windowed stream folds as it goes)."""
     profile = party.profile.profile
     estimate = _output_estimate(folded, profile.estimator.name) if profile.estimator.fill_missing else None
     given = runner.ReleaseInput(party, folded, released, headers)

@@ -49,7 +49,7 @@ from aiohttp import web
 from gateway import auth, errors
 from gateway.cachepace import SessionPace
 from gateway.carriers import sse
-from gateway.carriers.base import Carrier
+from gateway.carriers.base import Carrier, FoldedResponse
 from gateway.checks import runner
 from gateway.checks.bindings import BindingError
 from gateway.checks.destination import Target
@@ -464,12 +464,20 @@ async def buffer(
 
 
 async def check_response(
-    app: web.Application, ex: Exchange, trail: Trail, attempt: Attempt, body: bytes, passed: dict[str, str]
+    app: web.Application,
+    ex: Exchange,
+    trail: Trail,
+    attempt: Attempt,
+    body: bytes,
+    passed: dict[str, str],
+    *,
+    folded: tuple[FoldedResponse, bytes] | None = None,
 ) -> Decided:
     """Step 9: read the response as its carrier does and run before_release on the exact
-    bytes that would be released, tied to this call's send binding."""
+    bytes that would be released, tied to this call's send binding. `folded`: the response
+    already folded, with the bytes a release sends (a windowed stream)."""
     response = attempt.response
-    read, outcome = await read_and_check(app, ex, attempt, body, passed, Mode.ENFORCE)
+    read, outcome = await read_and_check(app, ex, attempt, body, passed, Mode.ENFORCE, folded=folded)
     trail.add(Decoded(read.complete, read.usage, read.response_id, read.output_estimate))
     if not 200 <= response.status < 300 and not read.complete:
         # A provider error we cannot read (an HTML page from a proxy, say): say so, without it.
@@ -495,6 +503,7 @@ async def read_and_check(
     mode: Mode,
     *,
     incomplete: bool = False,
+    folded: tuple[FoldedResponse, bytes] | None = None,
 ) -> tuple[decide.Read, CheckOutcome]:
     """`decide.read_response` (in a worker for a large body), then the gateway's own half
     of before_release: the send binding, the release ledger, the release binding."""
@@ -504,7 +513,11 @@ async def read_and_check(
     started = time.perf_counter()
     offload = app[OFFLOAD]
     read: decide.Read | None = None
-    if offload.wanted(runtime, len(body)):
+    if folded is not None:
+        read = decide.read_folded(
+            runtime, folded[0], folded[1], party=attempt.party, headers=headers, mode=mode, now=time.time()
+        )
+    elif offload.wanted(runtime, len(body)):
         try:
             read = await offload.read_response(
                 runtime, ex.carrier.name, body, is_stream=is_stream, usage_injected=attempt.usage_injected,
@@ -574,8 +587,8 @@ async def release_windowed(
     window = WindowedRelease(runtime, ex.carrier, profile_id, passed, attempt.usage_injected)
     spec = runtime.policy.window
     stream = Heartbeats(request, passed)  # holds the open response once the first bytes are out
-    chunks: list[bytes] = []
-    total = 0
+    total = 0  # the window keeps the stream's events (not its bytes) until the end
+    counted = 0  # what the buffered-bytes gauge holds for this call
     inspecting = 0.0
     gauge = request.app[METRICS].buffered_bytes
     started = time.perf_counter()
@@ -591,7 +604,7 @@ async def release_windowed(
                     if total > limits.response_bytes:
                         raise _TooLarge
                     gauge.inc(len(chunk))
-                    chunks.append(chunk)
+                    counted += len(chunk)
                     step = window.feed(chunk, time.monotonic())
                     inspecting += step.seconds
                     if step.refusal is not None:
@@ -611,14 +624,13 @@ async def release_windowed(
             err = errors.incomplete_response((ReasonCode.RESPONSE_INCOMPLETE,))
             raise _refused(trail, err, Outcome.INCOMPLETE) from None
         finally:
-            gauge.dec(sum(len(c) for c in chunks))
+            gauge.dec(counted)
             response.close()
-        window.close()
-        body = b"".join(chunks)
-        trail.add(Buffered(profile_id, response.status, True, len(body)))
+        trail.add(Buffered(profile_id, response.status, True, total))
         stages["buffer"].observe(max(0.0, time.perf_counter() - started - inspecting))
         checked_at = time.perf_counter()
-        decided = await check_response(request.app, ex, trail, attempt, body, passed)  # the whole stream
+        whole = window.close()  # the stream as the window folded it: not read a second time
+        decided = await check_response(request.app, ex, trail, attempt, b"", passed, folded=whole)
         stages["check_before_release"].observe(inspecting + time.perf_counter() - checked_at)
         sent = window.released_bytes
         if decided.released[:sent] != _released_prefix(window):
