@@ -19,6 +19,7 @@ import attribution_bench  # noqa: E402
 import inspect_bench  # noqa: E402
 import loop_bench  # noqa: E402
 import replay_bench  # noqa: E402
+import stream_bench  # noqa: E402
 import wire_bench  # noqa: E402
 
 BENCHMARKS: dict[str, Callable[[list[str] | None], int]] = {
@@ -27,6 +28,7 @@ BENCHMARKS: dict[str, Callable[[list[str] | None], int]] = {
     "replay": replay_bench.main,
     "loop": loop_bench.main,
     "attribution": attribution_bench.main,
+    "stream": stream_bench.main,
 }
 
 
