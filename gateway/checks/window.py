@@ -59,6 +59,7 @@ from gateway.vocab import ReasonCode
 
 # Folded fields that label structure: sent whole by a provider, never held.
 LABELS: frozenset[str] = STRUCTURAL_FIELDS | {"name"}
+_JSON_START = re.compile(r"\s*[\[{]")
 _JSON_STRING_ESCAPE = re.compile(r'\\(["\\/bfnrt]|u[0-9a-fA-F]{4})')
 _SIMPLE_ESCAPES = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
 
@@ -92,12 +93,20 @@ class Step:
 
 @dataclass(slots=True)
 class _Field:
-    parts_seen: int = 0  # deltas already taken into `text`
-    text: str = ""
+    parts_seen: int = 0  # deltas already taken into `chunks`
+    chunks: list[str] = dataclasses.field(default_factory=list)  # joined only to be read
+    length: int = 0
     sig: int = 0  # significant characters so far
     last_growth: int = 0  # the stream's significant total when it last grew
     inspected: int = 0  # characters of `text` inspected through
     released: int = 0  # characters of `text` released
+
+    @property
+    def text(self) -> str:
+        """The field so far (joined once per inspection, not once per delta)."""
+        if len(self.chunks) > 1:
+            self.chunks = ["".join(self.chunks)]
+        return self.chunks[0] if self.chunks else ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,13 +209,14 @@ class WindowedRelease:
             field.parts_seen = len(parts)
             if not added:
                 continue
-            field.text += added
+            field.chunks.append(added)
+            field.length += len(added)
             sig = significant(added)
             field.sig += sig
             self.total_sig += sig
             field.last_growth = self.total_sig
             held = not (path and path[-1] in LABELS)
-            grew.append(_Contribution(path, field.sig, len(field.text), held))
+            grew.append(_Contribution(path, field.sig, field.length, held))
         self.contributions.append(tuple(grew))
 
     # --- release -----------------------------------------------------------------------
@@ -270,16 +280,15 @@ class WindowedRelease:
         frames = sse.frame(new_events)
         raw = self.raw_tail + frames
         for path, field in self.fields.items():
-            if field.inspected == len(field.text) and field.released == len(field.text):
+            if field.inspected == field.length and field.released == field.length:
                 continue
+            whole = field.text
             at = min(field.inspected, field.released)
             # the window before the first character not yet read, less what is held anyway
-            need = self.window - significant(field.text[at : field.inspected])
-            start = self._slice_start(field.text, at, need)
-            text = field.text[start:]
+            need = self.window - significant(whole[at : field.inspected])
+            text = whole[self._slice_start(whole, at, need) :]
             units.append(TextUnit(path, text, "folded"))
-            stripped = field.text.lstrip()
-            if "\\" in text and stripped[:1] in ("{", "["):
+            if "\\" in text and _JSON_START.match(whole):
                 units.append(TextUnit(path, json_string_text(text), "embedded"))
         subject = Subject(
             raw=raw,
@@ -294,7 +303,7 @@ class WindowedRelease:
         self.inspected_events = len(self.events)
         self.raw_tail = raw[-self.window :] if self.window else b""
         for field in self.fields.values():
-            field.inspected = len(field.text)
+            field.inspected = field.length
         self.sig_at_check = self.total_sig
         self.last_check = now
         return verdict
