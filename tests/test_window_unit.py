@@ -107,7 +107,8 @@ def test_clean_stream_is_released_early_and_whole(runtime: Runtime) -> None:
         step = window.feed(raw[at : at + 97], k * 0.001)
         assert step.refusal is None
         early += step.release
-    window.close()
+    folded, released = window.close()
+    assert folded.complete and released.startswith(early)  # the complete check reads what left
     text = _content(early)
     assert text and WORDS.startswith(text)
     assert len(WORDS) - len(text) >= CAP  # the window is still held at the end of the upstream

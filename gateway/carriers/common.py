@@ -6,7 +6,7 @@ Must not: do I/O or know any one provider's schema.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from gateway import units
@@ -169,6 +169,13 @@ class StreamFolder:
             is_error=self.is_error,
             events=events,
         )
+
+
+def fold(folder: StreamFolder, events: Sequence[Any]) -> FoldedResponse:
+    """A whole stream through `folder`: what `Carrier.fold_stream` returns."""
+    for n, event in enumerate(events):
+        folder.add(n, event)
+    return folder.result(tuple(events))
 
 
 def string_leaves(node: Any, path: Path, out: dict[Path, list[str]], skip: frozenset[str] = frozenset()) -> None:

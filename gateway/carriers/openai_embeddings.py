@@ -142,22 +142,20 @@ class OpenAIEmbeddings(base.NoEdits):
         raise NotImplementedError("embeddings are not cached")
 
     def fold_stream(self, events: Sequence[SSEEvent], limits: CarrierLimits) -> FoldedResponse:
-        # Embeddings never stream; a stream here is not something we can vouch for.
-        return FoldedResponse(units=(), complete=False, incomplete_reason=ReasonCode.UNSUPPORTED_CARRIER)
+        return common.fold(_NoStream(limits), events)
 
     def stream_folder(self, limits: CarrierLimits) -> common.StreamFolder:
-        folder = _NoStream(limits)
-        folder.broken = ReasonCode.UNSUPPORTED_CARRIER
-        return folder
+        return _NoStream(limits)
 
     def stream_error_event(self, code: str, reason_codes: Sequence[str], message: str, error_type: str) -> bytes:
         raise NotImplementedError("embeddings do not stream")
 
 
 class _NoStream(common.StreamFolder):
-    """Embeddings never stream: every event leaves the fold broken."""
+    """Embeddings never stream: a stream here is not something we can vouch for."""
 
-    def _event(self, event: SSEEvent, obj: dict[str, Any]) -> None:
+    def __init__(self, limits: CarrierLimits) -> None:
+        super().__init__(limits)
         self.broken = ReasonCode.UNSUPPORTED_CARRIER
 
 

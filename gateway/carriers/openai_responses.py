@@ -113,10 +113,7 @@ class OpenAIResponses(base.NoEdits):
         return _Folder(limits)
 
     def fold_stream(self, events: Sequence[SSEEvent], limits: CarrierLimits) -> FoldedResponse:
-        folder = _Folder(limits)
-        for n, ev in enumerate(events):
-            folder.add(n, ev)
-        return folder.result(tuple(events))
+        return common.fold(_Folder(limits), events)
 
     def stream_error_event(self, code: str, reason_codes: Sequence[str], message: str, error_type: str) -> bytes:
         # `error` mapping included so the SDK raises APIError on this event.

@@ -145,6 +145,7 @@ class WindowedRelease:
         self.released = 0  # events released
         self.releasable = 0  # events that may be released once inspected
         self.released_bytes = 0
+        self.sent: list[bytes] = []  # the bytes released so far (the complete check reads them)
         self.inspected_events = 0
         self.units_seen = self.dups_seen = self.deep_seen = 0
         self.raw_tail = b""
@@ -183,7 +184,8 @@ class WindowedRelease:
         folded = self.folder.result(tuple(self.events))
         if not clean and folded.complete:
             folded = dataclasses.replace(folded, complete=False, incomplete_reason=ReasonCode.RESPONSE_INCOMPLETE)
-        return folded, sse.frame(self.carrier.released_events(self.events, self.usage_injected))
+        rest = sse.frame(self.carrier.released_events(self.events[self.released :], self.usage_injected))
+        return folded, b"".join(self.sent) + rest  # exactly what the client has, and what it would get
 
     def _broken(self) -> str | None:
         folder = self.folder
@@ -262,6 +264,7 @@ class WindowedRelease:
                 field.released = max(field.released, c.len_end)
         self.released = limit
         out = sse.frame(chosen)
+        self.sent.append(out)
         self.released_bytes += len(out)
         return out
 
