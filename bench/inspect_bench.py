@@ -910,7 +910,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    wire_bench._exit_on_sigterm()  # the wire part's subprocesses are stopped on SIGTERM too
+    wire_bench.exit_on_sigterm()  # the wire part's subprocesses are stopped on SIGTERM too
     started = time.monotonic()
     try:
         with pinned_to_one_core() as pinning:

@@ -38,13 +38,10 @@ import contextlib
 import json
 import os
 import re
-import shutil
-import signal
 import ssl
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -62,7 +59,7 @@ for entry in (str(REPO), str(REPO / "bench")):
 import wire_bench  # noqa: E402
 from wire_bench import BenchError, Bound, Target  # noqa: E402
 
-from tests.harness import build_env, mock_profile  # noqa: E402
+from tests.harness import mock_profile  # noqa: E402
 
 PROFILE_HEADER = "x-wiregate-profile"
 BUFFERED_PROFILE, WINDOWED_PROFILE = "bench-buffered", "bench-windowed"
@@ -217,40 +214,19 @@ class StreamStack:
     log: GatewayLog
 
 
+def _profiles(mock_url: str) -> list[dict[str, Any]]:
+    return [
+        mock_profile(BUFFERED_PROFILE, "openai", mock_url),
+        mock_profile(WINDOWED_PROFILE, "openai", mock_url, release="windowed"),
+    ]
+
+
 @contextlib.contextmanager
 def running_stack(secret_count: int, pinning: wire_bench.Pinning) -> Iterator[StreamStack]:
     """The mock provider and a gateway with a buffered and a windowed profile against it."""
-    workdir = Path(tempfile.mkdtemp(prefix="stream-bench-"))
-    processes = wire_bench.Processes(pin=pinning.applied)
-    try:
-        mock_port, gateway_port = wire_bench.free_port(), wire_bench.free_port()
-        mock_url = f"http://127.0.0.1:{mock_port}"
-        profiles = [
-            mock_profile(BUFFERED_PROFILE, "openai", mock_url),
-            mock_profile(WINDOWED_PROFILE, "openai", mock_url, release="windowed"),
-        ]
-        for profile in profiles:
-            for tuned_for_tests in ("retry", "timeouts"):  # benchmark with the product defaults
-                profile.pop(tuned_for_tests, None)
-        secrets_ = wire_bench.secret_values(secret_count)
-        env = build_env(workdir / "config", mock_url, secrets_=secrets_, profiles=profiles)
-        wire_bench.set_https_port(env.config, gateway_port)
-        wiregate = str(Path(sys.executable).with_name("wiregate"))
-        mock_argv = [wiregate, "mock-provider", "--port", str(mock_port), "--api-key", env.upstream_key]
-        processes.start("mock provider", mock_argv, wire_bench.MOCK_CORE, workdir / "mock.log")
-        gateway = processes.start(
-            "gateway",
-            [wiregate, "serve", "--config", str(env.config)],
-            wire_bench.GATEWAY_CORE,
-            workdir / "gateway.log",
-        )
-        stack = wire_bench.Stack(
-            env, mock_url, f"https://127.0.0.1:{gateway_port}", wire_bench.uds_path(env.config), processes
-        )
-        yield StreamStack(stack, GatewayCpu(gateway), GatewayLog(workdir / "gateway.log"))
-    finally:
-        processes.stop_all()
-        shutil.rmtree(workdir, ignore_errors=True)
+    with wire_bench.running_stack(secret_count, pinning, _profiles, prefix="stream-bench-") as stack:
+        assert stack.gateway is not None and stack.workdir is not None
+        yield StreamStack(stack, GatewayCpu(stack.gateway), GatewayLog(stack.workdir / "gateway.log"))
 
 
 # --- client targets --------------------------------------------------------------------
@@ -568,27 +544,6 @@ def format_tables(result: WorkloadResult, stats: dict[str, Stats]) -> str:
     )
 
 
-def print_header(info: dict[str, Any]) -> None:
-    print("wiregate stream benchmark")
-    print(f"  machine: {info['nproc']} CPUs, {info['cpu_model']}")
-    print(f"  python {info['python']}, aiohttp {info['aiohttp']}")
-    print(f"  pinning: {info['pinning']}")
-    print(f"  gateway: {info['modes']}, {info['secret_values']} secret values, full catalogue, inspection on")
-    print(flush=True)
-
-
-def print_errors(results: list[WorkloadResult]) -> int:
-    total = 0
-    for result in results:
-        for name, m in result.measurements.items():
-            total += m.errors
-            for error, count in m.error_kinds.items():
-                print(f"ERROR [{result.workload.name} / {name}] x{count}: {error}", file=sys.stderr)
-    if total:
-        print(f"FAILED: {total} request(s) failed", file=sys.stderr)
-    return total
-
-
 def write_json(
     path: Path, info: dict[str, Any], results: list[WorkloadResult], stats: dict[str, dict[str, Stats]], errors: int
 ) -> None:
@@ -648,26 +603,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def _exit_on_sigterm() -> None:
-    """SIGTERM unwinds like Ctrl-C, so the `finally` blocks stop the subprocesses."""
-
-    def handler(signum: int, frame: object) -> None:
-        raise SystemExit(128 + signum)
-
-    signal.signal(signal.SIGTERM, handler)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    _exit_on_sigterm()
+    wire_bench.exit_on_sigterm()
     pinning = wire_bench.pin_client()
-    modes = "strict (before_send=enforce, before_release=enforce); profiles bench-buffered + bench-windowed"
+    modes = (
+        "strict (before_send=enforce, before_release=enforce), full catalogue; profiles bench-buffered + bench-windowed"
+    )
     info = wire_bench.machine_info(pinning, args.secrets) | {
         "modes": modes,
         "quick": args.quick,
         "rounds": args.rounds,
     }
-    print_header(info)
+    wire_bench.print_header(info, "wiregate stream benchmark")
     started = time.monotonic()
     try:
         with running_stack(args.secrets, pinning) as streams:
@@ -680,7 +628,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     stats = {r.workload.name: summarize(r) for r in results}
     print(f"Total time {time.monotonic() - started:.0f} s")
-    errors = print_errors(results)
+    errors = wire_bench.print_errors(results)
     if args.json:
         write_json(args.json, info, results, stats, errors)
         print(f"Results written to {args.json}")

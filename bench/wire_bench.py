@@ -42,7 +42,7 @@ import tempfile
 import time
 import tomllib
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -416,28 +416,43 @@ class Stack:
     gateway_url: str
     uds: Path
     processes: Processes
+    gateway: subprocess.Popen[bytes] | None = None  # the gateway process (its /proc entry)
+    workdir: Path | None = None  # logs: mock.log, gateway.log
+
+
+def bench_profiles(mock_url: str) -> list[dict[str, Any]]:
+    return [mock_profile("bench-openai", "openai", mock_url)]
 
 
 @contextlib.contextmanager
-def running_stack(secret_count: int, pinning: Pinning) -> Iterator[Stack]:
-    workdir = Path(tempfile.mkdtemp(prefix="wire-bench-"))
+def running_stack(
+    secret_count: int,
+    pinning: Pinning,
+    profiles: Callable[[str], list[dict[str, Any]]] = bench_profiles,
+    prefix: str = "wire-bench-",
+) -> Iterator[Stack]:
+    """The mock provider and a gateway in front of it with `profiles(mock_url)` (retry and
+    timeouts left at the product defaults)."""
+    workdir = Path(tempfile.mkdtemp(prefix=prefix))
     atexit.register(shutil.rmtree, workdir, ignore_errors=True)
     processes = Processes(pin=pinning.applied)
     try:
         mock_port, gateway_port = free_port(), free_port()
         mock_url = f"http://127.0.0.1:{mock_port}"
-        profile = mock_profile("bench-openai", "openai", mock_url)
-        for tuned_for_tests in ("retry", "timeouts"):  # benchmark with the product defaults
-            profile.pop(tuned_for_tests, None)
-        env = build_env(workdir / "config", mock_url, secrets_=secret_values(secret_count), profiles=[profile])
+        docs = profiles(mock_url)
+        for profile in docs:
+            for tuned_for_tests in ("retry", "timeouts"):  # benchmark with the product defaults
+                profile.pop(tuned_for_tests, None)
+        env = build_env(workdir / "config", mock_url, secrets_=secret_values(secret_count), profiles=docs)
         set_https_port(env.config, gateway_port)
         wiregate = str(Path(sys.executable).with_name("wiregate"))
         mock_argv = [wiregate, "mock-provider", "--port", str(mock_port), "--api-key", env.upstream_key]
         processes.start("mock provider", mock_argv, MOCK_CORE, workdir / "mock.log")
-        processes.start(
+        gateway = processes.start(
             "gateway", [wiregate, "serve", "--config", str(env.config)], GATEWAY_CORE, workdir / "gateway.log"
         )
-        yield Stack(env, mock_url, f"https://127.0.0.1:{gateway_port}", uds_path(env.config), processes)
+        url = f"https://127.0.0.1:{gateway_port}"
+        yield Stack(env, mock_url, url, uds_path(env.config), processes, gateway, workdir)
     finally:
         processes.stop_all()
         shutil.rmtree(workdir, ignore_errors=True)
@@ -770,8 +785,8 @@ def machine_info(pinning: Pinning, secret_count: int) -> dict[str, Any]:
     }
 
 
-def print_header(info: dict[str, Any]) -> None:
-    print("wiregate wire benchmark")
+def print_header(info: dict[str, Any], title: str = "wiregate wire benchmark") -> None:
+    print(title)
     print(f"  machine: {info['nproc']} CPUs, {info['cpu_model']}")
     print(f"  python {info['python']}, aiohttp {info['aiohttp']}")
     print(f"  pinning: {info['pinning']}")
@@ -786,7 +801,9 @@ def print_checks(checks: list[Check]) -> None:
         print(f"  {c.title:<48} {c.target:<14} {c.measured:>14}  {verdict}")
 
 
-def print_errors(results: list[WorkloadResult]) -> int:
+def print_errors(results: Sequence[Any]) -> int:
+    """Every failed request of `results` (anything with `.workload.name` and
+    `.measurements`, a name → measurement with `errors` and `error_kinds`), on stderr."""
     total = 0
     for result in results:
         for name, m in result.measurements.items():
@@ -859,7 +876,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def _exit_on_sigterm() -> None:
+def exit_on_sigterm() -> None:
     """SIGTERM unwinds like Ctrl-C, so the `finally` blocks stop the subprocesses."""
 
     def handler(signum: int, frame: object) -> None:
@@ -870,7 +887,7 @@ def _exit_on_sigterm() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    _exit_on_sigterm()
+    exit_on_sigterm()
     pinning = pin_client()
     info = machine_info(pinning, args.secrets) | {"quick": args.quick, "rounds": args.rounds}
     print_header(info)
