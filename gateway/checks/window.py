@@ -144,7 +144,6 @@ class WindowedRelease:
         self.total_sig = 0
         self.released = 0  # events released
         self.releasable = 0  # events that may be released once inspected
-        self.released_bytes = 0
         self.sent: list[bytes] = []  # the bytes released so far (the complete check reads them)
         self.inspected_events = 0
         self.units_seen = self.dups_seen = self.deep_seen = 0
@@ -153,6 +152,10 @@ class WindowedRelease:
         self.last_check = float("-inf")
         self.checks = 0
         self.refused = False
+
+    @property
+    def released_bytes(self) -> int:
+        return sum(len(b) for b in self.sent)
 
     # --- input -------------------------------------------------------------------------
 
@@ -265,7 +268,6 @@ class WindowedRelease:
         self.released = limit
         out = sse.frame(chosen)
         self.sent.append(out)
-        self.released_bytes += len(out)
         return out
 
     def _refuse(self, verdict: Verdict, seconds: float = 0.0) -> Step:
