@@ -1,7 +1,8 @@
-"""The one native module: the strict JSON reader's fast path (gateway/carriers/jsonraw.py).
+"""The native modules: the strict JSON reader's fast path (gateway/carriers/jsonraw.py) and
+the encoded-run finder's (gateway/inspection/decoders.py).
 
 Everything else is in pyproject.toml. `optional=True`: where no C compiler or Python headers
-are present the install still succeeds and jsonraw uses its pure-Python reference reader
+are present the install still succeeds and jsonraw and decoders use their pure-Python references
 (CI sets WIREGATE_REQUIRE_NATIVE=1 so a missing module fails a test there).
 """
 
@@ -18,6 +19,12 @@ setup(
             sources=["gateway/carriers/_jsonraw_native.c"],
             extra_compile_args=[] if sys.platform == "win32" else GCC_FLAGS,
             optional=True,
-        )
+        ),
+        Extension(
+            "gateway.inspection._decode_native",
+            sources=["gateway/inspection/_decode_native.c"],
+            extra_compile_args=[] if sys.platform == "win32" else GCC_FLAGS,
+            optional=True,
+        ),
     ]
 )

@@ -13,7 +13,9 @@ be `allow`. Cases, interleaved round by round:
 * ``python engine``      -- the full decision with the documented slow engine (baseline);
 * ``full, py reader`` and ``parse, py reader`` -- the full decision and the parse with the
   pure-Python reference JSON reader instead of the native one (when that is built), so the
-  native/reference ratio comes from the same run.
+  native/reference ratio comes from the same run;
+* ``full, py decoders`` -- the full decision with the encoded-run finder's pure-Python
+  reference (decoders.py) instead of its native module, likewise.
 
 Part 2 runs the wire benchmark's ``chat-200KB c=1`` workload with the gateway configured with
 1,000 secret values: direct vs gateway-https vs gateway-uds.
@@ -54,7 +56,7 @@ from gateway.checks import runner as checks
 from gateway.checks.destination import Target
 from gateway.config.load import load_runtime
 from gateway.config.runtime import Runtime
-from gateway.inspection import literals
+from gateway.inspection import decoders, literals
 from gateway.inspection.build import build_engine
 from gateway.inspection.engine import Engine, Subject
 from gateway.inspection.formats import FormatSet, build_format_set
@@ -599,7 +601,7 @@ def validate(payload: Payload, engines: Engines, setup: CheckSetup) -> None:
 
 # --- measurement -----------------------------------------------------------------------
 
-FULL, ENGINE, PARSE, CHECKS, PYTHON, FULL_PY_READER, PARSE_PY_READER = (
+FULL, ENGINE, PARSE, CHECKS, PYTHON, FULL_PY_READER, PARSE_PY_READER, FULL_PY_DECODERS = (
     "full decision",
     "engine only",
     "parse only",
@@ -607,6 +609,7 @@ FULL, ENGINE, PARSE, CHECKS, PYTHON, FULL_PY_READER, PARSE_PY_READER = (
     "python engine",
     "full, py reader",
     "parse, py reader",
+    "full, py decoders",
 )
 
 
@@ -632,6 +635,19 @@ def reference_reader(run: Callable[[], Verdict | None]) -> Callable[[], Verdict 
     return call
 
 
+def reference_decoders(run: Callable[[], Verdict | None]) -> Callable[[], Verdict | None]:
+    """`run` with the encoded-run finder's pure-Python reference instead of the native one."""
+
+    def call() -> Verdict | None:
+        decoders.use_native(False)
+        try:
+            return run()
+        finally:
+            decoders.use_native(True)
+
+    return call
+
+
 def cases(payload: Payload, engines: Engines, setup: CheckSetup) -> list[Case]:
     raw, subject, size = payload.raw, payload.subject, payload.size
 
@@ -650,6 +666,8 @@ def cases(payload: Payload, engines: Engines, setup: CheckSetup) -> list[Case]:
     if jsonraw.NATIVE_AVAILABLE:
         out.append(Case(FULL_PY_READER, reference_reader(full(engines.hyperscan)), size.iterations))
         out.append(Case(PARSE_PY_READER, reference_reader(parse), size.iterations))
+    if decoders.NATIVE_AVAILABLE:
+        out.append(Case(FULL_PY_DECODERS, reference_decoders(full(engines.hyperscan)), size.iterations))
     if size.python_iterations:
         out.append(Case(PYTHON, full(engines.python), size.python_iterations))
     return out
@@ -746,6 +764,11 @@ def format_size_table(result: SizeResult) -> str:
         )
     elif not jsonraw.NATIVE_AVAILABLE:
         lines.append("   native JSON reader not built: every case used the pure-Python reference reader")
+    if FULL_PY_DECODERS in result.stats:
+        x = result.stats[FULL_PY_DECODERS].p50_ms / result.stats[FULL].p50_ms
+        lines.append(f"   native encoded-run finder: full decision {x:.2f}x as fast as with the reference finder (p50)")
+    elif not decoders.NATIVE_AVAILABLE:
+        lines.append("   native encoded-run finder not built: every case used the pure-Python reference")
     if PYTHON in result.stats:
         ratio = result.stats[PYTHON].vs_full
         lines.append(f"   baseline: the documented slow engine takes {ratio:.0f}x the Hyperscan full decision's p50")

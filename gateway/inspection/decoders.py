@@ -26,6 +26,7 @@ import html
 import re
 import unicodedata
 from collections.abc import Iterator
+from typing import Any, cast
 
 # Default_Ignorable_Code_Point (Unicode DerivedCoreProperties) ∪ Cf ∪ Cc. The test suite
 # checks this class against `unicodedata` for every code point.
@@ -195,9 +196,31 @@ TEXT_TRIGGER = re.compile(
 )
 
 
-def run_decodings(data: bytes) -> Iterator[tuple[int, bytes]]:
+def run_decodings(data: bytes) -> list[tuple[int, bytes]]:
     """(offset in `data`, decoded bytes) for every base64/base64url and hex run. One pass
     over the base64-alphabet runs finds both (a hex run lies inside one)."""
+    if _native is not None:
+        return cast(list[tuple[int, bytes]], _native.run_decodings(data))
+    return list(_run_decodings(data))
+
+
+def trigger_segments(buf: bytes) -> list[tuple[int, int]]:
+    """(start, end) of every NUL-separated segment of `buf` that holds a `TEXT_TRIGGER`."""
+    if _native is not None:
+        return cast(list[tuple[int, int]], _native.trigger_segments(buf))
+    segments: list[tuple[int, int]] = []
+    at = 0
+    while (m := TEXT_TRIGGER.search(buf, at)) is not None:
+        start = buf.rfind(b"\x00", 0, m.start()) + 1
+        end = buf.find(b"\x00", m.end())
+        end = len(buf) if end < 0 else end
+        segments.append((start, end))
+        at = end
+    return segments
+
+
+def _run_decodings(data: bytes) -> Iterator[tuple[int, bytes]]:
+    """The reference for `run_decodings` (and for the native module)."""
     hex_run = _HEX_RUN.search
     for m in _B64_RUN.finditer(data):
         run = m.group()
@@ -223,3 +246,24 @@ def text_decodings(text: bytes) -> Iterator[bytes]:
         yield _entities(text)
     if b"\\" in text and _BACKSLASH.search(text):
         yield _backslashes(text)
+
+
+# --- the native path ------------------------------------------------------------------
+# gateway/inspection/_decode_native.c, built by the package's install (setup.py; optional:
+# without a C compiler the functions above run on their own). The Python code above is the
+# specification; tests/test_decode_native.py checks the two against each other.
+_native: Any = None
+try:
+    from gateway.inspection import _decode_native
+except ImportError:  # pragma: no cover - a machine without a C compiler
+    NATIVE_AVAILABLE = False
+else:
+    NATIVE_AVAILABLE = True
+    _native = _decode_native
+
+
+def use_native(enabled: bool) -> None:
+    """Choose the native finder (when it is built) or the reference (tests and benchmarks
+    compare them)."""
+    global _native
+    _native = _decode_native if enabled and NATIVE_AVAILABLE else None

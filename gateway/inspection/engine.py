@@ -97,14 +97,15 @@ class Engine:
         if units:
             encoded = [u.text.encode("utf-8", "surrogatepass") for u in units]
             buf = _SEPARATOR + _SEPARATOR.join(encoded)
-            truncated |= self._record(self.matcher.scan(buf), findings, _Locator.of_units(units))
+            locator = _UnitLocator(units, encoded)
+            truncated |= self._record(self.matcher.scan(buf), findings, locator)
             normalised, squeezed, squeezed_all = _normalised(units, encoded)
             if normalised.parts:
                 truncated |= self._scan_batch(normalised, findings)
             if squeezed.parts:
                 truncated |= self._scan_batch(squeezed, findings, literals_only=True)
             budget = int(self.decode_budget * len(buf)) + 65536
-            decoded, over = _decoded(units, buf, budget)
+            decoded, over = _decoded(locator, buf, budget)
             if decoded.parts:
                 truncated |= self._scan_batch(decoded, findings)
                 # a value split in parts that were each encoded on their own
@@ -218,10 +219,6 @@ class _Locator:
         self._parts, self._origins, self._sep, self._start = parts, origins, separator, start
         self._starts: list[int] | None = None
 
-    @classmethod
-    def of_units(cls, units: Sequence[TextUnit]) -> _Locator:
-        return _UnitLocator(units)
-
     def _offsets(self) -> list[int]:
         starts: list[int] = []
         at = self._start
@@ -237,19 +234,14 @@ class _Locator:
 
 
 class _UnitLocator(_Locator):
+    """The units' buffer (it starts with a separator): the paths are read off the units
+    only for the offsets asked about."""
+
     __slots__ = ("_units",)
 
-    def __init__(self, units: Sequence[TextUnit]) -> None:
-        super().__init__((), (), start=1)  # the units' buffer starts with a separator
+    def __init__(self, units: Sequence[TextUnit], encoded: Sequence[bytes]) -> None:
+        super().__init__(encoded, (), start=1)
         self._units = units
-
-    def _offsets(self) -> list[int]:
-        starts: list[int] = []
-        at = self._start
-        for unit in self._units:
-            starts.append(at)
-            at += len(unit.text.encode("utf-8", "surrogatepass")) + 1
-        return starts
 
     def origin(self, offset: int) -> Path:
         if self._starts is None:
@@ -274,26 +266,18 @@ def _normalised(units: Sequence[TextUnit], encoded: Sequence[bytes]) -> tuple[_B
     return batch, literal, squeezed_all
 
 
-def _decoded(units: Sequence[TextUnit], buf: bytes, budget: int) -> tuple[_Batch, bool]:
-    """Decoded copies of the encoded runs in every unit, within `budget` bytes. Returns the
-    copies and whether the budget ran out."""
+def _decoded(locator: _UnitLocator, buf: bytes, budget: int) -> tuple[_Batch, bool]:
+    """Decoded copies of the encoded runs in every unit (`buf`, located by `locator`),
+    within `budget` bytes. Returns the copies and whether the budget ran out."""
     batch = _Batch()
-    locator = _UnitLocator(units)
     used = 0
     for offset, decoded in decoders.run_decodings(buf):
         used += len(decoded)
         if used > budget:
             return batch, True
         batch.add(decoded, locator.origin(offset))
-    seen: set[int] = set()
-    for m in decoders.TEXT_TRIGGER.finditer(buf):
-        start = buf.rfind(_SEPARATOR, 0, m.start()) + 1
-        if start in seen:
-            continue
-        seen.add(start)
-        end = buf.find(_SEPARATOR, m.end())
-        text = buf[start : end if end >= 0 else len(buf)]
-        for decoded in decoders.text_decodings(text):
+    for start, end in decoders.trigger_segments(buf):
+        for decoded in decoders.text_decodings(buf[start:end]):
             used += len(decoded)
             if used > budget:
                 return batch, True
