@@ -2,7 +2,8 @@
 reference in jsonraw.py: the same documents (types included: DupDict and its shadowed
 values, JsonFloat lexemes, int, bool, None), the same units with the same paths in the same
 order, the same JsonError reason codes; on generated JSON (valid and broken), on the
-evasion bodies and on the benign corpus."""
+evasion bodies and on the benign corpus. And sse.parse_all's native path against the
+incremental parser: the same events, the same clean-end flag, the same refusals."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.carriers import CARRIERS, jsonraw
+from gateway.carriers import CARRIERS, jsonraw, sse
 from gateway.carriers.base import CarrierLimits
 from gateway.carriers.jsonraw import DupDict, JsonError, JsonFloat
 from gateway.units import TextUnit
@@ -372,3 +373,95 @@ def test_evasion_corpus() -> None:
 
         native, reference = both(parse)
         assert native == reference, label
+
+
+# --- SSE: whole buffered streams -------------------------------------------------------
+
+
+def sse_outcome(data: bytes) -> Any:
+    try:
+        events, clean = sse.parse_all(data)
+    except JsonError as exc:
+        return ("JsonError", str(exc.reason))
+    return ("ok", [(type(e), e.event, e.data, e.id) for e in events], clean)
+
+
+def assert_same_sse(data: bytes) -> Any:
+    jsonraw.use_native(True)
+    native = sse_outcome(data)
+    jsonraw.use_native(False)
+    reference = sse_outcome(data)
+    jsonraw.use_native(True)
+    assert native == reference, data[:200]
+    return native
+
+
+SSE_PIECES = [
+    b"data",
+    b"event",
+    b"id",
+    b"retry",
+    b"dat",
+    b":",
+    b": ",
+    b" ",
+    b"\r",
+    b"\n",
+    b"\r\n",
+    b"x",
+    b"\x00",
+    b"\xff",
+    b"\xc3\xa9",
+    b"\xed\xa0\x80",  # an encoded surrogate: not UTF-8
+    b'{"a":1}',
+    b"[DONE]",
+]
+
+
+@needs_native
+@settings(max_examples=3000, deadline=None)
+@given(st.lists(st.sampled_from(SSE_PIECES), max_size=40).map(b"".join))
+def test_sse_generated(data: bytes) -> None:
+    assert_same_sse(data)
+
+
+@needs_native
+@settings(max_examples=500, deadline=None)
+@given(st.binary(max_size=200))
+def test_sse_generated_bytes(data: bytes) -> None:
+    assert_same_sse(data)
+
+
+@needs_native
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"",
+        b"\r",
+        b"\n",
+        b"data: a\r",
+        b"data: a\n\r",
+        b"data: a\r\n\r\n",
+        b"data: a\n\ndata: b",
+        b"data\n\n",
+        b"data:\n\n",
+        b"data:  two spaces\n\n",
+        b"event: e\nid: 1\ndata: a\ndata: b\n\n",
+        b"id: a\x00b\ndata: x\n\n",
+        b": comment only\n\n",
+        b"\xc3\xa9vent: x\ndata: \xc3\xa9\n\n",
+        b"\xc3\xa9:\xc3\xa9 x\n\n",
+        b"data: ok\n\n: \xff\n",
+        b"event: only\n\n",
+        b"data: a\n",
+    ],
+)
+def test_sse_edge_cases(data: bytes) -> None:
+    assert_same_sse(data)
+
+
+@needs_native
+@pytest.mark.parametrize("path", sorted((HERE / "fixtures").glob("*.sse")), ids=lambda p: p.name)
+def test_sse_fixtures(path: Path) -> None:
+    result = assert_same_sse(path.read_bytes())
+    assert result[0] == "ok" and len(result[1]) > 3 and result[2] is True

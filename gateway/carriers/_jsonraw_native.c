@@ -881,6 +881,151 @@ native_decode_texts(PyObject *self, PyObject *args)
     return Py_BuildValue("(NNO)", doc, texts, s.dups ? Py_True : Py_False);
 }
 
+/* ------------------------------------------------------------ SSE (whole streams) ---- */
+
+/* State of sse.SSEParser between lines. */
+typedef struct {
+    PyObject *cls;    /* SSEEvent */
+    PyObject *events; /* list */
+    PyObject *event;  /* NULL: None */
+    PyObject *id;     /* NULL: None */
+    PyObject *data;   /* list of str, NULL: empty */
+    int pending;
+} SSEState;
+
+static void
+sse_reset(SSEState *st)
+{
+    Py_CLEAR(st->event);
+    Py_CLEAR(st->id);
+    Py_CLEAR(st->data);
+    st->pending = 0;
+}
+
+static int
+sse_dispatch(SSEState *st)
+{
+    if (st->data != NULL && PyList_GET_SIZE(st->data) > 0) {
+        PyObject *joined;
+        if (PyList_GET_SIZE(st->data) == 1) {
+            joined = Py_NewRef(PyList_GET_ITEM(st->data, 0));
+        } else {
+            PyObject *lf = PyUnicode_FromStringAndSize("\n", 1);
+            if (lf == NULL) return -1;
+            joined = PyUnicode_Join(lf, st->data);
+            Py_DECREF(lf);
+        }
+        if (joined == NULL) return -1;
+        PyObject *ev = PyObject_CallFunctionObjArgs(st->cls, st->event ? st->event : Py_None, joined,
+                                                    st->id ? st->id : Py_None, NULL);
+        Py_DECREF(joined);
+        if (ev == NULL) return -1;
+        int rc = PyList_Append(st->events, ev);
+        Py_DECREF(ev);
+        if (rc < 0) return -1;
+    }
+    sse_reset(st);
+    return 0;
+}
+
+/* One complete line (without its terminator), exactly as SSEParser._line. */
+static int
+sse_line(SSEState *st, const char *line, Py_ssize_t n)
+{
+    if (n == 0) return sse_dispatch(st);
+    PyObject *text = PyUnicode_DecodeUTF8(line, n, "strict");
+    if (text == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) return -1;
+        PyErr_Clear();
+        raise_reason(R_INVALID);
+        return -1;
+    }
+    if (line[0] == ':') { /* a comment / keep-alive */
+        Py_DECREF(text);
+        return 0;
+    }
+    st->pending = 1;
+    const char *colon = memchr(line, ':', (size_t)n);
+    Py_ssize_t name_len = colon ? colon - line : n;
+    PyObject *value;
+    if (colon == NULL) {
+        value = PyUnicode_FromStringAndSize("", 0);
+    } else {
+        /* ':' and ' ' are ASCII: their code point index is their byte index only when
+         * what precedes them is ASCII, so cut the decoded text by code points. */
+        Py_ssize_t at = PyUnicode_FindChar(text, ':', 0, PyUnicode_GET_LENGTH(text), 1);
+        Py_ssize_t len = PyUnicode_GET_LENGTH(text);
+        if (at + 1 < len && PyUnicode_READ_CHAR(text, at + 1) == ' ') at++;
+        value = PyUnicode_Substring(text, at + 1, len);
+    }
+    Py_DECREF(text);
+    if (value == NULL) return -1;
+    if (name_len == 4 && memcmp(line, "data", 4) == 0) {
+        if (st->data == NULL && (st->data = PyList_New(0)) == NULL) {
+            Py_DECREF(value);
+            return -1;
+        }
+        int rc = PyList_Append(st->data, value);
+        Py_DECREF(value);
+        return rc;
+    }
+    if (name_len == 5 && memcmp(line, "event", 5) == 0) {
+        Py_XSETREF(st->event, value);
+        return 0;
+    }
+    if (name_len == 2 && memcmp(line, "id", 2) == 0 && PyUnicode_FindChar(value, 0, 0, PyUnicode_GET_LENGTH(value), 1) < 0) {
+        Py_XSETREF(st->id, value);
+        return 0;
+    }
+    Py_DECREF(value); /* `retry` and unknown fields are ignored */
+    return 0;
+}
+
+/* sse_parse_all(data: bytes, SSEEvent) -> (events, ended_cleanly): sse.parse_all. */
+static PyObject *
+native_sse_parse_all(PyObject *self, PyObject *args)
+{
+    PyObject *raw, *cls;
+    if (!PyArg_ParseTuple(args, "O!O", &PyBytes_Type, &raw, &cls)) return NULL;
+    if (!configured()) return NULL;
+    const char *buf = PyBytes_AS_STRING(raw);
+    Py_ssize_t n = PyBytes_GET_SIZE(raw);
+    SSEState st = {cls, PyList_New(0), NULL, NULL, NULL, 0};
+    if (st.events == NULL) return NULL;
+    /* SSEParser.feed: lines up to the last terminator (a trailing CR may start a CRLF) */
+    Py_ssize_t cut = (n > 0 && buf[n - 1] == '\r') ? n - 1 : n;
+    Py_ssize_t done = 0;
+    for (Py_ssize_t i = cut - 1; i >= 0; i--) {
+        if (buf[i] == '\n' || buf[i] == '\r') {
+            done = i + 1;
+            break;
+        }
+    }
+    Py_ssize_t pos = 0;
+    while (pos < done) {
+        Py_ssize_t e = pos;
+        while (buf[e] != '\n' && buf[e] != '\r') e++; /* buf[done - 1] is a terminator */
+        if (sse_line(&st, buf + pos, e - pos) < 0) goto fail;
+        pos = (buf[e] == '\r' && e + 1 < done && buf[e + 1] == '\n') ? e + 2 : e + 1;
+    }
+    /* SSEParser.close */
+    int clean = 1;
+    Py_ssize_t rest = n - done;
+    if (rest == 1 && buf[done] == '\r') {
+        if (sse_line(&st, "", 0) < 0) goto fail; /* a lone trailing CR ends a line */
+    } else if (rest > 0) {
+        clean = 0; /* a partial line: the stream was cut */
+    }
+    if (st.pending) clean = 0;
+    sse_reset(&st);
+    PyObject *result = Py_BuildValue("(NO)", st.events, clean ? Py_True : Py_False);
+    return result;
+fail:
+    sse_reset(&st);
+    Py_DECREF(st.events);
+    return NULL;
+}
+
 /* configure(JsonError, DupDict, JsonFloat, TextUnit, json_invalid, too_deep, string, key, number) */
 static PyObject *
 native_configure(PyObject *self, PyObject *args)
@@ -911,6 +1056,7 @@ static PyMethodDef methods[] = {
     {"loads", native_loads, METH_VARARGS, "jsonraw.loads for wire bytes."},
     {"decode_shape", native_decode_shape, METH_VARARGS, "jsonraw.decode_shape (NotImplemented: use the reference)."},
     {"decode_texts", native_decode_texts, METH_VARARGS, "jsonraw.decode_texts (NotImplemented: use the reference)."},
+    {"sse_parse_all", native_sse_parse_all, METH_VARARGS, "sse.parse_all for a whole buffered stream."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -363,6 +363,11 @@ else:
     _native = _jsonraw_native
 
 
+def native() -> Any:
+    """The native module when it is in use (sse.parse_all uses it too), else None."""
+    return _native
+
+
 def use_native(enabled: bool) -> None:
     """Choose the native path (when it is built) or the reference reader (benchmarks and
     tests compare them)."""

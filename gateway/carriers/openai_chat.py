@@ -125,15 +125,15 @@ class OpenAIChat:
         out: list[SSEEvent] = []
         for ev in events:
             data = ev.data
-            if data != "[DONE]":
+            if data.endswith(_NULL_USAGE):  # its last member, so its usage is null
+                data = data[: -len(_NULL_USAGE)] + "}"
+            elif data != "[DONE]" and ('"usage"' in data or "\\" in data):  # can name a usage
                 try:
                     chunk = json.loads(data)
                 except ValueError:
                     chunk = None
                 if isinstance(chunk, dict) and chunk.get("choices") == [] and chunk.get("usage"):
                     continue
-                if data.endswith(_NULL_USAGE):
-                    data = data[: -len(_NULL_USAGE)] + "}"
             out.append(SSEEvent(ev.event, data, ev.id))
         return out
 
