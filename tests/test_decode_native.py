@@ -1,8 +1,10 @@
-"""The native encoded-run finder (gateway/inspection/_decode_native.c) against the pure-Python
+"""The native decoding helpers (gateway/inspection/_decode_native.c) against the pure-Python
 reference in decoders.py: the same (offset, decoded bytes) for every base64/base64url and
-hex run, and the same segments holding a percent, entity or backslash escape, on generated
-bytes, on edge cases at every length and padding boundary, on the units buffers and decoded
-copies of every evasion body and of the benign corpus; and the same engine verdicts."""
+hex run, the same segments holding a percent, entity or backslash escape, the same
+invisible-character flags and the same copies of ASCII texts (hence the same normalised
+copies); on generated input, on edge cases at every length and padding boundary, on every
+code point, on the units buffers and decoded copies of every evasion body and of the
+benign corpus; and the same engine verdicts."""
 
 from __future__ import annotations
 
@@ -130,6 +132,55 @@ def test_reference_semantics() -> None:
     assert runs == [(4, b"a secret value!"), (25, bytes.fromhex("0123456789abcdef"))]
     buf = b"plain" + SEPARATOR + b"a %41 b" + SEPARATOR + b"&amp; and &amp;" + SEPARATOR + b"\\x41"
     assert decoders.trigger_segments(buf) == [(6, 13), (14, 29), (30, 34)]
+
+
+# --- invisible characters --------------------------------------------------------------
+
+
+@needs_native
+def test_invisible_flags_for_every_code_point() -> None:
+    """The native class is the reference's, code point by code point (tag characters
+    included), and a text's flags are found wherever the character sits."""
+    differ, found = [], 0
+    for code in range(0x110000):
+        ch = chr(code)
+        decoders.use_native(True)
+        native = decoders.invisible_flags(ch)
+        decoders.use_native(False)
+        if native != decoders.invisible_flags(ch):
+            differ.append(hex(code))
+        found += native != 0
+    assert differ == []
+    assert found > 4000  # controls, format characters, variation selectors, tags...
+
+
+@needs_native
+@settings(max_examples=2000, deadline=None)
+@given(
+    st.text(
+        alphabet=st.sampled_from("ab é\u200b\u00ad\t\n\x00\x7f\ufe0f\U000e0041\U000e0100\U0001f600\uff21\u3164"),
+        max_size=60,
+    )
+)
+def test_invisible_flags_and_normalise_on_generated_text(text: str) -> None:
+    decoders.use_native(True)
+    native = (decoders.invisible_flags(text), decoders.normalise(text), decoders.squeeze(text))
+    decoders.use_native(False)
+    assert native == (decoders.invisible_flags(text), decoders.normalise(text), decoders.squeeze(text))
+
+
+@needs_native
+@settings(max_examples=1000, deadline=None)
+@given(
+    st.lists(st.lists(st.sampled_from(b"ab\x00\x08\t\n\r\x0b\x0c\x0e\x1f\x7f\x80\xc3\xa9 "), max_size=40).map(bytes))
+)
+def test_ascii_forms(encoded: list[bytes]) -> None:
+    decoders.use_native(True)
+    native = decoders.ascii_forms(encoded)
+    decoders.use_native(False)
+    assert native == decoders.ascii_forms(encoded)
+    for data, normal in zip(encoded, native[0], strict=True):
+        assert (normal is None) == (not data.isascii())
 
 
 # --- the corpora, as the engine feeds them ---------------------------------------------

@@ -1,6 +1,6 @@
 /* The encoded-run finder's fast path (gateway/inspection/decoders.py).
  *
- * Two functions, each the exact counterpart of a pure-Python function in decoders.py,
+ * Functions, each the exact counterpart of a pure-Python function in decoders.py,
  * which stays the reference (tests/test_decode_native.py checks them against each other):
  *
  *   run_decodings(data: bytes) -> list[tuple[int, bytes]]
@@ -14,7 +14,16 @@
  *       holding a percent escape, an HTML character reference or a backslash escape
  *       (decoders.TEXT_TRIGGER).
  *
- * Pure: no state, no I/O, the GIL held throughout (the inputs are immutable bytes).
+ *   invisible_flags(text: str) -> int
+ *       decoders.invisible_flags: 1 when the text holds a character of decoders._INVISIBLE
+ *       (whose ranges configure_invisible hands over at import), 3 when one of them is a
+ *       tag character.
+ *
+ *   ascii_forms(encoded: list[bytes]) -> (list[bytes | None], list[bytes | None])
+ *       decoders.ascii_forms: each ASCII text's normalised copy and that copy squeezed.
+ *
+ * Pure: no I/O; the only state is the class handed over once at import. The GIL is held
+ * throughout (the inputs are immutable).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -235,9 +244,179 @@ static PyObject *trigger_segments(PyObject *self, PyObject *arg) {
     return out;
 }
 
+/* --- invisible characters ------------------------------------------------------------ */
+
+/* decoders._INVISIBLE as a bitmap over the BMP plus ranges above it, handed over once by
+ * configure_invisible(ranges) so the class has one definition (decoders.py). */
+static uint8_t invisible_bmp[0x10000 / 8];
+static Py_UCS4 astral_lo[32], astral_hi[32];
+static int astral_count = -1; /* -1: not configured */
+
+#define TAG_LO 0xE0020
+#define TAG_HI 0xE007E
+
+static PyObject *configure_invisible(PyObject *self, PyObject *arg) {
+    PyObject *seq = PySequence_Fast(arg, "configure_invisible() takes a sequence of (lo, hi) pairs");
+    if (seq == NULL) return NULL;
+    memset(invisible_bmp, 0, sizeof invisible_bmp);
+    int count = 0;
+    for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(seq); k++) {
+        unsigned long lo, hi;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, k), "kk", &lo, &hi)) goto fail;
+        if (lo > hi || hi > 0x10FFFF) {
+            PyErr_SetString(PyExc_ValueError, "a range must satisfy lo <= hi <= 0x10FFFF");
+            goto fail;
+        }
+        for (unsigned long c = lo; c <= hi && c < 0x10000; c++) invisible_bmp[c >> 3] |= (uint8_t)(1u << (c & 7));
+        if (hi >= 0x10000) {
+            if (count == 32) {
+                PyErr_SetString(PyExc_ValueError, "too many ranges above the BMP");
+                goto fail;
+            }
+            astral_lo[count] = (Py_UCS4)(lo < 0x10000 ? 0x10000 : lo);
+            astral_hi[count] = (Py_UCS4)hi;
+            count++;
+        }
+    }
+    Py_DECREF(seq);
+    astral_count = count;
+    Py_RETURN_NONE;
+fail:
+    Py_DECREF(seq);
+    astral_count = -1;
+    return NULL;
+}
+
+static inline int invisible(Py_UCS4 c) {
+    if (c < 0x10000) return (invisible_bmp[c >> 3] >> (c & 7)) & 1;
+    for (int k = 0; k < astral_count; k++)
+        if (c >= astral_lo[k] && c <= astral_hi[k]) return 1;
+    return 0;
+}
+
+/* invisible_flags(text) -> int: 1 when `text` holds a character of the class, 2 more when it
+ * holds a tag character (U+E0020-U+E007E). */
+static PyObject *invisible_flags(PyObject *self, PyObject *arg) {
+    if (!PyUnicode_Check(arg)) {
+        PyErr_SetString(PyExc_TypeError, "invisible_flags() takes str");
+        return NULL;
+    }
+    if (astral_count < 0) {
+        PyErr_SetString(PyExc_RuntimeError, "configure_invisible() was not called");
+        return NULL;
+    }
+    int kind = PyUnicode_KIND(arg);
+    const void *data = PyUnicode_DATA(arg);
+    Py_ssize_t n = PyUnicode_GET_LENGTH(arg);
+    long flags = 0;
+    if (kind == PyUnicode_1BYTE_KIND) {
+        const Py_UCS1 *p = data;
+        for (Py_ssize_t i = 0; i < n; i++)
+            if (invisible(p[i])) return PyLong_FromLong(1);
+    } else if (kind == PyUnicode_2BYTE_KIND) {
+        const Py_UCS2 *p = data;
+        for (Py_ssize_t i = 0; i < n; i++)
+            if (invisible(p[i])) return PyLong_FromLong(1);
+    } else {
+        const Py_UCS4 *p = data;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            if (invisible(p[i])) {
+                flags |= 1;
+                if (p[i] >= TAG_LO && p[i] <= TAG_HI) return PyLong_FromLong(3);
+            }
+        }
+    }
+    return PyLong_FromLong(flags);
+}
+
+/* --- ASCII units' normalised and squeezed copies --------------------------------------- */
+
+/* ASCII controls that normalising removes (decoders._ASCII_INVISIBLE_BYTES), and those
+ * plus the whitespace controls, which squeezing removes too (_WHITESPACE_CONTROL_BYTES). */
+static uint8_t drop_invisible[256], drop_whitespace[256];
+
+static void init_drop_tables(void) {
+    for (int c = 0; c < 0x20; c++) drop_invisible[c] = !(c >= 0x09 && c <= 0x0D);
+    drop_invisible[0x7F] = 1;
+    for (int c = 0x09; c <= 0x0D; c++) drop_whitespace[c] = 1;
+}
+
+static int all_ascii(const unsigned char *p, Py_ssize_t n) {
+    Py_ssize_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, p + i, 8);
+        if (w & 0x8080808080808080ull) return 0;
+    }
+    for (; i < n; i++)
+        if (p[i] & 0x80) return 0;
+    return 1;
+}
+
+/* `data` without the bytes `drop` marks; `data` itself (a new reference) when none is. */
+static PyObject *without(PyObject *data, const uint8_t *drop) {
+    const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(data);
+    Py_ssize_t n = PyBytes_GET_SIZE(data);
+    Py_ssize_t first = 0;
+    while (first < n && !drop[p[first]]) first++;
+    if (first == n) return Py_NewRef(data);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, n);
+    if (out == NULL) return NULL;
+    unsigned char *w = (unsigned char *)PyBytes_AS_STRING(out);
+    memcpy(w, p, (size_t)first);
+    Py_ssize_t k = first;
+    for (Py_ssize_t i = first; i < n; i++) {
+        w[k] = p[i];
+        k += !drop[p[i]];
+    }
+    if (_PyBytes_Resize(&out, k) < 0) return NULL;
+    return out;
+}
+
+/* ascii_forms(encoded: list[bytes]) -> (normalised, squeezed): for each ASCII text its
+ * normalised copy and that copy squeezed (the same object where nothing is removed);
+ * None in both for a text that is not ASCII. */
+static PyObject *ascii_forms(PyObject *self, PyObject *arg) {
+    if (!PyList_Check(arg)) {
+        PyErr_SetString(PyExc_TypeError, "ascii_forms() takes a list of bytes");
+        return NULL;
+    }
+    Py_ssize_t count = PyList_GET_SIZE(arg);
+    PyObject *normals = PyList_New(count), *squeezeds = PyList_New(count);
+    if (normals == NULL || squeezeds == NULL) goto fail;
+    for (Py_ssize_t k = 0; k < count; k++) {
+        PyObject *data = PyList_GET_ITEM(arg, k);
+        if (!PyBytes_Check(data)) {
+            PyErr_SetString(PyExc_TypeError, "ascii_forms() takes a list of bytes");
+            goto fail;
+        }
+        const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(data);
+        Py_ssize_t n = PyBytes_GET_SIZE(data);
+        if (!all_ascii(p, n)) {
+            PyList_SET_ITEM(normals, k, Py_NewRef(Py_None));
+            PyList_SET_ITEM(squeezeds, k, Py_NewRef(Py_None));
+            continue;
+        }
+        PyObject *normal = without(data, drop_invisible);
+        if (normal == NULL) goto fail;
+        PyList_SET_ITEM(normals, k, normal);
+        PyObject *squeezed = without(normal, drop_whitespace);
+        if (squeezed == NULL) goto fail;
+        PyList_SET_ITEM(squeezeds, k, squeezed);
+    }
+    return Py_BuildValue("(NN)", normals, squeezeds);
+fail:
+    Py_XDECREF(normals);
+    Py_XDECREF(squeezeds);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"run_decodings", run_decodings, METH_O, "(offset, decoded bytes) for every base64/base64url and hex run."},
     {"trigger_segments", trigger_segments, METH_O, "(start, end) of every NUL-separated segment with a text trigger."},
+    {"configure_invisible", configure_invisible, METH_O, "Hand over decoders' invisible-character ranges."},
+    {"invisible_flags", invisible_flags, METH_O, "1: the text holds an invisible character; 2 more: a tag character."},
+    {"ascii_forms", ascii_forms, METH_O, "The normalised and squeezed copies of ASCII texts (None for others)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -247,5 +426,6 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__decode_native(void) {
     init_tables();
+    init_drop_tables();
     return PyModule_Create(&module);
 }

@@ -72,7 +72,8 @@ IGNORABLE = re.compile(_class(_IGNORABLE_RANGES))
 # The same without the whitespace controls (TAB, LF, VT, FF, CR): removing those joins
 # lines, which lets a format rule match across them (a false positive); they are removed
 # only in the copy that configured literals alone are matched against (`squeeze`).
-_INVISIBLE = re.compile(_class(((0x00, 0x08), (0x0E, 0x1F)) + _IGNORABLE_RANGES[1:]))
+_INVISIBLE_RANGES = ((0x00, 0x08), (0x0E, 0x1F)) + _IGNORABLE_RANGES[1:]
+_INVISIBLE = re.compile(_class(_INVISIBLE_RANGES))
 _ASCII_INVISIBLE = re.compile("[\x00-\x08\x0e-\x1f\x7f]")  # the ASCII part of _INVISIBLE
 _DELETE_WHITESPACE_CONTROLS = str.maketrans("", "", "\t\n\x0b\x0c\r")
 _TAG = re.compile("[\U000e0020-\U000e007e]")
@@ -90,18 +91,29 @@ def _untag(m: re.Match[str]) -> str:
     return chr(ord(m.group()) - 0xE0000)
 
 
+def invisible_flags(text: str) -> int:
+    """1 when `text` holds an invisible character (`_INVISIBLE`: ignorable, control or
+    format, whitespace controls excepted), 3 when one of them is a tag character."""
+    if _native is not None:
+        return cast(int, _native.invisible_flags(text))
+    if _INVISIBLE.search(text) is None:
+        return 0
+    return 3 if _TAG.search(text) else 1
+
+
 def normalise(text: str) -> str:
     """The normalised copy (see the module docstring), keeping whitespace controls. Cheap
     when nothing applies: printable ASCII is returned as is."""
     if text.isascii():  # NFKC leaves ASCII alone; only its controls can go
         return _ASCII_INVISIBLE.sub("", text) if _ASCII_INVISIBLE.search(text) else text
-    if _INVISIBLE.search(text):
-        if _TAG.search(text):
+    flags = invisible_flags(text)
+    if flags:
+        if flags & 2:
             text = _TAG.sub(_untag, text)
         text = _INVISIBLE.sub("", text)
     if not unicodedata.is_normalized("NFKC", text):
         text = unicodedata.normalize("NFKC", text)
-        if _INVISIBLE.search(text):  # NFKC never produces these today; stay safe if it does
+        if invisible_flags(text):  # NFKC never produces these today; stay safe if it does
             text = _INVISIBLE.sub("", text)
     return text
 
@@ -121,6 +133,25 @@ def normalise_encoded(data: bytes, text: str) -> bytes:
 def squeeze_encoded(normalised: bytes) -> bytes:
     """`squeeze` of an already normalised UTF-8 text."""
     return normalised.translate(None, _WHITESPACE_CONTROL_BYTES)
+
+
+def ascii_forms(encoded: list[bytes]) -> tuple[list[bytes | None], list[bytes | None]]:
+    """For each ASCII text (UTF-8 `encoded`) its normalised copy and that copy squeezed
+    (`normalise_encoded` and `squeeze_encoded`, the same object where nothing is removed);
+    None in both for a text that is not ASCII (it needs `normalise`)."""
+    if _native is not None:
+        return cast(tuple[list[bytes | None], list[bytes | None]], _native.ascii_forms(encoded))
+    normals: list[bytes | None] = []
+    squeezeds: list[bytes | None] = []
+    for data in encoded:
+        if data.isascii():
+            normal = data.translate(None, _ASCII_INVISIBLE_BYTES)
+            normals.append(normal)
+            squeezeds.append(normal.translate(None, _WHITESPACE_CONTROL_BYTES))
+        else:
+            normals.append(None)
+            squeezeds.append(None)
+    return normals, squeezeds
 
 
 def squeeze(text: str) -> str:
@@ -258,6 +289,7 @@ try:
 except ImportError:  # pragma: no cover - a machine without a C compiler
     NATIVE_AVAILABLE = False
 else:
+    _decode_native.configure_invisible(_INVISIBLE_RANGES)
     NATIVE_AVAILABLE = True
     _native = _decode_native
 

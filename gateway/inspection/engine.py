@@ -255,14 +255,16 @@ def _normalised(units: Sequence[TextUnit], encoded: Sequence[bytes]) -> tuple[_B
     unit's squeezed form (its encoded text when nothing changes)."""
     batch, literal = _Batch(), _Batch()
     squeezed_all: list[bytes] = []
-    for unit, data in zip(units, encoded, strict=True):
-        normal = decoders.normalise_encoded(data, unit.text)
-        if normal != data:
+    normals, squeezeds = decoders.ascii_forms(list(encoded))
+    for unit, data, normal, squeezed in zip(units, encoded, normals, squeezeds, strict=True):
+        if normal is None or squeezed is None:  # not ASCII
+            normal = decoders.normalise_encoded(data, unit.text)
+            squeezed = decoders.squeeze_encoded(normal)
+        if normal is not data and normal != data:
             batch.add(normal, unit.path)
-        squeezed = decoders.squeeze_encoded(normal)
-        if squeezed != normal:
+        if squeezed is not normal and squeezed != normal:
             literal.add(squeezed, unit.path)
-        squeezed_all.append(squeezed if squeezed != data else data)
+        squeezed_all.append(data if squeezed is data or squeezed == data else squeezed)
     return batch, literal, squeezed_all
 
 
