@@ -94,6 +94,7 @@ def in_process(quick: bool) -> list[dict[str, Any]]:
             parsed=parsed,
             chain=(),
             deadline=0.0,
+            wait_deadline=0.0,
             client_headers={},
             session="bench-session",
         )
