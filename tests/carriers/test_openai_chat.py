@@ -124,3 +124,16 @@ def test_prompt_layout_in_render_order() -> None:
         ("message", "tool", "tool_result"),
     ]
     assert parts[1].path == ("messages", 0, "content") and parts[1].text == "rules"
+
+
+def test_released_events_read_only_the_chunks_that_can_name_a_usage() -> None:
+    """The usage-only chunk is dropped however its key is written (an escaped key included);
+    a chunk whose last member is `"usage":null` loses that member; other chunks, which
+    cannot name a usage, pass untouched (and are not parsed again)."""
+    escaped = '{"id":"c","choices":[],"us\\u0061ge":{"prompt_tokens":1}}'
+    spaced = '{"id": "c", "choices": [], "usage": {"prompt_tokens": 1}}'
+    content = '{"id":"c","choices":[{"index":0,"delta":{"content":"usage"}}]}'
+    kept_usage = '{"id":"c","choices":[{"index":0,"delta":{}}],"usage":{"prompt_tokens":1}}'
+    events = [sse.SSEEvent(None, d) for d in (escaped, spaced, content, kept_usage, "not json", "[DONE]")]
+    released = [e.data for e in CHAT.released_events(events, True)]
+    assert released == [content, kept_usage, "not json", "[DONE]"]
