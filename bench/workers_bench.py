@@ -8,6 +8,12 @@ what the second process buys here, not the machine's ceiling (on a machine with 
 give the client its own). Workload: 1 KB chat at concurrency 32 and 64 over HTTPS and over the
 Unix socket (each keep-alive connection stays on the worker the kernel gave it).
 
+Beside throughput, the gateway's CPU per call: utime + stime of the gateway process and every
+process below it (the supervisor, its workers, their check workers), read from /proc around
+each timed round. It says what the second process costs per call, whatever the client can
+drive: with no contention between workers it stays what one worker spends, and the gateway
+alone could then serve (cores ÷ CPU per call) calls a second.
+
     .venv/bin/python bench/workers_bench.py [--seconds 5] [--json PATH]
 """
 
@@ -16,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -30,6 +37,30 @@ for entry in (str(REPO), str(REPO / "bench")):
 import wire_bench  # noqa: E402
 
 from tests.harness import build_env, mock_profile  # noqa: E402
+
+
+def tree_cpu_seconds(root: int) -> float:
+    """CPU time (user + system) of `root` and every process below it, from /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+    parent: dict[int, int] = {}
+    spent: dict[int, float] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue  # gone meanwhile
+        fields = stat[stat.rindex(")") + 2 :].split()  # fields 3.. (comm may hold spaces)
+        pid = int(entry.name)
+        parent[pid] = int(fields[4 - 3])
+        spent[pid] = (int(fields[14 - 3]) + int(fields[15 - 3])) / tick
+    tree, grew = {root}, True
+    while grew:
+        below = {pid for pid, ppid in parent.items() if ppid in tree} - tree
+        tree |= below
+        grew = bool(below)
+    return sum(spent.get(pid, 0.0) for pid in tree)
 
 
 async def measure(stack: wire_bench.Stack, seconds: float) -> dict[str, Any]:
@@ -49,9 +80,14 @@ async def measure(stack: wire_bench.Stack, seconds: float) -> dict[str, Any]:
                         wire_bench.Bound(None, 1.0),
                     )
                     await wire_bench.run_round(target, load, load.warmup)
+                    assert stack.gateway is not None
+                    cpu_before = tree_cpu_seconds(stack.gateway.pid)
                     result = await wire_bench.run_round(target, load, load.round)
+                    cpu = tree_cpu_seconds(stack.gateway.pid) - cpu_before
+                    calls = len(result.latencies_ms)
                     out[f"{target.name} c={concurrency}"] = {
-                        "rps": round(len(result.latencies_ms) / result.elapsed_s, 1),
+                        "rps": round(calls / result.elapsed_s, 1),
+                        "cpu_ms_per_call": round(1000 * cpu / calls, 3) if calls else None,
                         "p50_ms": wire_bench.percentile(result.latencies_ms, 50),
                         "p99_ms": wire_bench.percentile(result.latencies_ms, 99),
                         "errors": result.errors,
@@ -82,16 +118,20 @@ def run(workers: int, seconds: float, mock_port: int, workdir: Path) -> dict[str
         )
         argv = [wiregate, "serve", "--config", str(env.config), "--workers", str(workers)]
         if workers == 1:
-            processes.start("gateway", argv, wire_bench.GATEWAY_CORE, workdir / f"gateway-{workers}.log")
+            gateway = processes.start("gateway", argv, wire_bench.GATEWAY_CORE, workdir / f"gateway-{workers}.log")
         else:
             processes._pin = False  # both cores
-            processes.start("gateway", argv, 0, workdir / f"gateway-{workers}.log")
+            gateway = processes.start("gateway", argv, 0, workdir / f"gateway-{workers}.log")
         stack = wire_bench.Stack(
-            env, mock_url, f"https://127.0.0.1:{gateway_port}", wire_bench.uds_path(env.config), processes
+            env, mock_url, f"https://127.0.0.1:{gateway_port}", wire_bench.uds_path(env.config), processes, gateway
         )
         return asyncio.run(measure(stack, seconds))
     finally:
         processes.stop_all()
+
+
+def _ms(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -108,12 +148,16 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    print(f"{'target':<26}{'1 worker rps':>14}{'2 workers rps':>15}{'ratio':>8}{'p99 1w ms':>11}{'p99 2w ms':>11}")
+    print(
+        f"{'target':<26}{'1 worker rps':>14}{'2 workers rps':>15}{'ratio':>8}{'p99 1w ms':>11}{'p99 2w ms':>11}"
+        f"{'CPU/call 1w ms':>16}{'CPU/call 2w ms':>16}"
+    )
     for key, one in results[1].items():
         two = results[2][key]
         ratio = two["rps"] / one["rps"] if one["rps"] else float("nan")
         print(
             f"{key:<26}{one['rps']:>14.1f}{two['rps']:>15.1f}{ratio:>8.2f}{one['p99_ms']:>11.2f}{two['p99_ms']:>11.2f}"
+            f"{_ms(one['cpu_ms_per_call']):>16}{_ms(two['cpu_ms_per_call']):>16}"
         )
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))

@@ -53,4 +53,4 @@ def test_context_store_benchmark_runs(backends: str) -> None:
 
 def test_workers_benchmark_runs() -> None:
     out = _run("bench/workers_bench.py", "--seconds", "0.5", timeout=600)
-    assert "gateway-uds c=64" in out and "gateway-https c=32" in out
+    assert "gateway-uds c=64" in out and "gateway-https c=32" in out and "CPU/call 2w ms" in out
