@@ -61,7 +61,7 @@ def live(gateways: GatewayFactory) -> Iterator[tuple[Env, GatewayThread]]:
             )
             history.append({"role": "assistant", "content": reply.choices[0].message.content or ""})
         anthropic_client(gateway, env).messages.create(
-            model="claude-sonnet-4-5",
+            model="claude-sonnet-4-6",
             max_tokens=64,
             system="Answer briefly. " * 30,
             messages=[{"role": "user", "content": "hello"}],
