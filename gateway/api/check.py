@@ -230,7 +230,7 @@ def _fold(names: list[str], payload: JsonPayload | SsePayload, limits: Any) -> t
     raw = payload.body.encode("utf-8", "surrogatepass")
     carriers = [CARRIERS[n] for n in names if n in CARRIERS]
     if not carriers:
-        return FoldedResponse(units=(), complete=False, incomplete_reason=ReasonCode.UNSUPPORTED_CARRIER), raw
+        return FoldedResponse.unreadable(ReasonCode.UNSUPPORTED_CARRIER), raw
     if isinstance(payload, JsonPayload):
         results = [c.parse_response(raw, limits) for c in carriers]
         clean = True
@@ -238,7 +238,7 @@ def _fold(names: list[str], payload: JsonPayload | SsePayload, limits: Any) -> t
         try:
             events, clean = sse.parse_all(raw)
         except JsonError as exc:
-            return FoldedResponse(units=(), complete=False, incomplete_reason=exc.reason), raw
+            return FoldedResponse.unreadable(exc.reason), raw
         results = [c.fold_stream(events, limits) for c in carriers]
     complete = clean and any(r.complete for r in results)
     return FoldedResponse(

@@ -9,6 +9,7 @@ inspection decides what that means.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -75,6 +76,18 @@ class FoldedResponse:
     events: tuple[SSEEvent, ...] = field(default=())  # the parsed events, for re-framing
     raw_scan: bool = True  # False only where the raw bytes are non-text model output
     too_deep: tuple[str, ...] = ()
+
+    @classmethod
+    def unreadable(cls, reason: str) -> FoldedResponse:
+        """A response that could not be read at all: nothing in it is vouched for."""
+        return cls(units=(), complete=False, incomplete_reason=reason)
+
+    def ended(self, clean: bool) -> FoldedResponse:
+        """This fold of a stream, incomplete when the stream did not end cleanly (a cut last
+        line, or fields never dispatched as an event)."""
+        if clean or not self.complete:
+            return self
+        return dataclasses.replace(self, complete=False, incomplete_reason=ReasonCode.RESPONSE_INCOMPLETE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,10 +299,15 @@ def joined(path: Path, parts: Sequence[str]) -> TextUnit | None:
     return TextUnit(path, "".join(parts), "joined")
 
 
+def starts_json(text: str) -> bool:
+    """Whether `text` may be JSON held in a string: after whitespace, `{` or `[`."""
+    return _JSON_START.match(text) is not None
+
+
 def folded_units(path: Path, text: str, limits: CarrierLimits, found: Collected) -> None:
     """A reassembled streamed field, plus its strings if it is JSON (tool arguments)."""
     found.units.append(TextUnit(path, text, "folded"))
-    if limits.embedded_json_depth > 0 and _JSON_START.match(text):
+    if limits.embedded_json_depth > 0 and starts_json(text):
         _decode_embedded(text, path, limits, limits.embedded_json_depth, found)
 
 

@@ -47,7 +47,7 @@ def json_response(
             if not isinstance(doc, dict):
                 raise JsonError(ReasonCode.JSON_INVALID)
     except JsonError as exc:
-        return FoldedResponse(units=(), complete=False, incomplete_reason=exc.reason)
+        return FoldedResponse.unreadable(exc.reason)
     usage = doc.get("usage")
     rid = doc.get("id")
     return FoldedResponse(
@@ -158,7 +158,7 @@ class StreamFolder:
 
     def result(self, events: tuple[Any, ...]) -> FoldedResponse:
         if self.broken is not None:
-            return FoldedResponse(units=(), complete=False, incomplete_reason=self.broken)
+            return FoldedResponse.unreadable(self.broken)
         for path, parts in self.pieces.items():
             folded_units(path, "".join(parts), self.limits, self.decoder.found)
         return self.decoder.result(

@@ -90,7 +90,7 @@ class OpenAIEmbeddings(base.NoEdits):
             else:
                 found = base.units_of(doc, limits)  # not the shape we know: read all of it
         except JsonError as exc:
-            return FoldedResponse(units=(), complete=False, incomplete_reason=exc.reason)
+            return FoldedResponse.unreadable(exc.reason)
         usage = doc.get("usage")
         return FoldedResponse(
             units=tuple(found.units),

@@ -46,7 +46,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gateway.carriers import sse
-from gateway.carriers.base import Carrier, FoldedResponse
+from gateway.carriers.base import Carrier, FoldedResponse, starts_json
 from gateway.carriers.jsonraw import JsonError
 from gateway.carriers.sse import SSEEvent
 from gateway.checks.inspect import header_units, inspect
@@ -59,7 +59,6 @@ from gateway.vocab import ReasonCode
 
 # Folded fields that label structure: sent whole by a provider, never held.
 LABELS: frozenset[str] = STRUCTURAL_FIELDS | {"name"}
-_JSON_START = re.compile(r"\s*[\[{]")
 _JSON_STRING_ESCAPE = re.compile(r'\\(["\\/bfnrt]|u[0-9a-fA-F]{4})')
 _SIMPLE_ESCAPES = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
 
@@ -181,12 +180,10 @@ class WindowedRelease:
         try:
             events, clean = self.parser.close()
         except JsonError as exc:
-            return FoldedResponse(units=(), complete=False, incomplete_reason=exc.reason), b""
+            return FoldedResponse.unreadable(exc.reason), b""
         for event in events:
             self._add(event)
-        folded = self.folder.result(tuple(self.events))
-        if not clean and folded.complete:
-            folded = dataclasses.replace(folded, complete=False, incomplete_reason=ReasonCode.RESPONSE_INCOMPLETE)
+        folded = self.folder.result(tuple(self.events)).ended(clean)
         rest = sse.frame(self.carrier.released_events(self.events[self.released :], self.usage_injected))
         return folded, b"".join(self.sent) + rest  # exactly what the client has, and what it would get
 
@@ -293,7 +290,7 @@ class WindowedRelease:
             need = self.window - significant(whole[at : field.inspected])
             text = whole[self._slice_start(whole, at, need) :]
             units.append(TextUnit(path, text, "folded"))
-            if "\\" in text and _JSON_START.match(whole):
+            if "\\" in text and starts_json(whole):
                 units.append(TextUnit(path, json_string_text(text), "embedded"))
         subject = Subject(
             raw=raw,

@@ -126,8 +126,13 @@ def normalise_encoded(data: bytes, text: str) -> bytes:
     """`normalise` for a text already encoded as UTF-8 (`data`): ASCII text, the common
     case, is handled on the bytes (deleting ASCII controls never splits a UTF-8 sequence)."""
     if data.isascii():
-        return data.translate(None, _ASCII_INVISIBLE_BYTES)
+        return _normalise_ascii(data)
     return normalise(text).encode("utf-8", "surrogatepass")
+
+
+def _normalise_ascii(data: bytes) -> bytes:
+    """`normalise` of an ASCII text: its controls removed, whitespace controls kept."""
+    return data.translate(None, _ASCII_INVISIBLE_BYTES)
 
 
 def squeeze_encoded(normalised: bytes) -> bytes:
@@ -145,9 +150,9 @@ def ascii_forms(encoded: list[bytes]) -> tuple[list[bytes | None], list[bytes | 
     squeezeds: list[bytes | None] = []
     for data in encoded:
         if data.isascii():
-            normal = data.translate(None, _ASCII_INVISIBLE_BYTES)
+            normal = _normalise_ascii(data)
             normals.append(normal)
-            squeezeds.append(normal.translate(None, _WHITESPACE_CONTROL_BYTES))
+            squeezeds.append(squeeze_encoded(normal))
         else:
             normals.append(None)
             squeezeds.append(None)

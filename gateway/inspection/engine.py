@@ -249,22 +249,22 @@ class _UnitLocator(_Locator):
         return self._units[max(0, bisect.bisect_right(self._starts, offset) - 1)].path
 
 
-def _normalised(units: Sequence[TextUnit], encoded: Sequence[bytes]) -> tuple[_Batch, _Batch, list[bytes]]:
+def _normalised(units: Sequence[TextUnit], encoded: list[bytes]) -> tuple[_Batch, _Batch, list[bytes]]:
     """The normalised copy of every unit that reads differently once normalised (for every
     rule), the squeezed copy where it differs again (for configured literals), and every
     unit's squeezed form (its encoded text when nothing changes)."""
     batch, literal = _Batch(), _Batch()
     squeezed_all: list[bytes] = []
-    normals, squeezeds = decoders.ascii_forms(list(encoded))
+    normals, squeezeds = decoders.ascii_forms(encoded)
     for unit, data, normal, squeezed in zip(units, encoded, normals, squeezeds, strict=True):
         if normal is None or squeezed is None:  # not ASCII
             normal = decoders.normalise_encoded(data, unit.text)
             squeezed = decoders.squeeze_encoded(normal)
-        if normal is not data and normal != data:
+        if normal != data:
             batch.add(normal, unit.path)
-        if squeezed is not normal and squeezed != normal:
+        if squeezed != normal:
             literal.add(squeezed, unit.path)
-        squeezed_all.append(data if squeezed is data or squeezed == data else squeezed)
+        squeezed_all.append(data if squeezed == data else squeezed)
     return batch, literal, squeezed_all
 
 

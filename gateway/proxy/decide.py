@@ -158,10 +158,8 @@ def decode(
     try:
         events, clean = sse.parse_all(body)
     except JsonError as exc:
-        return FoldedResponse(units=(), complete=False, incomplete_reason=exc.reason), b""
-    folded = carrier.fold_stream(events, limits)
-    if not clean and folded.complete:
-        folded = dataclasses.replace(folded, complete=False, incomplete_reason=ReasonCode.RESPONSE_INCOMPLETE)
+        return FoldedResponse.unreadable(exc.reason), b""
+    folded = carrier.fold_stream(events, limits).ended(clean)
     released = carrier.released_events(folded.events or events, usage_injected)
     return folded, release.reframe(released)
 
