@@ -149,13 +149,21 @@ static int decode_run(PyObject *out, const unsigned char *data, Py_ssize_t start
     return 0;
 }
 
-static PyObject *run_decodings(PyObject *self, PyObject *arg) {
+/* The bytes argument of `fn`, as a pointer and a size; 0 (TypeError set) when it is not bytes. */
+static int bytes_arg(PyObject *arg, const char *fn, const unsigned char **data, Py_ssize_t *size) {
     if (!PyBytes_Check(arg)) {
-        PyErr_SetString(PyExc_TypeError, "run_decodings() takes bytes");
-        return NULL;
+        PyErr_Format(PyExc_TypeError, "%s() takes bytes", fn);
+        return 0;
     }
-    const unsigned char *data = (const unsigned char *)PyBytes_AS_STRING(arg);
-    Py_ssize_t size = PyBytes_GET_SIZE(arg);
+    *data = (const unsigned char *)PyBytes_AS_STRING(arg);
+    *size = PyBytes_GET_SIZE(arg);
+    return 1;
+}
+
+static PyObject *run_decodings(PyObject *self, PyObject *arg) {
+    const unsigned char *data;
+    Py_ssize_t size;
+    if (!bytes_arg(arg, "run_decodings", &data, &size)) return NULL;
     PyObject *out = PyList_New(0);
     if (out == NULL) return NULL;
     Py_ssize_t i = 0;
@@ -210,12 +218,9 @@ static int trigger_at(const unsigned char *data, Py_ssize_t i, Py_ssize_t size) 
 }
 
 static PyObject *trigger_segments(PyObject *self, PyObject *arg) {
-    if (!PyBytes_Check(arg)) {
-        PyErr_SetString(PyExc_TypeError, "trigger_segments() takes bytes");
-        return NULL;
-    }
-    const unsigned char *data = (const unsigned char *)PyBytes_AS_STRING(arg);
-    Py_ssize_t size = PyBytes_GET_SIZE(arg);
+    const unsigned char *data;
+    Py_ssize_t size;
+    if (!bytes_arg(arg, "trigger_segments", &data, &size)) return NULL;
     PyObject *out = PyList_New(0);
     if (out == NULL) return NULL;
     Py_ssize_t start = 0;
@@ -386,12 +391,9 @@ static PyObject *ascii_forms(PyObject *self, PyObject *arg) {
     if (normals == NULL || squeezeds == NULL) goto fail;
     for (Py_ssize_t k = 0; k < count; k++) {
         PyObject *data = PyList_GET_ITEM(arg, k);
-        if (!PyBytes_Check(data)) {
-            PyErr_SetString(PyExc_TypeError, "ascii_forms() takes a list of bytes");
-            goto fail;
-        }
-        const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(data);
-        Py_ssize_t n = PyBytes_GET_SIZE(data);
+        const unsigned char *p;
+        Py_ssize_t n;
+        if (!bytes_arg(data, "ascii_forms", &p, &n)) goto fail;
         if (!all_ascii(p, n)) {
             PyList_SET_ITEM(normals, k, Py_NewRef(Py_None));
             PyList_SET_ITEM(squeezeds, k, Py_NewRef(Py_None));
