@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -48,7 +47,6 @@ from tests.harness import build_env, mock_profile  # noqa: E402
 
 ADDED_US_TARGET_1K = 50.0
 CPU_SHARE_TARGET_200K = 0.02
-TICK = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
@@ -128,11 +126,6 @@ def in_process(quick: bool) -> list[dict[str, Any]]:
 # --- end-to-end ----------------------------------------------------------------------------
 
 
-def _cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK  # utime, stime
-
-
 async def _switch(target: wire_bench.Target, on: bool) -> None:
     async with target.session.post(
         target.base_url + "/v1/attribution/collection",
@@ -146,14 +139,14 @@ async def _switch(target: wire_bench.Target, on: bool) -> None:
 async def _segment(target: wire_bench.Target, raw: bytes, calls: int, pid: int) -> tuple[float, float]:
     """Gateway CPU seconds and median wall ms over `calls` sequential calls."""
     walls = []
-    cpu0 = _cpu_s(pid)
+    cpu0 = wire_bench.cpu_seconds(pid)
     for _ in range(calls):
         ms, _, error = await wire_bench.send(target, raw)
         if error is not None:
             raise wire_bench.BenchError(error)
         walls.append(ms)
     await asyncio.sleep(0.15)  # let the batched writes of this segment land in it
-    return _cpu_s(pid) - cpu0, statistics.median(walls)
+    return wire_bench.cpu_seconds(pid) - cpu0, statistics.median(walls)
 
 
 async def end_to_end(quick: bool) -> list[dict[str, Any]]:
@@ -191,7 +184,7 @@ async def end_to_end(quick: bool) -> list[dict[str, Any]]:
                         "cpu_ratio_on_off": round(on_us / off_us, 4) if off_us else None,
                         "median_wall_ms_off": round(statistics.median(walls[False]), 3),
                         "median_wall_ms_on": round(statistics.median(walls[True]), 3),
-                        "cpu_tick_us": round(1e6 / TICK / total, 1),  # resolution per call
+                        "cpu_tick_us": round(1e6 / wire_bench.CLOCK_TICK / total, 1),  # resolution per call
                     }
                 )
             await _switch(uds, False)

@@ -622,28 +622,16 @@ class Case:
     iterations: int
 
 
-def reference_reader(run: Callable[[], Verdict | None]) -> Callable[[], Verdict | None]:
-    """`run` with jsonraw's pure-Python reference reader instead of the native one."""
+def on_reference(use_native: Callable[[bool], None], run: Callable[[], Verdict | None]) -> Callable[[], Verdict | None]:
+    """`run` with a module's pure-Python reference instead of its native path (`use_native`
+    is that module's switch: jsonraw's reader or decoders' finder)."""
 
     def call() -> Verdict | None:
-        jsonraw.use_native(False)
+        use_native(False)
         try:
             return run()
         finally:
-            jsonraw.use_native(True)
-
-    return call
-
-
-def reference_decoders(run: Callable[[], Verdict | None]) -> Callable[[], Verdict | None]:
-    """`run` with the encoded-run finder's pure-Python reference instead of the native one."""
-
-    def call() -> Verdict | None:
-        decoders.use_native(False)
-        try:
-            return run()
-        finally:
-            decoders.use_native(True)
+            use_native(True)
 
     return call
 
@@ -664,10 +652,10 @@ def cases(payload: Payload, engines: Engines, setup: CheckSetup) -> list[Case]:
         Case(CHECKS, lambda: before_send(setup, raw).verdict, size.iterations),
     ]
     if jsonraw.NATIVE_AVAILABLE:
-        out.append(Case(FULL_PY_READER, reference_reader(full(engines.hyperscan)), size.iterations))
-        out.append(Case(PARSE_PY_READER, reference_reader(parse), size.iterations))
+        out.append(Case(FULL_PY_READER, on_reference(jsonraw.use_native, full(engines.hyperscan)), size.iterations))
+        out.append(Case(PARSE_PY_READER, on_reference(jsonraw.use_native, parse), size.iterations))
     if decoders.NATIVE_AVAILABLE:
-        out.append(Case(FULL_PY_DECODERS, reference_decoders(full(engines.hyperscan)), size.iterations))
+        out.append(Case(FULL_PY_DECODERS, on_reference(decoders.use_native, full(engines.hyperscan)), size.iterations))
     if size.python_iterations:
         out.append(Case(PYTHON, full(engines.python), size.python_iterations))
     return out
@@ -931,6 +919,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+@wire_bench.bench_main("inspect_bench")
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     wire_bench.exit_on_sigterm()  # the wire part's subprocesses are stopped on SIGTERM too
@@ -947,12 +936,6 @@ def main(argv: list[str] | None = None) -> int:
     except NotAllowed as exc:
         print(f"inspect_bench: a benign payload was not allowed: {exc}", file=sys.stderr)
         return 1
-    except BenchError as exc:
-        print(f"inspect_bench: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("inspect_bench: interrupted", file=sys.stderr)
-        return 130
     checks_ = target_checks(in_process.sizes)
     wire_bench.print_checks(checks_)
     print(f"\nTotal time {time.monotonic() - started:.0f} s")

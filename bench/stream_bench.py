@@ -36,7 +36,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
 import re
 import ssl
 import statistics
@@ -124,7 +123,6 @@ class GatewayCpu:
 
     def __init__(self, proc: subprocess.Popen[bytes]) -> None:
         self.pid = proc.pid
-        self._tick = os.sysconf("SC_CLK_TCK")
 
     def verify(self) -> str:
         """Check that the pid is the gateway itself (taskset execs it, so it should be), not a
@@ -140,10 +138,7 @@ class GatewayCpu:
         return f"pid {self.pid}, comm {comm!r}: {cmdline}"
 
     def seconds(self) -> float:
-        stat = Path(f"/proc/{self.pid}/stat").read_text()
-        fields = stat[stat.rindex(")") + 2 :].split()  # fields 3.. (comm may hold spaces)
-        utime, stime = int(fields[14 - 3]), int(fields[15 - 3])
-        return (utime + stime) / self._tick
+        return wire_bench.cpu_seconds(self.pid)
 
 
 class GatewayLog:
@@ -603,6 +598,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+@wire_bench.bench_main("stream_bench")
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     wire_bench.exit_on_sigterm()
@@ -617,15 +613,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     wire_bench.print_header(info, "wiregate stream benchmark")
     started = time.monotonic()
-    try:
-        with running_stack(args.secrets, pinning) as streams:
-            results = asyncio.run(measure(streams, workloads(args.quick), args.rounds))
-    except BenchError as exc:
-        print(f"stream_bench: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("stream_bench: interrupted", file=sys.stderr)
-        return 130
+    with running_stack(args.secrets, pinning) as streams:
+        results = asyncio.run(measure(streams, workloads(args.quick), args.rounds))
     stats = {r.workload.name: summarize(r) for r in results}
     print(f"Total time {time.monotonic() - started:.0f} s")
     errors = wire_bench.print_errors(results)

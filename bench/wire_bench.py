@@ -24,6 +24,7 @@ import atexit
 import contextlib
 import ctypes
 import dataclasses
+import functools
 import itertools
 import json
 import math
@@ -45,7 +46,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 
@@ -405,6 +406,45 @@ def _tail(log: Path, lines: int = 20) -> str:
         return "(no output)"
     kept = [line for line in text.splitlines() if '"event":"request"' not in line]
     return "\n".join(kept[-lines:]) or "(no output)"
+
+
+CLOCK_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _stat(pid: int) -> list[str]:
+    """/proc/<pid>/stat from its third field on (the command name may hold spaces)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rindex(")") + 2 :].split()
+
+
+def _cpu(fields: list[str]) -> float:
+    return (int(fields[14 - 3]) + int(fields[15 - 3])) / CLOCK_TICK  # utime + stime
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) of one process so far, from /proc."""
+    return _cpu(_stat(pid))
+
+
+def tree_cpu_seconds(root: int) -> float:
+    """CPU time (user + system) of `root` and every process below it, from /proc."""
+    parent: dict[int, int] = {}
+    spent: dict[int, float] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = _stat(int(entry.name))
+        except OSError:
+            continue  # gone meanwhile
+        parent[int(entry.name)] = int(fields[4 - 3])
+        spent[int(entry.name)] = _cpu(fields)
+    tree, grew = {root}, True
+    while grew:
+        below = {pid for pid, ppid in parent.items() if ppid in tree} - tree
+        tree |= below
+        grew = bool(below)
+    return sum(spent.get(pid, 0.0) for pid in tree)
 
 
 @dataclass
@@ -876,6 +916,31 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+class Main(Protocol):
+    def __call__(self, argv: list[str] | None = None) -> int: ...
+
+
+def bench_main(name: str) -> Callable[[Main], Main]:
+    """A benchmark's `main`: a set-up failure (`BenchError`) is printed and exits 1, an
+    interrupt exits 130."""
+
+    def wrap(main: Main) -> Main:
+        @functools.wraps(main)
+        def run(argv: list[str] | None = None) -> int:
+            try:
+                return main(argv)
+            except BenchError as exc:
+                print(f"{name}: {exc}", file=sys.stderr)
+                return 1
+            except KeyboardInterrupt:
+                print(f"{name}: interrupted", file=sys.stderr)
+                return 130
+
+        return run
+
+    return wrap
+
+
 def exit_on_sigterm() -> None:
     """SIGTERM unwinds like Ctrl-C, so the `finally` blocks stop the subprocesses."""
 
@@ -885,6 +950,7 @@ def exit_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
+@bench_main("wire_bench")
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     exit_on_sigterm()
@@ -892,15 +958,8 @@ def main(argv: list[str] | None = None) -> int:
     info = machine_info(pinning, args.secrets) | {"quick": args.quick, "rounds": args.rounds}
     print_header(info)
     started = time.monotonic()
-    try:
-        with running_stack(args.secrets, pinning) as stack:
-            results = asyncio.run(measure(stack, workloads(args.quick), args.rounds))
-    except BenchError as exc:
-        print(f"wire_bench: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("wire_bench: interrupted", file=sys.stderr)
-        return 130
+    with running_stack(args.secrets, pinning) as stack:
+        results = asyncio.run(measure(stack, workloads(args.quick), args.rounds))
     stats = {r.workload.name: summarize(r) for r in results}
     checks = target_checks(stats)
     print_checks(checks)

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import shutil
 import sys
 import tempfile
@@ -37,30 +36,6 @@ for entry in (str(REPO), str(REPO / "bench")):
 import wire_bench  # noqa: E402
 
 from tests.harness import build_env, mock_profile  # noqa: E402
-
-
-def tree_cpu_seconds(root: int) -> float:
-    """CPU time (user + system) of `root` and every process below it, from /proc."""
-    tick = os.sysconf("SC_CLK_TCK")
-    parent: dict[int, int] = {}
-    spent: dict[int, float] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue  # gone meanwhile
-        fields = stat[stat.rindex(")") + 2 :].split()  # fields 3.. (comm may hold spaces)
-        pid = int(entry.name)
-        parent[pid] = int(fields[4 - 3])
-        spent[pid] = (int(fields[14 - 3]) + int(fields[15 - 3])) / tick
-    tree, grew = {root}, True
-    while grew:
-        below = {pid for pid, ppid in parent.items() if ppid in tree} - tree
-        tree |= below
-        grew = bool(below)
-    return sum(spent.get(pid, 0.0) for pid in tree)
 
 
 async def measure(stack: wire_bench.Stack, seconds: float) -> dict[str, Any]:
@@ -81,9 +56,9 @@ async def measure(stack: wire_bench.Stack, seconds: float) -> dict[str, Any]:
                     )
                     await wire_bench.run_round(target, load, load.warmup)
                     assert stack.gateway is not None
-                    cpu_before = tree_cpu_seconds(stack.gateway.pid)
+                    cpu_before = wire_bench.tree_cpu_seconds(stack.gateway.pid)
                     result = await wire_bench.run_round(target, load, load.round)
-                    cpu = tree_cpu_seconds(stack.gateway.pid) - cpu_before
+                    cpu = wire_bench.tree_cpu_seconds(stack.gateway.pid) - cpu_before
                     calls = len(result.latencies_ms)
                     out[f"{target.name} c={concurrency}"] = {
                         "rps": round(calls / result.elapsed_s, 1),
