@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import sqlite3
+from pathlib import Path
 
 import pytest
 
@@ -127,3 +129,84 @@ async def test_vector_hybrid_and_auto_fallback(store: ContextStore) -> None:
     assert ("atomic-memory", "inference_unavailable") in reasons
     assert ("topic-memory", "reused_fts_fallback") in reasons
     assert all(s["mode"] == "fts" for s in searches)
+
+
+@pytest.mark.asyncio
+async def test_fts_top_rows_are_the_exact_prefix_of_the_full_ranking_ties_included(store: ContextStore) -> None:
+    """The store ranks by (score, artifact_id) and may cut before reading bodies; a small limit must give
+    exactly the first rows of the full ranking, also when many rows tie at the cut and when a kind filters."""
+    svc = make_service(store)
+    await svc.start()
+    sid = (await svc.create_scope(title="t", summary="s", idempotency_key="k", principal=None))[0].scope_id
+    other = (await svc.create_scope(title="o", summary="s", idempotency_key="o", principal=None))[0].scope_id
+    for i in range(30):  # 30 identical texts tie; a few denser ones rank above them
+        await svc.create_artifact(sid, "atomic-memory", {"kind": "k" + str(i % 3), "text": "billing postgres"})
+    for i in range(4):
+        text = "billing postgres billing postgres " + "x" * (i + 1)
+        await svc.create_artifact(sid, "atomic-memory", {"kind": "k0", "text": text})
+    await svc.create_artifact(other, "atomic-memory", {"kind": "k0", "text": "billing postgres"})
+    terms = search.terms("billing postgres")
+    for kind in (None, "k0", "k2"):
+        full = await store.search_text(sid, "atomic-memory", terms, 1000, kind)
+        assert len(full) == (34 if kind is None else 14 if kind == "k0" else 10)
+        order = [(r.score, r.head.artifact_id) for r in full]
+        assert order == sorted(order) and len({s for s, _ in order}) < len(order)  # ranked, with ties
+        for limit in (1, 3, 5, 12, 33, 34, 35):
+            cut = await store.search_text(sid, "atomic-memory", terms, limit, kind)
+            assert [(r.score, r.head.artifact_id, r.head.content) for r in cut] == [
+                (r.score, r.head.artifact_id, r.head.content) for r in full[:limit]
+            ]
+
+
+@pytest.mark.asyncio
+async def test_sqlite_fts_index_migrates_from_the_two_column_layout(tmp_path: Path) -> None:
+    """Version 1 kept one FTS row of (scope-and-family key, tokens); version 2 prefixes the key to every token.
+    A database written under version 1 searches the same after the migration."""
+    from gateway.context.store.common import fts_key
+    from gateway.context.store.sqlite import CONTEXT_MIGRATIONS, SqliteContextStore, SqliteDatabase
+
+    path = str(tmp_path / "ctx.db")
+    store = SqliteContextStore(SqliteDatabase(path))
+    await store.open()
+    svc = make_service(store)
+    await svc.start()
+    sid = (await svc.create_scope(title="t", summary="s", idempotency_key="k", principal=None))[0].scope_id
+    texts = ["billing database billing postgres", "billing service", "数据库 billing", "staging region", ""]
+    for t in texts:
+        await svc.create_artifact(sid, "atomic-memory", {"kind": "fact", "text": t or "-"})
+    await svc.create_artifact(sid, "topic-memory", {"title": "Billing", "summary": "postgres", "detail": "x"})
+    queries = ["billing postgres database", "数据库", "region staging", "billing"]
+    before = {q: await svc.search(sid, "atomic-memory", q) for q in queries}
+    before["topic"] = await svc.search(sid, "topic-memory", "billing")
+    await store.close()
+
+    with sqlite3.connect(path) as conn:  # rewrite the index in the version-1 layout, as a v1 gateway left it
+        rows = conn.execute(
+            "SELECT a.rid, a.scope_id, a.family, t.t FROM ctx_terms t JOIN ctx_artifacts a ON a.rid = t.rowid"
+        ).fetchall()
+        assert len(rows) == len(texts) + 1
+        conn.execute(CONTEXT_MIGRATIONS[0].sqlite[-1])
+        for rid, scope_id, family, tagged in rows:
+            key = fts_key(scope_id, family)
+            conn.execute("INSERT INTO ctx_fts(rowid, k, t) VALUES (?, ?, ?)", (rid, key, tagged.replace(key, "")))
+        conn.execute("DROP TABLE ctx_terms")
+        conn.execute("DELETE FROM wg_schema_migrations WHERE component = 'context' AND version = 2")
+
+    store = SqliteContextStore(SqliteDatabase(path))
+    await store.open()
+    try:
+        svc = make_service(store)
+        after = {q: await svc.search(sid, "atomic-memory", q) for q in queries}
+        after["topic"] = await svc.search(sid, "topic-memory", "billing")
+        for q, res in before.items():
+            assert res.hits and [(h.head.artifact_id, h.score) for h in after[q].hits] == [
+                (h.head.artifact_id, h.score) for h in res.hits
+            ], q
+    finally:
+        await store.close()
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT max(version) FROM wg_schema_migrations WHERE component = 'context'").fetchone() == (
+            2,
+        )
+        names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+        assert "ctx_terms" in names and "ctx_fts" not in names

@@ -51,6 +51,8 @@ def transition(current: MemoryState, target: MemoryState) -> str:
 
 
 def fts_key(scope_id: str, family: str) -> str:
+    """The 25-character key of a scope and family; SQLite prefixes it to every indexed token and query term
+    (one length for every key, so no key followed by a term can spell another key and term)."""
     return "k" + hashlib.sha256(f"{scope_id}\x00{family}".encode()).hexdigest()[:24]
 
 

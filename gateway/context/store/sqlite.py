@@ -84,6 +84,23 @@ CONTEXT_MIGRATIONS: tuple[Migration, ...] = (
         ),
         postgres=(),  # see postgres.CONTEXT_MIGRATIONS
     ),
+    Migration(
+        # One FTS column whose every token carries its scope-and-family key (a fixed-length prefix): a
+        # search reads only its own key's posting lists instead of intersecting every term with the key's
+        # list of all its rows, a write appends to short lists instead of the key's ever-growing one, and
+        # a term's document frequency in BM25 counts only the scope and family searched (the row count
+        # and average length stay those of the whole table).
+        component="context",
+        version=2,
+        sqlite=(
+            """CREATE VIRTUAL TABLE ctx_terms USING fts5(t,
+                tokenize="unicode61 remove_diacritics 0 categories 'L* N* M* Co'")""",
+            "INSERT INTO ctx_terms(rowid, t) SELECT rowid, CASE WHEN t = '' THEN '' ELSE k || replace(t, ' ', ' ' || k)"
+            " END FROM ctx_fts",
+            "DROP TABLE ctx_fts",
+        ),
+        postgres=(),
+    ),
 )
 
 
@@ -350,11 +367,11 @@ class SqliteContextStore:
 
     @staticmethod
     def _index(conn: sqlite3.Connection, rid: int, scope_id: str, family: str, rev: NewRevision | None) -> None:
-        conn.execute("DELETE FROM ctx_fts WHERE rowid = ?", (rid,))
+        conn.execute("DELETE FROM ctx_terms WHERE rowid = ?", (rid,))
         if rev is not None and rev.search_text is not None:
+            key = fts_key(scope_id, family)
             conn.execute(
-                "INSERT INTO ctx_fts(rowid, k, t) VALUES (?, ?, ?)",
-                (rid, fts_key(scope_id, family), " ".join(rev.search_tokens)),
+                "INSERT INTO ctx_terms(rowid, t) VALUES (?, ?)", (rid, " ".join(key + t for t in rev.search_tokens))
             )
 
     def _create(
@@ -602,33 +619,39 @@ class SqliteContextStore:
             present = [
                 t
                 for t in terms[:MAX_QUERY_TERMS]
-                if conn.execute(
-                    "SELECT 1 FROM ctx_fts WHERE ctx_fts MATCH ? LIMIT 1", (f'k:"{key}" AND t:"{t}"',)
-                ).fetchone()
+                if conn.execute("SELECT 1 FROM ctx_terms WHERE ctx_terms MATCH ? LIMIT 1", (f'"{key}{t}"',)).fetchone()
                 is not None
             ]
             groups = floor_groups(present, min_match)
             if not present or groups == []:
                 return []
             if groups is None:
-                body = " OR ".join(f'"{t}"' for t in present)
+                match = " OR ".join(f'"{key}{t}"' for t in present)
             else:
-                body = " OR ".join("(" + " AND ".join(f'"{t}"' for t in g) + ")" for g in groups)
-            match = f'k:"{key}" AND t:({body})'
-            # Rank on the FTS table and the small artifacts row first; read revision bodies only for the top rows.
-            kind_filter = "AND a.kind = ? " if kind is not None else ""
+                match = " OR ".join("(" + " AND ".join(f'"{key}{t}"' for t in g) + ")" for g in groups)
+            # Score every match once, in the FTS table alone; join the artifacts rows only of matches that can
+            # still be in the top `limit` by (score, artifact_id) — every row scoring no worse than the
+            # limit-th best, ties included — and read revision bodies only for the final rows. The index holds
+            # exactly the searchable rows of its key, so the cut is exact; a kind filter drops rows after
+            # scoring and so cannot cut before the join.
+            if kind is None:
+                cut = "AND m.s <= coalesce((SELECT s FROM m ORDER BY s LIMIT 1 OFFSET ?), 1e308) "
+                cut_args: list[Any] = [max(0, limit - 1)]
+            else:
+                cut, cut_args = "AND a.kind = ? ", [kind]
             sql = (
-                "WITH top AS (SELECT a.rid, a.artifact_id, m.s FROM "
-                "(SELECT rowid AS rid, bm25(ctx_fts, 0.0, 1.0) AS s FROM ctx_fts WHERE ctx_fts MATCH ?) AS m "
-                "JOIN ctx_artifacts a ON a.rid = m.rid WHERE a.searchable = 1 AND a.scope_id = ? AND a.family = ? "
-                f"{kind_filter}ORDER BY m.s, a.artifact_id LIMIT ?) "
+                "WITH m AS MATERIALIZED "
+                "(SELECT rowid AS rid, bm25(ctx_terms) AS s FROM ctx_terms WHERE ctx_terms MATCH ?), "
+                "top AS (SELECT a.rid, a.artifact_id, m.s FROM m JOIN ctx_artifacts a ON a.rid = m.rid "
+                f"WHERE a.searchable = 1 AND a.scope_id = ? AND a.family = ? {cut}"
+                "ORDER BY m.s, a.artifact_id LIMIT ?) "
                 "SELECT top.artifact_id, r.revision, r.content, r.content_digest, r.created_at, r.created_by, "
                 "r.source_id, r.previous_revision, r.reason, r.restored_from_revision, top.s "
                 "FROM top JOIN ctx_artifacts a ON a.rid = top.rid JOIN ctx_revisions r "
                 "ON r.scope_id = a.scope_id AND r.family = a.family AND r.artifact_id = a.artifact_id "
                 "AND r.revision = a.head_revision ORDER BY top.s, top.artifact_id"
             )
-            args: list[Any] = [match, scope_id, family, *([kind] if kind is not None else []), limit]
+            args: list[Any] = [match, scope_id, family, *cut_args, limit]
             return [
                 SearchRow(_head_from_row(scope_id, family, r[:10]), float(r[10]))
                 for r in conn.execute(sql, args).fetchall()
