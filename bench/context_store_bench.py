@@ -6,7 +6,8 @@ In-process (no HTTP). Memories are generated from a fixed-seed 45-word vocabular
 own pc_bench.py; queries are "What do we know about <2–6 words>?". Vector and hybrid searches use a
 deterministic bag-of-words embedder (a stand-in for a provider, zero latency). Prints a table; no asserts.
 The population phase uses synchronous=NORMAL on SQLite to save time; write p50 is measured separately
-with the default synchronous=FULL.
+with the default synchronous=FULL. On PostgreSQL the tables are analysed after each fill (as autovacuum
+would be soon after a load that size) so the planner has statistics.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+import psycopg
 
 from gateway.context import search
 from gateway.context.service import ContextService
@@ -153,6 +156,10 @@ async def bench_backend(kind: str, sizes: list[int], rows: list[list[str]]) -> N
             await populate(svc, sid, have, size, rng, 1 if kind == "sqlite" else 8)
             fill = time.perf_counter() - t0
             have = size
+            if kind == "postgres":  # the statistics autovacuum would have gathered after a load this size
+                with psycopg.connect(PG_DSN, autocommit=True) as conn:
+                    for table in ("ctx_artifacts", "ctx_revisions"):
+                        conn.execute(f"ANALYZE {schema}.{table}")
             qrng = random.Random(7)
             queries = [query(qrng) for _ in range(60)]
             it = iter(queries * 10)

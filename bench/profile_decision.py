@@ -1,8 +1,9 @@
 """Where the full decision's time goes: cProfile over inspect_bench.py's "full decision" case
 (carrier parse + Engine.inspect, 1,000 configured secret values, the built-in catalogue) on
-its 100 KB and 2 MB agent requests, with the native or the reference JSON reader.
+its 100 KB and 2 MB agent requests, with the native or the reference JSON reader and encoded-run
+finder (`--reader reference --decoders reference` is the path before either native module).
 
-    .venv/bin/python bench/profile_decision.py [--reader native|reference] [--top 20]
+    .venv/bin/python bench/profile_decision.py [--reader native|reference] [--decoders native|reference] [--top 20]
     .venv/bin/python bench/profile_decision.py --compare
 
 Prints, per size, the CPU time per decision (process time, so other load on a shared machine
@@ -26,6 +27,7 @@ import inspect_bench as ib  # bench/ is on sys.path (this script's directory)
 import wire_bench
 
 from gateway.carriers import jsonraw
+from gateway.inspection import decoders
 
 SIZES = ((100 * 1024, 40), (2 * 1024 * 1024, 4))
 ROUNDS = 5
@@ -104,12 +106,19 @@ def scans(engine: Any, raw: bytes, count: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--reader", choices=("native", "reference"), default="native")
+    parser.add_argument(
+        "--decoders",
+        choices=("native", "reference"),
+        default="native",
+        help="the encoded-run finder: its native module or decoders.py's pure-Python reference",
+    )
     parser.add_argument("--top", type=int, default=20)
     parser.add_argument("--compare", action="store_true", help="time either reader instead of profiling")
     args = parser.parse_args(argv)
     if args.reader == "native" and not jsonraw.NATIVE_AVAILABLE:
         print("native JSON reader not built; profiling the reference reader", file=sys.stderr)
     jsonraw.use_native(args.reader == "native")
+    decoders.use_native(args.decoders == "native")
     engine = ib.compile_engines(wire_bench.secret_values(ib.SECRET_COUNT)).hyperscan
     if args.compare:
         compare(engine)
@@ -127,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
             full()
         cpu = (time.process_time() - start) / count
         print(
-            f"== {len(raw):,} B, {args.reader} reader: {cpu * 1e3:.2f} ms CPU per decision, {len(raw) / 1e6 / cpu:.1f} MB/s"
+            f"== {len(raw):,} B, {args.reader} reader, {args.decoders} decoders: {cpu * 1e3:.2f} ms CPU per decision, {len(raw) / 1e6 / cpu:.1f} MB/s"
         )
         gc.collect()
         profile = cProfile.Profile()

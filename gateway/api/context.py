@@ -689,8 +689,8 @@ async def search_atomic(ctx: Ctx, dto: SearchAtomic, raw: bytes) -> web.Response
 async def _with_states(ctx: Ctx, scope_id: str, result: Any) -> dict[str, Any]:
     """Search hits as 1.4.1 `AtomicMemorySearchHit`s (the record carries its state version)."""
     hits = []
-    for h in result.hits:
-        state = await ctx.service.get_atomic_state(scope_id, h.head.artifact_id)
+    states = await ctx.service.get_atomic_states(scope_id, [h.head.artifact_id for h in result.hits])
+    for h, state in zip(result.hits, states, strict=True):
         hits.append(
             {
                 "memory": {

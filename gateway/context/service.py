@@ -480,11 +480,15 @@ class ContextService:
         return MutationResult(True, (record,))
 
     async def get_atomic_state(self, scope_id: str, artifact_id: str) -> AtomicMemoryState:
+        return (await self.get_atomic_states(scope_id, [artifact_id]))[0]
+
+    async def get_atomic_states(self, scope_id: str, artifact_ids: Sequence[str]) -> list[AtomicMemoryState]:
+        """The states of these atomic memories, in order, read at once (search hits carry them)."""
         await self.get_scope(scope_id)
-        state = await self._store.get_state(scope_id, artifact_id)
-        if state is None:
+        found = await self._store.get_states(scope_id, artifact_ids)
+        if any(aid not in found for aid in artifact_ids):
             raise ArtifactNotFound()
-        return state
+        return [found[aid] for aid in artifact_ids]
 
     async def list_atomic_memories(
         self,
@@ -781,7 +785,7 @@ class ContextService:
                 return "dependency_malformed"
             ref = address.artifact
             if ref.family == Family.ATOMIC_MEMORY.value:
-                state = await self._store.get_state(address.scope_id, ref.artifact_id)
+                state = (await self._store.get_states(address.scope_id, [ref.artifact_id])).get(ref.artifact_id)
                 if state is None:
                     return "dependency_missing"
                 if state.state is not MemoryState.ACTIVE:

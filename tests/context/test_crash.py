@@ -81,6 +81,6 @@ async def _verify(where: str, acknowledged: list[tuple[str, int, bool]]) -> None
         for head in heads:
             revs = await store.list_revisions("default", "atomic-memory", head.artifact_id, None, 100)
             assert [r.revision for r in revs] == list(range(head.revision, 0, -1))
-            assert await store.get_state("default", head.artifact_id) is not None
+            assert head.artifact_id in await store.get_states("default", [head.artifact_id])
     finally:
         await store.close()

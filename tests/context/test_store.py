@@ -12,6 +12,7 @@ import pytest
 from gateway.context import errors
 from gateway.context.model import ArtifactAddress, ArtifactRef, AtomicMemoryInput
 from gateway.context.service import ContextService
+from gateway.context.store.base import ContextStore
 from tests.context.conftest import Backend, make_service
 
 pytestmark = pytest.mark.asyncio
@@ -241,3 +242,24 @@ async def test_two_stores_share_one_database(backend: Backend) -> None:
     await svc2.start()  # the default scope is ensured idempotently
     sid = (await svc1.create_scope(title="t", summary="s", idempotency_key="x", principal=None))[0].scope_id
     assert (await svc2.get_scope(sid)).scope_id == sid
+
+
+async def test_states_are_read_at_once_in_order(service: ContextService, store: ContextStore) -> None:
+    sid = await _scope(service)
+    a = await _mem(service, sid, "alpha memory one")
+    b = await _mem(service, sid, "beta memory two")
+    sb = await service.get_atomic_state(sid, b)
+    await service.change_lifecycle(sid, AtomicMemoryInput(sb.artifact, 0), "forgotten")
+    missing = "art_" + "0" * 32
+    # more ids than one IN list holds, repeats and unknown ids included
+    ids = [a, missing, b, a] + [f"art_{i:032x}" for i in range(1, 1200)]
+    found = await store.get_states(sid, ids)
+    assert set(found) == {a, b}
+    assert found[a].state.value == "active" and found[b].state.value == "forgotten"
+    assert found[b].state_version == 1 and found[a].artifact.revision == 1
+    assert await store.get_states(sid, []) == {}
+    assert await store.get_states("scp_other", [a]) == {}  # scoped
+    states = await service.get_atomic_states(sid, [b, a, b])
+    assert [s.artifact.artifact_id for s in states] == [b, a, b]
+    with pytest.raises(errors.ArtifactNotFound):
+        await service.get_atomic_states(sid, [a, missing])

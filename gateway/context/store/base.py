@@ -263,7 +263,9 @@ class ContextStore(Protocol):
         ...
 
     # atomic memory
-    async def get_state(self, scope_id: str, artifact_id: str) -> AtomicMemoryState | None: ...
+    async def get_states(self, scope_id: str, artifact_ids: Sequence[str]) -> dict[str, AtomicMemoryState]:
+        """The states of those atomic memories of the scope that exist, by artifact id (one read)."""
+        ...
 
     async def list_atomic(
         self, scope_id: str, states: frozenset[MemoryState], kind: str | None, after: str | None, limit: int

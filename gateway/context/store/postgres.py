@@ -443,21 +443,21 @@ class PostgresContextStore:
 
     # ---- atomic memory ------------------------------------------------------------------------
 
-    async def get_state(self, scope_id: str, artifact_id: str) -> AtomicMemoryState | None:
-        async def run(conn: Conn) -> AtomicMemoryState | None:
-            cur = await conn.execute(
-                "SELECT head_revision, state, state_version, merged_into_id FROM ctx_artifacts "
-                "WHERE scope_id = %s AND family = %s AND artifact_id = %s",
-                (scope_id, Family.ATOMIC_MEMORY.value, artifact_id),
-            )
-            row = await cur.fetchone()
-            if row is None:
-                return None
-            return AtomicMemoryState(
-                ArtifactRef(Family.ATOMIC_MEMORY.value, artifact_id, row[0]), MemoryState(row[1]), row[2], row[3]
-            )
+    async def get_states(self, scope_id: str, artifact_ids: Sequence[str]) -> dict[str, AtomicMemoryState]:
+        wanted = list(dict.fromkeys(artifact_ids))
 
-        return await self._db.read(run)
+        async def run(conn: Conn) -> dict[str, AtomicMemoryState]:
+            cur = await conn.execute(
+                "SELECT artifact_id, head_revision, state, state_version, merged_into_id FROM ctx_artifacts "
+                "WHERE scope_id = %s AND family = %s AND artifact_id = ANY(%s)",
+                (scope_id, Family.ATOMIC_MEMORY.value, wanted),
+            )
+            return {
+                aid: AtomicMemoryState(ArtifactRef(Family.ATOMIC_MEMORY.value, aid, head), MemoryState(state), v, m)
+                for aid, head, state, v, m in await cur.fetchall()
+            }
+
+        return await self._db.read(run) if wanted else {}
 
     @staticmethod
     async def _record(conn: Conn, scope_id: str, artifact_id: str) -> AtomicMemoryRecord:

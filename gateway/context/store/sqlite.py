@@ -56,6 +56,7 @@ from gateway.context.store.common import (
 from gateway.context.store.migrations import LEDGER_TABLE, Migration, plan
 
 T = TypeVar("T")
+_IN_CHUNK = 500  # ids per IN (...) list, well below SQLite's bound on parameters
 
 CONTEXT_MIGRATIONS: tuple[Migration, ...] = (
     Migration(
@@ -494,19 +495,23 @@ class SqliteContextStore:
 
     # ---- atomic memory ------------------------------------------------------------------------
 
-    async def get_state(self, scope_id: str, artifact_id: str) -> AtomicMemoryState | None:
-        def run(conn: sqlite3.Connection) -> AtomicMemoryState | None:
-            row = conn.execute(
-                "SELECT head_revision, state, state_version, merged_into_id FROM ctx_artifacts "
-                "WHERE scope_id = ? AND family = ? AND artifact_id = ?",
-                (scope_id, Family.ATOMIC_MEMORY.value, artifact_id),
-            ).fetchone()
-            if row is None:
-                return None
-            ref = ArtifactRef(Family.ATOMIC_MEMORY.value, artifact_id, row[0])
-            return AtomicMemoryState(ref, MemoryState(row[1]), row[2], row[3])
+    async def get_states(self, scope_id: str, artifact_ids: Sequence[str]) -> dict[str, AtomicMemoryState]:
+        wanted = list(dict.fromkeys(artifact_ids))
 
-        return await self._db.read(run)
+        def run(conn: sqlite3.Connection) -> dict[str, AtomicMemoryState]:
+            found: dict[str, AtomicMemoryState] = {}
+            for i in range(0, len(wanted), _IN_CHUNK):
+                chunk = wanted[i : i + _IN_CHUNK]
+                for aid, head, state, version, merged_into in conn.execute(
+                    "SELECT artifact_id, head_revision, state, state_version, merged_into_id FROM ctx_artifacts "
+                    f"WHERE scope_id = ? AND family = ? AND artifact_id IN ({','.join('?' * len(chunk))})",
+                    (scope_id, Family.ATOMIC_MEMORY.value, *chunk),
+                ):
+                    ref = ArtifactRef(Family.ATOMIC_MEMORY.value, aid, head)
+                    found[aid] = AtomicMemoryState(ref, MemoryState(state), version, merged_into)
+            return found
+
+        return await self._db.read(run) if wanted else {}
 
     @staticmethod
     def _record(conn: sqlite3.Connection, scope_id: str, artifact_id: str) -> AtomicMemoryRecord:
