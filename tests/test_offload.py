@@ -244,22 +244,41 @@ def test_a_lost_worker_fails_its_call_closed_and_the_pool_recovers(make_env: Any
     assert pool.metrics.offloaded.labels("parse", "failed")._value.get() == 1
 
 
-def test_the_pool_is_bounded(make_env: Any) -> None:
+def test_the_pool_runs_two_per_worker_queues_a_bounded_burst_and_refuses_past_it(make_env: Any) -> None:
     env: Env = make_env()
     pool = offload.Offload(env.config, 1, Metrics())
+    queued = offload.QUEUED_PER_WORKER
 
     async def go() -> None:
         try:
-            running = [asyncio.ensure_future(pool._run("read", _nap, 0.5)) for _ in range(2)]
-            await asyncio.sleep(0)  # both admitted: 2 × workers
-            with pytest.raises(ServiceError) as caught:
+            assert await pool._run("read", _nap, 0.0) == 0.0  # the pool is up
+            running = [asyncio.ensure_future(pool._run("read", _nap, 1.0)) for _ in range(2)]
+            await asyncio.sleep(0.05)  # both running: 2 × workers
+            assert pool._in_flight == 2
+            waiting = [asyncio.ensure_future(pool._run("read", _nap, 0.01 * (n + 1))) for n in range(queued)]
+            await asyncio.sleep(0.05)
+            assert pool._in_flight == 2 and pool._waiting == queued  # queued, not refused, not running
+            with pytest.raises(ServiceError) as caught:  # past the queue: refused at once
                 await pool._run("read", _nap, 0.0)
             assert caught.value.reason_codes == ("capacity_exceeded",)
-            assert await asyncio.gather(*running) == [0.5, 0.5]
+            assert await asyncio.gather(*running) == [1.0, 1.0]
+            assert await asyncio.gather(*waiting) == [0.01 * (n + 1) for n in range(queued)]
+            # a queued caller that goes away leaves its place
+            blockers = [asyncio.ensure_future(pool._run("read", _nap, 1.0)) for _ in range(2)]
+            await asyncio.sleep(0.05)
+            gone = asyncio.ensure_future(pool._run("read", _nap, 0.0))
+            await asyncio.sleep(0.01)
+            assert pool._waiting == 1
+            gone.cancel()
+            await asyncio.sleep(0)
+            assert pool._waiting == 0
+            await asyncio.gather(*blockers)
+            assert pool._in_flight == 0 and await pool._run("read", _nap, 0.0) == 0.0
         finally:
             await pool.close()
 
     asyncio.run(go())
+    assert pool.metrics.offloaded.labels("read", "busy")._value.get() == 1
 
 
 def test_no_configuration_file_means_no_workers(tmp_path: Path) -> None:

@@ -224,6 +224,9 @@ def _w_read(
 # --- the gateway side ------------------------------------------------------------------
 
 
+QUEUED_PER_WORKER = 4  # large decisions that may wait for a check worker, per worker
+
+
 class Offload:
     def __init__(self, config_path: Path | None, workers: int, metrics: Metrics) -> None:
         self.config_path = config_path
@@ -233,6 +236,8 @@ class Offload:
         self._starting: asyncio.Future[ProcessPoolExecutor] | None = None
         self._closed = False
         self._in_flight = 0
+        self._slots = asyncio.Semaphore(2 * max(workers, 1))  # decisions running at once
+        self._waiting = 0  # decisions queued for a slot
         self._warm_key: str | None = None  # every worker holds this runtime
         self._warming: asyncio.Task[bool] | None = None
 
@@ -275,9 +280,23 @@ class Offload:
         return pool
 
     async def _run(self, stage: str, fn: Callable[..., T], *args: Any) -> T:
-        if self._in_flight >= 2 * self.workers:
+        # 2 × workers decisions run at once and up to QUEUED_PER_WORKER × workers wait their turn in
+        # order (a buffered answer the provider already produced is decided a little later, not
+        # dropped because a burst of them arrived together); past the queue: 503 at once.
+        if self._waiting >= QUEUED_PER_WORKER * self.workers:
             self.metrics.offloaded.labels(stage, "busy").inc()
             raise ServiceError(503, "gateway_busy", (ReasonCode.CAPACITY_EXCEEDED,), retryable=True)
+        self._waiting += 1
+        try:
+            await self._slots.acquire()
+        finally:
+            self._waiting -= 1
+        try:
+            return await self._decide(stage, fn, *args)
+        finally:
+            self._slots.release()
+
+    async def _decide(self, stage: str, fn: Callable[..., T], *args: Any) -> T:
         self._in_flight += 1
         self.metrics.offload_in_flight.inc()
         outcome = "failed"
