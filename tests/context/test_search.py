@@ -10,6 +10,7 @@ import pytest
 
 from gateway.context import errors, search
 from gateway.context.errors import InferenceTimeout, InferenceUnavailable
+from gateway.context.model import AtomicMemoryInput
 from gateway.context.service import ContextService
 from gateway.context.store.base import ContextStore
 from tests.context.conftest import make_service, yes
@@ -210,3 +211,47 @@ async def test_sqlite_fts_index_migrates_from_the_two_column_layout(tmp_path: Pa
         )
         names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
         assert "ctx_terms" in names and "ctx_fts" not in names
+
+
+def test_present_terms_remember_only_presence_and_stay_bounded() -> None:
+    from gateway.context.store.common import PresentTerms
+
+    memo = PresentTerms(capacity=3)
+    probed: list[str] = []
+    index = {"billing", "postgres"}
+
+    def probe(term: str) -> bool:
+        probed.append(term)
+        return term in index
+
+    assert memo.present("s", "f", ["billing", "what", "postgres"], probe) == ["billing", "postgres"]
+    assert probed == ["billing", "what", "postgres"]
+    probed.clear()
+    index.add("what")  # a later write adds a term that was absent: it is probed again, never dropped
+    index.discard("postgres")  # a term that left the index stays in the query (harmless: same result)
+    assert memo.present("s", "f", ["billing", "what", "postgres"], probe) == ["billing", "what", "postgres"]
+    assert probed == ["what"]
+    assert memo.unknown("s", "other-family", ["billing"]) == ["billing"]  # per scope and family
+    memo.remember("s", "f", ["a", "b"])  # capacity 3: the least recently used go first
+    assert memo.unknown("s", "f", ["billing", "postgres", "what", "a", "b"]) == ["billing", "postgres"]
+
+
+@pytest.mark.asyncio
+async def test_search_after_the_index_changes_under_remembered_terms(store: ContextStore) -> None:
+    """Remembered terms never change a result: a term that leaves the index and one that joins it later."""
+    svc = make_service(store)
+    await svc.start()
+    sid = (await svc.create_scope(title="t", summary="s", idempotency_key="k", principal=None))[0].scope_id
+    a = (await svc.create_artifact(sid, "atomic-memory", {"kind": "fact", "text": "billing postgres"})).artifact_id
+    b = (await svc.create_artifact(sid, "atomic-memory", {"kind": "fact", "text": "billing staging"})).artifact_id
+    assert {h.head.artifact_id for h in (await svc.search(sid, "atomic-memory", "postgres staging")).hits} == {a, b}
+    state = await svc.get_atomic_state(sid, a)
+    await svc.change_lifecycle(sid, AtomicMemoryInput(state.artifact, 0), "forgotten")  # "postgres" leaves
+    assert [h.head.artifact_id for h in (await svc.search(sid, "atomic-memory", "postgres staging")).hits] == [b]
+    assert (await svc.search(sid, "atomic-memory", "postgres")).hits == ()
+    assert (await svc.search(sid, "atomic-memory", "region")).hits == ()  # absent: probed, not remembered
+    c = (await svc.create_artifact(sid, "atomic-memory", {"kind": "fact", "text": "region eu"})).artifact_id
+    assert [h.head.artifact_id for h in (await svc.search(sid, "atomic-memory", "region")).hits] == [c]
+    # "billing region deploy": 3 terms, floor 2; c holds only "region", b only "billing"; d holds two
+    d = (await svc.create_artifact(sid, "atomic-memory", {"kind": "fact", "text": "deploy region"})).artifact_id
+    assert [h.head.artifact_id for h in (await svc.search(sid, "atomic-memory", "billing region deploy")).hits] == [d]

@@ -1,7 +1,8 @@
 """Helpers both store backends share: row ↔ record conversion, vector packing, lifecycle rules.
 
 Owns: how a stored revision row becomes an ArtifactRevision, the float32 packing of unit vectors,
-the per-(scope, family) FTS key, and which lifecycle transitions are allowed.
+the per-(scope, family) FTS key, the memo of query terms known to be indexed, and which lifecycle
+transitions are allowed.
 Must not: open connections or run SQL.
 """
 
@@ -11,8 +12,10 @@ import hashlib
 import itertools
 import json
 import math
+import threading
 from array import array
-from collections.abc import Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from gateway.context.model import ArtifactRef, MemoryState
@@ -48,6 +51,50 @@ def transition(current: MemoryState, target: MemoryState) -> str:
     if current is target:
         return "noop"
     return "ok" if (current, target) in ALLOWED_TRANSITIONS else "invalid"
+
+
+class PresentTerms:
+    """Which query terms a scope and family's index is known to hold, so that a search probes the index
+    only for the others. Before ranking, a search drops the terms no searchable row holds (a document can
+    only reach the lexical floor with terms it holds, so the result is the same and the floor expands
+    into fewer groups); a probe for a term many rows hold is the costly kind (PostgreSQL builds the whole
+    GIN bitmap). Only "present" is remembered: a remembered term that has since left the index merely
+    stays in the query (same result, one more group), while an absent term is probed every time, so a
+    term that a later write adds is never dropped. Bounded (least recently used out); a replica's memo is
+    its own, and needs no coherence for the same reason."""
+
+    def __init__(self, capacity: int = 4096) -> None:
+        self._capacity = capacity
+        self._known: OrderedDict[tuple[str, str, str], None] = OrderedDict()
+        self._lock = threading.Lock()  # SQLite searches run on several reader threads
+
+    def unknown(self, scope_id: str, family: str, terms: Sequence[str]) -> list[str]:
+        """The terms not known to be present: the ones to probe."""
+        out: list[str] = []
+        with self._lock:
+            for term in terms:
+                key = (scope_id, family, term)
+                if key in self._known:
+                    self._known.move_to_end(key)
+                else:
+                    out.append(term)
+        return out
+
+    def remember(self, scope_id: str, family: str, present: Iterable[str]) -> None:
+        with self._lock:
+            for term in present:
+                self._known[(scope_id, family, term)] = None
+                self._known.move_to_end((scope_id, family, term))
+            while len(self._known) > self._capacity:
+                self._known.popitem(last=False)
+
+    def present(self, scope_id: str, family: str, terms: Sequence[str], probe: Callable[[str], bool]) -> list[str]:
+        """`terms`, in order, that the index holds, calling `probe(term)` only for terms not remembered."""
+        unknown = self.unknown(scope_id, family, terms)
+        found = {t for t in unknown if probe(t)}
+        self.remember(scope_id, family, found)
+        missing = set(unknown) - found
+        return [t for t in terms if t not in missing]
 
 
 def fts_key(scope_id: str, family: str) -> str:

@@ -44,6 +44,7 @@ from gateway.context.store.base import (
 from gateway.context.store.common import (
     MAX_QUERY_TERMS,
     REVISION_COLUMNS,
+    PresentTerms,
     floor_groups,
     revision_from_row,
     transition,
@@ -218,6 +219,7 @@ class PostgresContextStore:
 
     def __init__(self, db: PostgresDatabase) -> None:
         self._db = db
+        self._present = PresentTerms()
 
     async def open(self) -> None:
         await self._db.open()
@@ -556,15 +558,22 @@ class PostgresContextStore:
             return []
 
         async def run(conn: Conn) -> list[SearchRow]:
-            # Drop terms absent from this scope and family (GIN probes), then push the lexical floor into the
-            # tsquery so ranking only sees documents admission could accept.
-            cur = await conn.execute(
-                "SELECT t FROM unnest(CAST(%s AS text[])) WITH ORDINALITY AS u(t, n) WHERE EXISTS (SELECT 1 FROM "
-                "ctx_artifacts a WHERE a.searchable AND a.scope_id = %s AND a.family = %s "
-                "AND a.tsv @@ CAST(quote_literal(u.t) AS tsquery)) ORDER BY n",
-                (candidates, scope_id, family),
-            )
-            present = [r[0] for r in await cur.fetchall()]
+            # Drop terms absent from this scope and family (GIN probes, only for terms not already known to be
+            # present), then push the lexical floor into the tsquery so ranking only sees documents admission
+            # could accept.
+            unknown = self._present.unknown(scope_id, family, candidates)
+            found: set[str] = set()
+            if unknown:
+                cur = await conn.execute(
+                    "SELECT t FROM unnest(CAST(%s AS text[])) AS u(t) WHERE EXISTS (SELECT 1 FROM ctx_artifacts a "
+                    "WHERE a.searchable AND a.scope_id = %s AND a.family = %s "
+                    "AND a.tsv @@ CAST(quote_literal(u.t) AS tsquery))",
+                    (unknown, scope_id, family),
+                )
+                found = {r[0] for r in await cur.fetchall()}
+                self._present.remember(scope_id, family, found)
+            absent = set(unknown) - found
+            present = [t for t in candidates if t not in absent]
             groups = floor_groups(present, min_match)
             if not present or groups == []:
                 return []

@@ -46,6 +46,7 @@ from gateway.context.store.base import (
 from gateway.context.store.common import (
     MAX_QUERY_TERMS,
     REVISION_COLUMNS,
+    PresentTerms,
     floor_groups,
     fts_key,
     pack_vector,
@@ -263,6 +264,7 @@ class SqliteContextStore:
 
     def __init__(self, db: SqliteDatabase) -> None:
         self._db = db
+        self._present = PresentTerms()
 
     async def open(self) -> None:
         await self._db.open()
@@ -621,12 +623,15 @@ class SqliteContextStore:
         def run(conn: sqlite3.Connection) -> list[SearchRow]:
             # Terms absent from this scope and family cannot help a document reach the floor: drop them, and
             # push the floor into the match so BM25 only scores documents admission could accept.
-            present = [
-                t
-                for t in terms[:MAX_QUERY_TERMS]
-                if conn.execute("SELECT 1 FROM ctx_terms WHERE ctx_terms MATCH ? LIMIT 1", (f'"{key}{t}"',)).fetchone()
-                is not None
-            ]
+            present = self._present.present(
+                scope_id,
+                family,
+                terms[:MAX_QUERY_TERMS],
+                lambda t: (
+                    conn.execute("SELECT 1 FROM ctx_terms WHERE ctx_terms MATCH ? LIMIT 1", (f'"{key}{t}"',)).fetchone()
+                    is not None
+                ),
+            )
             groups = floor_groups(present, min_match)
             if not present or groups == []:
                 return []
