@@ -249,3 +249,21 @@ def test_engine_verdicts_agree_on_the_evasion_corpus() -> None:
         assert (native.decision, native.reason_codes) == (reference.decision, reference.reason_codes), label
         refused += native.decision != "allow"
     assert refused > 1000  # the evasion corpus is refused; the comparison was not of allows
+
+
+@needs_native
+@settings(max_examples=500, deadline=None)
+@given(
+    st.lists(
+        st.text(alphabet=st.sampled_from("ab é\u200b\t\n\x00\x7f\ufe0f\U000e0041\uff21\x0b"), max_size=30),
+        max_size=8,
+    )
+)
+def test_encoded_forms_are_each_texts_normalised_and_squeezed_copies(texts: list[str]) -> None:
+    """The batch the engine asks for equals the per-text functions, with either finder."""
+    encoded = [t.encode("utf-8", "surrogatepass") for t in texts]
+    expected_normals = [decoders.normalise_encoded(d, t) for d, t in zip(encoded, texts, strict=True)]
+    expected = (expected_normals, [decoders.squeeze_encoded(n) for n in expected_normals])
+    for native in (True, False):
+        decoders.use_native(native)
+        assert decoders.encoded_forms(texts, encoded) == expected

@@ -25,7 +25,7 @@ import binascii
 import html
 import re
 import unicodedata
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, cast
 
 # Default_Ignorable_Code_Point (Unicode DerivedCoreProperties) ∪ Cf ∪ Cc. The test suite
@@ -157,6 +157,22 @@ def ascii_forms(encoded: list[bytes]) -> tuple[list[bytes | None], list[bytes | 
             normals.append(None)
             squeezeds.append(None)
     return normals, squeezeds
+
+
+def encoded_forms(texts: Sequence[str], encoded: list[bytes]) -> tuple[list[bytes], list[bytes]]:
+    """`normalise_encoded` of every text (`encoded`: their UTF-8) and `squeeze_encoded` of
+    that, for all of them at once: the ASCII ones in one call (`ascii_forms`), the rest by
+    `normalise`."""
+    normals, squeezeds = ascii_forms(encoded)
+    out_normals: list[bytes] = []
+    out_squeezeds: list[bytes] = []
+    for text, normal, squeezed in zip(texts, normals, squeezeds, strict=True):
+        if normal is None or squeezed is None:  # not ASCII
+            normal = normalise(text).encode("utf-8", "surrogatepass")
+            squeezed = squeeze_encoded(normal)
+        out_normals.append(normal)
+        out_squeezeds.append(squeezed)
+    return out_normals, out_squeezeds
 
 
 def squeeze(text: str) -> str:

@@ -255,11 +255,8 @@ def _normalised(units: Sequence[TextUnit], encoded: list[bytes]) -> tuple[_Batch
     unit's squeezed form (its encoded text when nothing changes)."""
     batch, literal = _Batch(), _Batch()
     squeezed_all: list[bytes] = []
-    normals, squeezeds = decoders.ascii_forms(encoded)
+    normals, squeezeds = decoders.encoded_forms([u.text for u in units], encoded)
     for unit, data, normal, squeezed in zip(units, encoded, normals, squeezeds, strict=True):
-        if normal is None or squeezed is None:  # not ASCII
-            normal = decoders.normalise_encoded(data, unit.text)
-            squeezed = decoders.squeeze_encoded(normal)
         if normal != data:
             batch.add(normal, unit.path)
         if squeezed != normal:
