@@ -778,14 +778,22 @@ class ContextService:
         """True when every dependency is still the live head it was bound at; else a content-free reason:
         dependency_malformed | dependency_missing | dependency_forgotten | dependency_merged |
         dependency_retired | dependency_revised."""
-        for dep in deps:
+        addresses: list[ArtifactAddress] = []
+        for dep in deps:  # in order: a malformed one answers only once every earlier one is eligible
             try:
-                address = dep if isinstance(dep, ArtifactAddress) else ArtifactAddress.from_wire(dep)
+                addresses.append(dep if isinstance(dep, ArtifactAddress) else ArtifactAddress.from_wire(dep))
             except (ValueError, TypeError, KeyError):
-                return "dependency_malformed"
+                break
+        # the atomic memories' states in one read per scope, not one per dependency
+        atomic: dict[str, list[str]] = {}
+        for address in addresses:
+            if address.artifact.family == Family.ATOMIC_MEMORY.value:
+                atomic.setdefault(address.scope_id, []).append(address.artifact.artifact_id)
+        states = {scope_id: await self._store.get_states(scope_id, ids) for scope_id, ids in atomic.items()}
+        for address in addresses:
             ref = address.artifact
             if ref.family == Family.ATOMIC_MEMORY.value:
-                state = (await self._store.get_states(address.scope_id, [ref.artifact_id])).get(ref.artifact_id)
+                state = states[address.scope_id].get(ref.artifact_id)
                 if state is None:
                     return "dependency_missing"
                 if state.state is not MemoryState.ACTIVE:
@@ -798,6 +806,8 @@ class ContextService:
                 head_revision = head.revision
             if head_revision != ref.revision:
                 return "dependency_revised"
+        if len(addresses) < len(deps):
+            return "dependency_malformed"
         return True
 
 

@@ -233,6 +233,20 @@ async def test_dependencies_eligible(service: ContextService) -> None:
     assert await service.dependencies_eligible([ArtifactAddress(sid, sb.artifact)]) == "dependency_forgotten"
     missing = ArtifactAddress(sid, ArtifactRef("atomic-memory", "art_" + "0" * 32, 1))
     assert await service.dependencies_eligible([missing]) == "dependency_missing"
+    # the first ineligible dependency in order answers, whatever follows it
+    live = ArtifactAddress(sid, ArtifactRef("atomic-memory", a, 1))
+    gone = ArtifactAddress(sid, sb.artifact)
+    malformed = {"scope_id": sid}
+    assert await service.dependencies_eligible([live, missing, malformed]) == "dependency_missing"
+    assert await service.dependencies_eligible([live, malformed, missing]) == "dependency_malformed"
+    assert await service.dependencies_eligible([live, live, gone, missing]) == "dependency_forgotten"
+    other = await _scope(service, "k2")
+    o = await _mem(service, other, "gamma memory three")
+    in_other = ArtifactAddress(other, ArtifactRef("atomic-memory", o, 1))
+    assert await service.dependencies_eligible([live, in_other]) is True
+    assert await service.dependencies_eligible([live, ArtifactAddress(other, ArtifactRef("atomic-memory", a, 1))]) == (
+        "dependency_missing"  # the same id in another scope is another memory
+    )
 
 
 async def test_two_stores_share_one_database(backend: Backend) -> None:
