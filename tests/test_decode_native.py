@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,22 +24,16 @@ from gateway.inspection import decoders
 from gateway.inspection.build import build_engine
 from gateway.inspection.engine import Subject
 from gateway.inspection.formats import build_format_set
+from tests import native_build
 
 HERE = Path(__file__).parent
 SEPARATOR = b"\x00"
 
-needs_native = pytest.mark.skipif(
-    not decoders.NATIVE_AVAILABLE and os.environ.get("WIREGATE_REQUIRE_NATIVE") != "1",
-    reason="native finder not built on this machine",
-)
+needs_native = native_build.needs(decoders.NATIVE_AVAILABLE, "native finder")
 
 
 def test_native_module_is_built_when_required() -> None:
-    """CI sets WIREGATE_REQUIRE_NATIVE=1: there a missing native module is a failure."""
-    if os.environ.get("WIREGATE_REQUIRE_NATIVE") == "1":
-        assert decoders.NATIVE_AVAILABLE, "gateway.inspection._decode_native was not built (see setup.py)"
-    elif not decoders.NATIVE_AVAILABLE:
-        pytest.skip("native finder not built on this machine (set WIREGATE_REQUIRE_NATIVE=1 to fail instead)")
+    native_build.assert_built(decoders.NATIVE_AVAILABLE, "gateway.inspection._decode_native", "native finder")
 
 
 @pytest.fixture(autouse=True)

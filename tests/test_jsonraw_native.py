@@ -8,7 +8,6 @@ incremental parser: the same events, the same clean-end flag, the same refusals.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,23 +20,17 @@ from gateway.carriers import CARRIERS, jsonraw, sse
 from gateway.carriers.base import CarrierLimits
 from gateway.carriers.jsonraw import DupDict, JsonError, JsonFloat
 from gateway.units import TextUnit
+from tests import native_build
 
 HERE = Path(__file__).parent
 
 
 def test_native_module_is_built_when_required() -> None:
-    """CI sets WIREGATE_REQUIRE_NATIVE=1: there a missing native module is a failure, not a
-    silent fallback to the (slower) reference reader."""
-    if os.environ.get("WIREGATE_REQUIRE_NATIVE") == "1":
-        assert jsonraw.NATIVE_AVAILABLE, "gateway.carriers._jsonraw_native was not built (see setup.py)"
-    elif not jsonraw.NATIVE_AVAILABLE:
-        pytest.skip("native reader not built on this machine (set WIREGATE_REQUIRE_NATIVE=1 to fail instead)")
+    """In CI a missing native module is a failure, not a silent fallback to the (slower) reference reader."""
+    native_build.assert_built(jsonraw.NATIVE_AVAILABLE, "gateway.carriers._jsonraw_native", "native reader")
 
 
-needs_native = pytest.mark.skipif(
-    not jsonraw.NATIVE_AVAILABLE and os.environ.get("WIREGATE_REQUIRE_NATIVE") != "1",
-    reason="native reader not built on this machine",
-)
+needs_native = native_build.needs(jsonraw.NATIVE_AVAILABLE, "native reader")
 
 
 @pytest.fixture(autouse=True)
