@@ -235,9 +235,13 @@ def openai_usage(
     }
 
 
+_COMPACT = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
 def compact(value: Any) -> str:
-    """A JSON value as compact text (for estimates of what a non-text part says)."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    """A JSON value as compact text (for estimates of what a non-text part says); one
+    encoder for every call (`json.dumps` with options builds a new one each time)."""
+    return _COMPACT.encode(value)
 
 
 def tool_part(path: Path, tool: Any) -> PromptPart:
@@ -260,6 +264,8 @@ def message_parts(path: Path, index: int, msg: Any, field: str) -> list[PromptPa
             kind = str(part.get("type") or "text") if isinstance(part, dict) else "text"
             text = part["text"] if isinstance(part, dict) and jsonraw.is_str(part.get("text")) else compact(part)
             parts.append(PromptPart((*path, field, j), region, index, role, kind, text, False))
+    if len(msg) <= (field in msg) + ("role" in msg):
+        return parts  # nothing beside the content and the role (most messages)
     rest = {k: v for k, v in msg.items() if k not in (field, "role")}
     if rest:
         kind = "tool_calls" if "tool_calls" in rest else ("tool_result" if role == "tool" else "fields")

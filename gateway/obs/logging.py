@@ -8,7 +8,6 @@ field here, so they cannot be logged through this module.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import json
 import logging
@@ -122,8 +121,7 @@ def digest(value: str, key: bytes) -> str:
     """A keyed digest of a client-supplied value that must not reach a log line as text
     (a requested scope name, a trace id): lines stay correlatable, and without the key
     (derived from the binding key ring) nobody can test guesses against them."""
-    mac = hmac.new(key, value.encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()
-    return "h:" + mac[:16]
+    return "h:" + hmac.digest(key, value.encode("utf-8", "surrogatepass"), "sha256")[:8].hex()
 
 
 def get_logger() -> logging.Logger:

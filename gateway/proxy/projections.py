@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
+from blake3 import blake3
 
 from gateway import admission, usage
 from gateway.attribution import blocks, registry
@@ -147,13 +148,19 @@ def attribution_record(ex: Exchange, trail: Trail, records: list[usage.UsageReco
     return scope_digest(runtime, ex.identity.scope), record
 
 
+BLOCK_DIGEST = "b3:"  # names the construction: keyed BLAKE3, 64 bits (the earlier "h:" was HMAC-SHA256)
+
+
 @functools.lru_cache(maxsize=4)
 def block_digest(key: bytes) -> Callable[[str], str]:
-    """`obs.logging.digest` (same key, same values) through the one-shot HMAC: a block's
-    identity is hashed on every collected call, up to the whole body."""
+    """A block's identity: BLAKE3 in its keyed mode (a PRF, like the HMAC of
+    `obs.logging.digest`) under a key derived from the log key for this one purpose.
+    A block is hashed on every collected call, up to the whole body, and keyed BLAKE3
+    runs about 2.5 times as fast as HMAC-SHA256 here even with SHA extensions."""
+    derived = hmac.digest(key, b"wiregate attribution block identity v1", "sha256")
 
     def digest(text: str) -> str:
-        return "h:" + hmac.digest(key, text.encode("utf-8", "surrogatepass"), "sha256")[:8].hex()
+        return BLOCK_DIGEST + blake3(text.encode("utf-8", "surrogatepass"), key=derived).digest(8).hex()
 
     return digest
 

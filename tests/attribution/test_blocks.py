@@ -224,3 +224,18 @@ def test_the_configuration_extends_the_registry_and_refuses_illegal_entries() ->
         GatewayConfig(deployment_id="d", attribution={"blocks": [{**entry, "control": "assembly"}]})
     with pytest.raises(ValidationError):
         GatewayConfig(deployment_id="d", attribution={"retention_days": 8})
+
+
+def test_block_identities_are_keyed_stable_and_name_their_construction() -> None:
+    from blake3 import blake3
+
+    from gateway.proxy.projections import block_digest
+
+    one, other = block_digest(b"k" * 32), block_digest(b"j" * 32)
+    text = "prompt.system_instructions\x00You are a careful assistant. " * 50
+    made = one(text)
+    assert made == one(text) and made.startswith("b3:") and len(made) == 3 + 16
+    assert other(text) != made  # another key, another identity: nobody can test guesses without it
+    assert one(text + " ") != made
+    assert made[3:] != blake3(text.encode()).digest(8).hex()  # not the unkeyed hash
+    assert one("\ud800 lone surrogate") == one("\ud800 lone surrogate")  # any str the reader keeps
