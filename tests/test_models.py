@@ -85,9 +85,10 @@ def test_listing_is_cached(gw: tuple[Env, GatewayThread], mock: MockProviderServ
 
 
 def test_upstream_is_asked_with_the_profile_credential(gw: tuple[Env, GatewayThread], mock: MockProviderServer) -> None:
+    env, gateway = gw
+    list(openai_client(gateway, env).models.list())  # asks upstream now, or already did (cached)
     asked = [r for r in mock.state.records() if r.path == "/v1/models"]
     assert asked, "the upstream list was never asked"
-    env, _ = gw
     for record in asked:
         assert env.gateway_key not in str(record.headers)  # the caller's key never leaves
         presented = record.headers.get("authorization", "") + record.headers.get("x-api-key", "")

@@ -126,15 +126,16 @@ class OpenAIChat:
         for ev in events:
             data = ev.data
             if data.endswith(_NULL_USAGE):  # its last member, so its usage is null
-                data = data[: -len(_NULL_USAGE)] + "}"
-            elif data != "[DONE]" and ('"usage"' in data or "\\" in data):  # can name a usage
+                out.append(SSEEvent(ev.event, data[: -len(_NULL_USAGE)] + "}", ev.id))
+                continue
+            if data != "[DONE]" and ('"usage"' in data or "\\" in data):  # can name a usage
                 try:
                     chunk = json.loads(data)
                 except ValueError:
                     chunk = None
                 if isinstance(chunk, dict) and chunk.get("choices") == [] and chunk.get("usage"):
                     continue
-            out.append(SSEEvent(ev.event, data, ev.id))
+            out.append(ev)  # unchanged (events are frozen): no copy
         return out
 
     def stream_folder(self, limits: CarrierLimits) -> common.StreamFolder:
