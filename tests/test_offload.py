@@ -284,3 +284,27 @@ def test_the_pool_runs_two_per_worker_queues_a_bounded_burst_and_refuses_past_it
 def test_no_configuration_file_means_no_workers(tmp_path: Path) -> None:
     pool = offload.Offload(None, 4, Metrics())
     assert not pool.enabled
+
+
+def test_the_worker_that_parses_a_body_also_splits_it_for_attribution(pair: Any) -> None:
+    """With attribution collecting, the parse stage returns the split the loop would make
+    (host labels applied), so the loop never parses an offloaded body again for it."""
+    from gateway.carriers import CARRIERS
+    from gateway.proxy import projections
+
+    (_, workers), _ = pair
+    assert workers.running is not None
+    app = workers.running.app
+    runtime = app[RUNTIME].current
+    doc = {
+        "model": "gpt-4.1",
+        "messages": [{"role": "system", "content": PAD}, {"role": "user", "content": "What changed? " + PAD}],
+    }
+    raw = json.dumps(doc).encode()
+    labels = {"/messages/0": "host.workspace_configuration"}
+    pool = app[offload.OFFLOAD]
+    summary = workers.call(pool.parse(runtime, "openai.chat", raw, labels), timeout=60)
+    expected = projections.attribute(runtime, CARRIERS["openai.chat"], doc, labels)
+    assert summary.attributed == expected
+    assert [b.block_id for b in expected.split.blocks] == ["host.workspace_configuration", "prompt.current_user_turn"]
+    assert workers.call(pool.parse(runtime, "openai.chat", raw), timeout=60).attributed is None  # not collecting

@@ -62,6 +62,15 @@ class Split:
     labels_invalid: bool = False  # a label header was present but unreadable or too large
 
 
+@dataclass(frozen=True, slots=True)
+class Attributed:
+    """What a call's attribution record takes from its request: the split, and whether the
+    request shows the whole context (see `continues_server_state`)."""
+
+    split: Split
+    full_context: bool
+
+
 def parse_labels(value: str | None) -> tuple[dict[str, str], bool]:
     """The host's labels: a JSON object of RFC 6901 pointers to registered block ids.
     Returns (labels, invalid)."""

@@ -14,6 +14,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from gateway.attribution.blocks import Attributed
 from gateway.auth import Identity
 from gateway.cachepace import SessionPace
 from gateway.caching import CachePlan
@@ -41,6 +42,7 @@ class Exchange:
     session: str | None = None
     offloaded: bool = False  # a worker process parses and checks this request
     replays: tuple[Replay, ...] = ()  # prepared contexts the request names (x-wiregate-prepared-context)
+    attributed: Attributed | None = None  # the attribution split a worker made while it had the document
 
 
 # --- events ---------------------------------------------------------------------------------

@@ -145,9 +145,11 @@ async def receive(
     replays = replay.parse(request.headers.getall(replay.HEADER, []))
     offload = request.app[OFFLOAD]
     offloaded = offload.wanted(runtime, len(raw))
-    if offloaded:  # 3, in a worker: the loop keeps only the model and the stream flag
+    attributed = None
+    if offloaded:  # 3, in a worker: the loop keeps the model, the stream flag and (collecting) the split
         try:
-            parsed = parsed_stub(carrier.name, await offload.parse(runtime, carrier.name, raw))
+            summary = await offload.parse(runtime, carrier.name, raw, projections.labels_to_split(request))
+            parsed, attributed = parsed_stub(carrier.name, summary), summary.attributed
         except Stale:
             offloaded = False
     if not offloaded:
@@ -173,6 +175,7 @@ async def receive(
         session=request.headers.get(SESSION_HEADER),
         offloaded=offloaded,
         replays=replays,
+        attributed=attributed,
     )
 
 

@@ -42,6 +42,7 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
+from gateway.attribution.blocks import Attributed
 from gateway.cachepace import SessionPace
 from gateway.carriers import CARRIERS
 from gateway.carriers.base import ParsedRequest
@@ -52,7 +53,7 @@ from gateway.config.runtime import Runtime
 from gateway.errors import GatewayError, ServiceError
 from gateway.obs import logging as log
 from gateway.obs.metrics import Metrics
-from gateway.proxy import decide
+from gateway.proxy import decide, projections
 from gateway.vocab import Mode, ReasonCode
 
 T = TypeVar("T")
@@ -99,6 +100,7 @@ class Cold(Stale):
 class Summary:
     model: str
     stream: bool
+    attributed: Attributed | None = None  # when asked: the attribution split of the document parsed here
 
 
 # --- the worker side -------------------------------------------------------------------
@@ -148,13 +150,19 @@ def _party(runtime: Runtime, spec: tuple[str, str | None, str, str]) -> Party:
     return Party(principal, delegate, scope, runtime.profiles[profile_id])
 
 
-def _w_parse(key: str, carrier: str, raw: bytes) -> Summary | Failure:
+def _w_parse(key: str, carrier: str, raw: bytes, labels: Mapping[str, str] | None = None) -> Summary | Failure:
+    """Parse (and, with `labels`, split for attribution: the loop never parses the body
+    again for it). A failed split is left to the loop, which logs and drops it."""
     runtime = _runtime(key)
     try:
         parsed = decide.parse_request(CARRIERS[carrier], raw, runtime)
     except GatewayError as err:
         return Failure.of(err)
-    return Summary(parsed.model, parsed.stream)
+    attributed = None
+    if labels is not None and carrier in projections.ATTRIBUTED_CARRIERS:
+        with contextlib.suppress(Exception):
+            attributed = projections.attribute(runtime, CARRIERS[carrier], parsed.doc, labels)
+    return Summary(parsed.model, parsed.stream, attributed)
 
 
 def _w_send(
@@ -378,9 +386,12 @@ class Offload:
                 return True
         return False
 
-    async def parse(self, runtime: Runtime, carrier: str, raw: bytes) -> Summary:
+    async def parse(
+        self, runtime: Runtime, carrier: str, raw: bytes, labels: Mapping[str, str] | None = None
+    ) -> Summary:
+        """The model and stream flag; with `labels` (attribution is collecting) the split too."""
         await self._ready(runtime, "parse")
-        result = await self._run("parse", _w_parse, runtime_key(runtime), carrier, raw)
+        result = await self._run("parse", _w_parse, runtime_key(runtime), carrier, raw, labels)
         if isinstance(result, Failure):
             result.raise_()
         assert isinstance(result, Summary)

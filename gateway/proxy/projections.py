@@ -17,7 +17,7 @@ import functools
 import hmac
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from aiohttp import web
@@ -27,6 +27,7 @@ from gateway import admission, usage
 from gateway.attribution import blocks, registry
 from gateway.attribution.ledger import USAGE_KINDS, Record
 from gateway.attribution.registry import Registry
+from gateway.carriers.base import Carrier
 from gateway.config.model import AttributionConfig
 from gateway.config.runtime import Runtime
 from gateway.ledgers.attribution import AttributionLedger
@@ -120,29 +121,49 @@ def registry_for(config: AttributionConfig) -> Registry:
     return registry.build(b.model_dump() for b in config.blocks)
 
 
+def labels_to_split(request: web.Request) -> dict[str, str] | None:
+    """The host's block labels when attribution is collecting (an offloaded body is split
+    by the worker that parses it); None when it is not."""
+    ledger = request.app.get(ATTRIBUTION)
+    if ledger is None or not ledger.collecting:
+        return None
+    return blocks.parse_labels(request.headers.get(blocks.LABEL_HEADER))[0]
+
+
+def attribute(
+    runtime: Runtime, carrier: Carrier, doc: Mapping[str, Any], labels: Mapping[str, str]
+) -> blocks.Attributed:
+    """The attribution split of a parsed request (on the loop, on a thread, or in the check
+    worker that parsed an offloaded body: the document is never parsed again for it)."""
+    split = blocks.split(
+        carrier.prompt_layout(doc), registry_for(runtime.config.attribution), block_digest(runtime.log_key), labels
+    )
+    return blocks.Attributed(split, not blocks.continues_server_state(doc))
+
+
 def attribution_record(ex: Exchange, trail: Trail, records: list[usage.UsageRecord]) -> tuple[str, Record] | None:
     """The content-free attribution record of a call that reached a provider, with the
     keyed digest of its scope; None for a call that never did (not an input boundary)."""
     if trail.last(Buffered) is None or ex.carrier.name not in ATTRIBUTED_CARRIERS:
         return None
     runtime = ex.runtime
-    doc = ex.parsed.doc if not ex.offloaded else json.loads(ex.raw)
-    labels, _ = blocks.parse_labels(ex.client_headers.get(blocks.LABEL_HEADER))
-    split = blocks.split(
-        ex.carrier.prompt_layout(doc), registry_for(runtime.config.attribution), block_digest(runtime.log_key), labels
-    )
+    made = ex.attributed
+    if made is None:
+        doc = ex.parsed.doc if not ex.offloaded else json.loads(ex.raw)
+        labels, _ = blocks.parse_labels(ex.client_headers.get(blocks.LABEL_HEADER))
+        made = attribute(runtime, ex.carrier, doc, labels)
     decoded = trail.last(Decoded)
     response_id = decoded.response_id if decoded is not None else None
     final = records[-1].counts if records else {}
     counts = {kind: final[kind] for kind in USAGE_KINDS if kind in final}
     record = Record(
         ts=time.time(),
-        blocks=split.blocks,
+        blocks=made.split.blocks,
         invocation=runtime.log_digest("invocation\x00" + response_id) if response_id else None,
         session=runtime.log_digest("session\x00" + ex.session) if ex.session else None,
-        full_context=not blocks.continues_server_state(doc),
+        full_context=made.full_context,
         usage={kind: (c.value, c.provenance) for kind, c in counts.items()},
-        truncated=split.truncated,
+        truncated=made.split.truncated,
         profile=trail.profile_id or "",
     )
     return scope_digest(runtime, ex.identity.scope), record
@@ -177,7 +198,7 @@ def record_attribution(app: web.Application, ex: Exchange, trail: Trail, records
         ledger = app.get(ATTRIBUTION)
         if ledger is None or not ledger.collecting:
             return
-        if ex.offloaded or len(ex.raw) >= ex.runtime.config.limits.offload_bytes:
+        if ex.attributed is None and (ex.offloaded or len(ex.raw) >= ex.runtime.config.limits.offload_bytes):
             task = asyncio.create_task(_record_off_loop(app, ledger, ex, trail, records), name="attribution-record")
             ledger.hold(task)
             return

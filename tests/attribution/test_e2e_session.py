@@ -352,8 +352,9 @@ def test_the_cli_switches_collection_and_prints_the_report(gw: tuple[Env, Gatewa
 
 
 def test_a_large_body_is_attributed_off_the_event_loop(gateways: GatewayFactory) -> None:
-    """Bodies past `offload_bytes` are parsed and checked in a worker; their blocks are made
-    on a thread, and the report is the same as for a small body."""
+    """Bodies past `offload_bytes` are parsed and checked in a worker; the worker that
+    parses one also splits it (host labels included), so the loop never parses it again,
+    and the report is the same as for a small body."""
     with gateways("attribution-offload", config_extra="[limits]\noffload_bytes = 2048\n") as (env, gateway):
         api(env, gateway, "POST", "/v1/attribution/collection", {"collecting": True})
         system = "Rules. " * 800
@@ -372,6 +373,17 @@ def test_a_large_body_is_attributed_off_the_event_loop(gateways: GatewayFactory)
             "prompt.tool_schemas": est("".join(compact(t) for t in TOOLS)),
         }
         assert report["exposure"]["status"] == "supported"
+        # the host's labels reach the worker's split
+        workspace = "Workspace rules. " * 200
+        client.chat.completions.create(
+            model="gpt-4.1",
+            messages=[{"role": "system", "content": workspace}, {"role": "user", "content": user}],
+            extra_headers={"x-wiregate-blocks": json.dumps({"/messages/0": "host.workspace_configuration"})},
+        )
+        report = api(env, gateway, "GET", "/v1/attribution/report")
+        got = {r["blockId"]: r["cumulativeMaterializedEstimate"] for r in report["ledger"]}
+        assert got["host.workspace_configuration"] == est(workspace)
+        assert got["prompt.current_user_turn"] == 2 * est(user) and got["prompt.system_instructions"] == est(system)
 
 
 @pytest.mark.parametrize("session", [True, False])
