@@ -40,6 +40,30 @@ def _served_by(proc: procs.Proc) -> Counter[int]:
     )
 
 
+def _parent(pid: int) -> int:
+    """The parent pid of a live process; 0 once it is gone (or a zombie nobody reaped)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0
+    fields = stat.rsplit(")", 1)[1].split()
+    return 0 if fields[0] == "Z" else int(fields[1])
+
+
+def _check_workers(pid: int) -> set[int]:
+    """The check-worker processes `pid` started (its pool; not multiprocessing's tracker)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and _parent(int(entry.name)) == pid:
+            try:
+                argv = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"spawn_main" in argv:
+                found.add(int(entry.name))
+    return found
+
+
 def _wait(predicate, timeout: float = 60) -> None:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -86,8 +110,13 @@ def test_two_workers_share_both_listeners_reload_restart_and_stop_together(
         for _ in range(10):
             assert one_call_each_way(key) == [200, 200]
 
-        # A worker that dies is replaced; the gateway keeps answering meanwhile.
-        os.kill(next(iter(pids)), signal.SIGKILL)
+        # A worker that dies is replaced; the gateway keeps answering meanwhile, and the dead
+        # worker's check workers (its process pool) end with it instead of staying behind.
+        victim = next(iter(pids))
+        _wait(lambda: len(_check_workers(victim)) == 2)  # check_workers = 2, started with the process
+        pool = _check_workers(victim)
+        os.kill(victim, signal.SIGKILL)
+        _wait(lambda: not any(Path(f"/proc/{pid}").exists() and _parent(pid) != 0 for pid in pool), timeout=30)
         _wait(lambda: sum(1 for r in proc.records() if r.get("event") == "worker_started") == 3)
         _wait(lambda: sum(1 for r in proc.records() if r.get("event") == "started") == 3)
         for _ in range(10):

@@ -32,6 +32,7 @@ import dataclasses
 import gc
 import multiprocessing
 import os
+import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ProcessPoolExecutor
@@ -109,13 +110,27 @@ class Summary:
 _WORKER: dict[str, Any] = {}
 
 
-def _init(config_path: str) -> None:
+PARENT_CHECK_S = 1.0  # how often a worker looks whether its gateway process is still there
+
+
+def _init(config_path: str, parent: int | None = None) -> None:
     _WORKER["config"] = config_path
+    if parent is not None:
+        threading.Thread(target=_orphan_watch, args=(parent,), name="parent-watch", daemon=True).start()
     # Below the serving process: a worker loading a runtime (seconds of Hyperscan compiling,
     # at start and after each reload) or checking a large body never takes the core from
     # the event loop that answers every other call.
     with contextlib.suppress(OSError):
         os.nice(10)
+
+
+def _orphan_watch(parent: int) -> None:
+    """End this worker once the gateway process that started it is gone (a SIGKILLed or
+    OOM-killed process cannot stop its pool, and `--workers` replaces a dead process with
+    a new one and a new pool: its old workers must not stay behind, holding memory)."""
+    while os.getppid() == parent:
+        time.sleep(PARENT_CHECK_S)
+    os._exit(0)
 
 
 def _warm(seconds: float) -> None:
@@ -262,7 +277,7 @@ class Offload:
             max_workers=self.workers,
             mp_context=multiprocessing.get_context("spawn"),
             initializer=_init,
-            initargs=(str(self.config_path),),
+            initargs=(str(self.config_path), os.getpid()),
         )
         for future in [pool.submit(_warm, 0.05) for _ in range(self.workers)]:
             future.result()

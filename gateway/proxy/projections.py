@@ -115,10 +115,21 @@ async def record_usage(app: web.Application, ex: Exchange, trail: Trail) -> list
     return records
 
 
-@functools.lru_cache(maxsize=8)
+_REGISTRIES: dict[int, tuple[AttributionConfig, Registry]] = {}
+
+
 def registry_for(config: AttributionConfig) -> Registry:
-    """The block registry a configuration defines (built-ins plus its own entries)."""
-    return registry.build(b.model_dump() for b in config.blocks)
+    """The block registry a configuration defines (built-ins plus its own entries), kept
+    per configuration object: a runtime's configuration is frozen, and looking it up by
+    identity spares hashing the whole model on every collected call."""
+    held = _REGISTRIES.get(id(config))
+    if held is not None and held[0] is config:
+        return held[1]
+    built = registry.build(b.model_dump() for b in config.blocks)
+    if len(_REGISTRIES) >= 8:
+        _REGISTRIES.pop(next(iter(_REGISTRIES)))
+    _REGISTRIES[id(config)] = (config, built)
+    return built
 
 
 def labels_to_split(request: web.Request) -> dict[str, str] | None:
