@@ -171,7 +171,7 @@ def attribution_record(ex: Exchange, trail: Trail, records: list[usage.UsageReco
         ts=time.time(),
         blocks=made.split.blocks,
         invocation=runtime.log_digest("invocation\x00" + response_id) if response_id else None,
-        session=runtime.log_digest("session\x00" + ex.session) if ex.session else None,
+        session=_kept_digest(runtime.log_key, "session\x00" + ex.session) if ex.session else None,
         full_context=made.full_context,
         usage={kind: (c.value, c.provenance) for kind, c in counts.items()},
         truncated=made.split.truncated,
@@ -198,7 +198,21 @@ def block_digest(key: bytes) -> Callable[[str], str]:
 
 
 def scope_digest(runtime: Runtime, scope: str) -> str:
-    return runtime.log_digest("scope\x00" + scope)
+    return _kept_digest(runtime.log_key, "scope\x00" + scope)
+
+
+KEPT_DIGEST_CHARS = 256  # longer values are digested each time, never remembered
+
+
+def _kept_digest(key: bytes, value: str) -> str:
+    """`obs.logging.digest` of a value many calls repeat (a scope, a session), remembered
+    for short values (at most 4,096 of them: about 1 MiB at worst)."""
+    return _remembered(key, value) if len(value) <= KEPT_DIGEST_CHARS else log.digest(value, key)
+
+
+@functools.lru_cache(maxsize=4096)
+def _remembered(key: bytes, value: str) -> str:
+    return log.digest(value, key)
 
 
 def record_attribution(app: web.Application, ex: Exchange, trail: Trail, records: list[usage.UsageRecord]) -> None:

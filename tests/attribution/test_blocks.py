@@ -239,3 +239,14 @@ def test_block_identities_are_keyed_stable_and_name_their_construction() -> None
     assert one(text + " ") != made
     assert made[3:] != blake3(text.encode()).digest(8).hex()  # not the unkeyed hash
     assert one("\ud800 lone surrogate") == one("\ud800 lone surrogate")  # any str the reader keeps
+
+
+def test_remembered_scope_and_session_digests_are_the_log_digests() -> None:
+    from gateway.obs.logging import digest as log_digest
+    from gateway.proxy import projections
+
+    key = b"k" * 32
+    for value in ("scope\x00default", "session\x00" + "s" * projections.KEPT_DIGEST_CHARS, "session\x00" + "x" * 5000):
+        assert projections._kept_digest(key, value) == log_digest(value, key)  # noqa: SLF001
+        assert projections._kept_digest(key, value) == log_digest(value, key)  # noqa: SLF001 -- remembered or not
+    assert projections._kept_digest(b"j" * 32, "scope\x00default") != projections._kept_digest(key, "scope\x00default")  # noqa: SLF001
