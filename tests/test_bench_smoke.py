@@ -35,7 +35,7 @@ def test_every_benchmark_of_make_bench_runs() -> None:
         "wiregate inspection benchmark",
         "wiregate 30-turn replay",
         "loop bench:",
-        "end-to-end (gateway process CPU per call",
+        "end-to-end (gateway CPU per call",
         "wiregate stream benchmark",
     ):
         assert title in out, title
