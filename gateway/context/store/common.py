@@ -88,13 +88,19 @@ class PresentTerms:
             while len(self._known) > self._capacity:
                 self._known.popitem(last=False)
 
+    def settle(
+        self, scope_id: str, family: str, terms: Sequence[str], probed: Iterable[str], found: set[str]
+    ) -> list[str]:
+        """Remember `found` (the `probed` terms the index holds); return `terms`, in order, without the
+        probed ones it lacks."""
+        self.remember(scope_id, family, found)
+        missing = set(probed) - found
+        return [t for t in terms if t not in missing]
+
     def present(self, scope_id: str, family: str, terms: Sequence[str], probe: Callable[[str], bool]) -> list[str]:
         """`terms`, in order, that the index holds, calling `probe(term)` only for terms not remembered."""
         unknown = self.unknown(scope_id, family, terms)
-        found = {t for t in unknown if probe(t)}
-        self.remember(scope_id, family, found)
-        missing = set(unknown) - found
-        return [t for t in terms if t not in missing]
+        return self.settle(scope_id, family, terms, unknown, {t for t in unknown if probe(t)})
 
 
 def fts_key(scope_id: str, family: str) -> str:

@@ -571,9 +571,7 @@ class PostgresContextStore:
                     (unknown, scope_id, family),
                 )
                 found = {r[0] for r in await cur.fetchall()}
-                self._present.remember(scope_id, family, found)
-            absent = set(unknown) - found
-            present = [t for t in candidates if t not in absent]
+            present = self._present.settle(scope_id, family, candidates, unknown, found)
             groups = floor_groups(present, min_match)
             if not present or groups == []:
                 return []
