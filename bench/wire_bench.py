@@ -556,6 +556,27 @@ async def wait_ready(stack: Stack, targets: Targets) -> None:
             if time.monotonic() > deadline:
                 raise BenchError(f"{target.name} not ready after {READY_TIMEOUT_S:g} s")
             await asyncio.sleep(0.05)
+    if stack.gateway is not None:
+        await wait_quiet(stack.gateway.pid)
+
+
+QUIET_SHARE = 0.05  # of one core: the gateway's tree is at rest below it
+QUIET_WINDOW_S = 0.5
+QUIET_TIMEOUT_S = 120.0
+
+
+async def wait_quiet(root: int) -> None:
+    """Wait until the gateway and its check workers are at rest: after `healthz` answers,
+    the workers still load and compile the runtime for seconds (at full speed on both cores
+    of a small machine), which would land in whatever is measured first."""
+    deadline = time.monotonic() + QUIET_TIMEOUT_S
+    while True:
+        before = tree_cpu_seconds(root)
+        await asyncio.sleep(QUIET_WINDOW_S)
+        if tree_cpu_seconds(root) - before <= QUIET_SHARE * QUIET_WINDOW_S:
+            return
+        if time.monotonic() > deadline:
+            raise BenchError(f"the gateway did not come to rest within {QUIET_TIMEOUT_S:g} s")
 
 
 async def mock_admin(target: Target, method: str, path: str, payload: Any = None) -> None:
