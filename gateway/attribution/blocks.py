@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from gateway.attribution.registry import UNATTRIBUTED, Registry
 from gateway.carriers.base import PromptLayout, PromptPart
@@ -48,8 +48,9 @@ def estimate(text: str) -> int:
     return (len(text) + 3) // 4
 
 
-@dataclass(frozen=True, slots=True)
-class Block:
+class Block(NamedTuple):
+    """A plain tuple, like `PromptPart`: a collected call makes one per block."""
+
     block_id: str
     instance: str  # keyed digest of the block id and its text: its identity, never its content
     estimate: int
@@ -149,7 +150,7 @@ def prepared_segments(text: str) -> list[tuple[bool, str]]:
 def split(
     layout: PromptLayout,
     registry: Registry,
-    digest: Callable[[str], str],
+    digest: Callable[[str, str], str],
     labels: Mapping[str, str] | None = None,
     *,
     max_blocks: int = MAX_BLOCKS_PER_CALL,
@@ -183,11 +184,11 @@ def split(
     kept = pieces[: max_blocks - 1] if truncated else pieces
     for _, block_id, texts in kept:
         text = "".join(texts)
-        blocks.append(Block(block_id, digest(block_id + "\x00" + text), estimate(text)))
+        blocks.append(Block(block_id, digest(block_id, text), estimate(text)))
     if truncated:
         rest = [t for _, _, texts in pieces[max_blocks - 1 :] for t in texts]
         total = sum(estimate(t) for t in rest)
-        blocks.append(Block(UNATTRIBUTED, digest(UNATTRIBUTED + "\x00" + "".join(rest)), total))
+        blocks.append(Block(UNATTRIBUTED, digest(UNATTRIBUTED, "".join(rest)), total))
     return Split(tuple(blocks), truncated)
 
 

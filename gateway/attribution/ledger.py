@@ -20,6 +20,7 @@ it is incomplete. All correlated and complete: `supported`; some: `limited`; non
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +32,7 @@ SCHEMA = "wiregate.attribution-report.v1"
 USAGE_KINDS = ("input_total", "output", "cache_read", "cache_write")
 TOP_N = 12  # the opportunity view's ceiling
 MAX_ENTRIES = 256  # ledger entries a report holds; more makes it `limited`
+_COMPACT = json.JSONEncoder(separators=(",", ":"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +55,10 @@ class Record:
             "u": {k: [v, p] for k, (v, p) in self.usage.items()},
             "t": self.truncated,
         }
+
+    def as_text(self) -> str:
+        """`as_json` as the compact text a stored record holds (one encoder for every call)."""
+        return _COMPACT.encode(self.as_json())
 
     @classmethod
     def from_json(

@@ -236,12 +236,23 @@ def openai_usage(
 
 
 _COMPACT = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+# The C encoder `_COMPACT.encode` builds afresh on every call, built once. Without a
+# circular-reference table (`markers` None) it keeps no state, so threads may share it;
+# what it encodes is a parsed request, a tree the strict reader bounded in depth.
+_MAKE_C_ENCODER = getattr(json.encoder, "c_make_encoder", None)  # CPython's _json (not in typeshed)
+_C_COMPACT = (
+    _MAKE_C_ENCODER(None, _COMPACT.default, json.encoder.encode_basestring, None, ":", ",", True, False, True)
+    if _MAKE_C_ENCODER is not None
+    else None
+)
 
 
 def compact(value: Any) -> str:
-    """A JSON value as compact text (for estimates of what a non-text part says); one
-    encoder for every call (`json.dumps` with options builds a new one each time)."""
-    return _COMPACT.encode(value)
+    """A JSON value as compact text (for estimates of what a non-text part says): sorted
+    keys, no spaces, non-ASCII as is (what `_COMPACT.encode` writes)."""
+    if _C_COMPACT is None or isinstance(value, str):
+        return _COMPACT.encode(value)
+    return "".join(_C_COMPACT(value, 0))
 
 
 def tool_part(path: Path, tool: Any) -> PromptPart:

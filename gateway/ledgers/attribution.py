@@ -178,10 +178,7 @@ class AttributionLedger:
             if not self._pending and purge_before is None:
                 return
             batch = list(self._pending)
-            rows = [
-                (r.ts, scope, r.session, r.invocation, r.profile, json.dumps(r.as_json(), separators=(",", ":")))
-                for scope, r in batch
-            ]
+            rows = [(r.ts, scope, r.session, r.invocation, r.profile, r.as_text()) for scope, r in batch]
             if self._db.sqlite is not None:
 
                 def lite(conn: sqlite3.Connection) -> None:

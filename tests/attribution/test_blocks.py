@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hmac
 import json
 
 import pytest
@@ -15,7 +16,7 @@ REG = registry.build()
 PREPARED = builder.TRUST_POLICY + "\n\n" + builder.BEGIN_MARKER + '\n{"items":[]}\n' + builder.END_MARKER
 
 
-def digest(text: str) -> str:
+def digest(block_id: str, text: str) -> str:
     return "d" + str(len(text))  # tests only: the gateway uses a keyed digest
 
 
@@ -139,7 +140,7 @@ def test_host_labels_map_pointers_to_registered_ids() -> None:
 def test_nothing_of_the_request_is_kept() -> None:
     doc = {"model": "gpt-4.1", "messages": [{"role": "user", "content": "the-secret-words"}]}
     layout = CARRIERS["openai.chat"].prompt_layout(doc)
-    (only,) = split(layout, REG, lambda t: "h:0123").blocks
+    (only,) = split(layout, REG, lambda b, t: "h:0123").blocks
     assert "secret" not in repr(only)
 
 
@@ -232,13 +233,17 @@ def test_block_identities_are_keyed_stable_and_name_their_construction() -> None
     from gateway.proxy.projections import block_digest
 
     one, other = block_digest(b"k" * 32), block_digest(b"j" * 32)
-    text = "prompt.system_instructions\x00You are a careful assistant. " * 50
-    made = one(text)
-    assert made == one(text) and made.startswith("b3:") and len(made) == 3 + 16
-    assert other(text) != made  # another key, another identity: nobody can test guesses without it
-    assert one(text + " ") != made
-    assert made[3:] != blake3(text.encode()).digest(8).hex()  # not the unkeyed hash
-    assert one("\ud800 lone surrogate") == one("\ud800 lone surrogate")  # any str the reader keeps
+    block, text = "prompt.system_instructions", "You are a careful assistant. " * 50
+    made = one(block, text)
+    assert made == one(block, text) and made.startswith("b3:") and len(made) == 3 + 16
+    assert other(block, text) != made  # another key, another identity: nobody can test guesses without it
+    assert one(block, text + " ") != made
+    assert one("prompt.history.user_turn", text) != made  # the block id is part of the identity
+    joined = (block + "\x00" + text).encode()
+    assert made[3:] != blake3(joined).digest(8).hex()  # not the unkeyed hash
+    derived = hmac.digest(b"k" * 32, b"wiregate attribution block identity v1", "sha256")
+    assert made[3:] == blake3(joined, key=derived).digest(8).hex()  # keyed BLAKE3 of "id\0text", as documented
+    assert one(block, "\ud800 lone surrogate") == one(block, "\ud800 lone surrogate")  # any str the reader keeps
 
 
 def test_remembered_scope_and_session_digests_are_the_log_digests() -> None:
