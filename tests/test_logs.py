@@ -189,3 +189,16 @@ def test_methods_are_not_logged_or_echoed_as_text(
     access = [line for line in _lines(captured_logs, mark) if line["event"] == "request"]
     assert [line["method"] for line in access] == ["other"]
     assert "WOMBATSECRET" not in captured_logs.since(mark) and "PROPFIND" not in captured_logs.since(mark)
+
+
+def test_the_log_digest_is_hmac_sha256_for_every_key_length() -> None:
+    import hmac as std_hmac
+
+    from gateway.obs.logging import digest, hmac_sha256
+
+    for key_len in (0, 1, 16, 32, 63, 64, 65, 200):
+        key = bytes((7 * n + key_len) % 256 for n in range(key_len))
+        for message in (b"", b"scope\x00default", "trace \u00e9\ud800".encode("utf-8", "surrogatepass"), b"x" * 1000):
+            assert hmac_sha256(key, message) == std_hmac.digest(key, message, "sha256")
+        assert digest("a-trace-id", key) == "h:" + std_hmac.digest(key, b"a-trace-id", "sha256")[:8].hex()
+    assert hmac_sha256(b"k" * 32, b"one") != hmac_sha256(b"j" * 32, b"one")  # the key matters, per key state
