@@ -12,8 +12,6 @@ Must not: hold content or raw identifiers; fail a request (callers catch and log
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import sqlite3
 import time
 from collections.abc import Callable
@@ -22,6 +20,7 @@ from gateway.cachepace import MAX_EVENTS, PaceEvent
 from gateway.context.store.database import Database
 from gateway.context.store.migrations import Migration
 from gateway.context.store.postgres import Conn
+from gateway.obs.logging import hmac_sha256
 
 PACE_MIGRATIONS: tuple[Migration, ...] = (
     Migration(
@@ -50,7 +49,7 @@ _DOMAIN = b"wiregate/cache-pace/v1\x1f"
 def session_digest(secret: bytes, cache_key: str) -> str:
     """The stored name of a session: keyed, so a digest cannot be tested against guessed ids.
     (A key rotation starts every session afresh, which only means planning without history.)"""
-    return hmac.new(secret, _DOMAIN + cache_key.encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()[:40]
+    return hmac_sha256(secret, _DOMAIN + cache_key.encode("utf-8", "surrogatepass")).hex()[:40]
 
 
 _Row = tuple[float, int | None, int | None, int | None]

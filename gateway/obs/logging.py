@@ -124,7 +124,7 @@ _OPAD = bytes(b ^ 0x5C for b in range(256))
 
 
 @functools.lru_cache(maxsize=8)
-def _pads(key: bytes) -> tuple[Any, Any]:
+def _pads(key: bytes) -> tuple[hashlib._Hash, hashlib._Hash]:
     """HMAC-SHA256's inner and outer hash states for a key (RFC 2104), hashed once. OpenSSL
     3's one-shot HMAC looks its MAC implementation up on every call: measured in the live
     gateway, about 30 µs a digest on a cold path, against a few for two state copies."""
@@ -141,7 +141,7 @@ def hmac_sha256(key: bytes, message: bytes) -> bytes:
     inner.update(message)
     outer = outer_state.copy()
     outer.update(inner.digest())
-    return bytes(outer.digest())
+    return outer.digest()
 
 
 def digest(value: str, key: bytes) -> str:
