@@ -24,8 +24,8 @@ A provider call arrives on the TLS or Unix-socket listener and reaches `handle`:
  10  release the original bytes (non-stream) or the re-framed events (stream), or refuse
      (once heartbeats are out, any refusal is the protocol's own error event)
  11  project the trail: usage records and metrics, the session's pace event, and (when
-     collection is on) the attribution record of the prompt's blocks (never changes or
-     delays the decision)
+     collection is on) the attribution record of the prompt's blocks (never changes the
+     decision; made in a callback that runs once the response is written)
 
 Every step appends a typed event to the call's `Trail`; nothing else is written. Observe
 mode (per route or profile, per phase) lets a non-allow decision through and records it;
