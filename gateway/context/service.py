@@ -631,7 +631,7 @@ class ContextService:
         if used in (SearchMode.FTS, SearchMode.HYBRID):
             need = search.lexical_floor(len(terms)) if floor is None else floor
             rows = await self._store.search_text(scope_id, fam.value, terms, pool, kind, need)
-            admitted = [r for r in rows if search.admits_lexically(terms, _row_text(fam, r), need)]
+            admitted = _admitted(fam, rows, terms, need, coarse if used is SearchMode.FTS else None)
             keys = self._keys(admitted, heads)
             metric, higher = self._store.text_metric
             for key, row in zip(keys, admitted, strict=True):
@@ -809,6 +809,24 @@ class ContextService:
         if len(addresses) < len(deps):
             return "dependency_malformed"
         return True
+
+
+def _admitted(
+    fam: Family, rows: Sequence[SearchRow], terms: Sequence[str], need: int, enough: int | None
+) -> list[SearchRow]:
+    """The rows that pass the lexical floor, in rank order. With one channel (`enough` set)
+    fusion keeps the text ranking as it is, so rows past the first `enough` distinct
+    admitted ones cannot reach the result and are not re-tokenised."""
+    out: list[SearchRow] = []
+    distinct: set[str] = set()
+    for row in rows:
+        if search.admits_lexically(terms, _row_text(fam, row), need):
+            out.append(row)
+            if enough is not None:
+                distinct.add(row.head.artifact_id)
+                if len(distinct) >= enough:
+                    break
+    return out
 
 
 def _row_text(fam: Family, row: SearchRow) -> str:

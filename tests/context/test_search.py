@@ -255,3 +255,50 @@ async def test_search_after_the_index_changes_under_remembered_terms(store: Cont
     # "billing region deploy": 3 terms, floor 2; c holds only "region", b only "billing"; d holds two
     d = (await svc.create_artifact(sid, "atomic-memory", {"kind": "fact", "text": "deploy region"})).artifact_id
     assert [h.head.artifact_id for h in (await svc.search(sid, "atomic-memory", "billing region deploy")).hits] == [d]
+
+
+@pytest.mark.asyncio
+async def test_fts_results_do_not_depend_on_how_many_ranked_rows_are_rechecked(
+    store: ContextStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With one channel the service re-tokenises ranked rows only until it has as many admitted
+    ones as it keeps: searches and prepares give exactly what rechecking every row gives, also
+    when the recheck rejects rows the index matched (here: a deterministic third of them)."""
+    import random
+
+    from gateway.context import service as service_module
+
+    svc = make_service(store)
+    await svc.start()
+    sid = (await svc.create_scope(title="t", summary="s", idempotency_key="k", principal=None))[0].scope_id
+    rng = random.Random(5)
+    for i in range(150):
+        text = " ".join(rng.choice(VOCAB) for _ in range(rng.randint(2, 7)))
+        await svc.create_artifact(sid, "atomic-memory", {"kind": "fact", "text": f"{text} n{i}"})
+    admits = search.admits_lexically
+
+    def pickier(terms: object, text: str, floor: int | None = None) -> bool:
+        return admits(terms, text, floor) and sum(map(ord, text)) % 3 != 0  # type: ignore[arg-type]
+
+    monkeypatch.setattr(search, "admits_lexically", pickier)
+    queries = [" ".join(rng.choice(VOCAB) for _ in range(rng.randint(1, 5))) for _ in range(25)]
+
+    async def outcomes() -> list[object]:
+        out: list[object] = []
+        for q in queries:
+            for limit in (1, 3, 10, 40):
+                found = await svc.search(sid, "atomic-memory", q, mode="fts", limit=limit)
+                out.append([(h.head.artifact_id, h.score, h.matched_by, dict(h.channel_scores)) for h in found.hits])
+            prepared = await svc.prepare(sid, q, principal_may_read=yes)
+            out.append((prepared.context, prepared.dependencies))
+        return out
+
+    capped = await outcomes()
+    whole = service_module._admitted
+
+    def every_row(fam: object, rows: object, terms: object, need: int, enough: int | None) -> object:
+        return whole(fam, rows, terms, need, None)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(service_module, "_admitted", every_row)
+    assert await outcomes() == capped
+    assert any(capped[i] for i in range(0, len(capped), 5))  # the searches found something
