@@ -302,3 +302,47 @@ async def test_fts_results_do_not_depend_on_how_many_ranked_rows_are_rechecked(
     monkeypatch.setattr(service_module, "_admitted", every_row)
     assert await outcomes() == capped
     assert any(capped[i] for i in range(0, len(capped), 5))  # the searches found something
+
+
+@pytest.mark.asyncio
+async def test_sqlite_probes_the_unknown_terms_of_a_query_together(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Unknown query terms are probed with one OR first: when none is in the index (the usual case once
+    the present ones are remembered) that one probe is all; otherwise each is probed, as before."""
+    from gateway.context.store.sqlite import SqliteContextStore, SqliteDatabase
+
+    probes: list[str] = []
+    connect = SqliteDatabase._connect
+
+    def traced(self: SqliteDatabase, *, read_only: bool) -> sqlite3.Connection:
+        conn = connect(self, read_only=read_only)
+        conn.set_trace_callback(lambda sql: probes.append(sql) if sql.startswith("SELECT 1 FROM ctx_terms") else None)
+        return conn
+
+    monkeypatch.setattr(SqliteDatabase, "_connect", traced)
+    store = SqliteContextStore(SqliteDatabase(str(tmp_path / "probe.db")))
+    await store.open()
+    try:
+        svc = make_service(store)
+        await svc.start()
+        sid = (await svc.create_scope(title="t", summary="s", idempotency_key="k", principal=None))[0].scope_id
+        a = (await svc.create_artifact(sid, "atomic-memory", {"kind": "fact", "text": "billing postgres"})).artifact_id
+
+        async def hits(query: str) -> list[str]:
+            probes.clear()
+            return [h.head.artifact_id for h in (await svc.search(sid, "atomic-memory", query)).hits]
+
+        assert await hits("what billing") == [a]
+        assert len(probes) == 3  # together (something is there), then each: "billing" is remembered
+        assert await hits("what billing") == [a]
+        assert len(probes) == 1  # only "what" is unknown: probed alone
+        assert await hits("what do we know about billing") == []  # floor 2: a holds only "billing"
+        assert len(probes) == 1  # five unknown terms, none in the index: one probe
+        assert await hits("what do we know") == []
+        assert len(probes) == 1
+        b = (await svc.create_artifact(sid, "atomic-memory", {"kind": "fact", "text": "what we know"})).artifact_id
+        assert await hits("what do we know about billing") == [b]
+        assert len(probes) == 6  # together, then each of the five
+    finally:
+        await store.close()

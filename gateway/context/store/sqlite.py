@@ -623,15 +623,19 @@ class SqliteContextStore:
         def run(conn: sqlite3.Connection) -> list[SearchRow]:
             # Terms absent from this scope and family cannot help a document reach the floor: drop them, and
             # push the floor into the match so BM25 only scores documents admission could accept.
-            present = self._present.present(
-                scope_id,
-                family,
-                terms[:MAX_QUERY_TERMS],
-                lambda t: (
-                    conn.execute("SELECT 1 FROM ctx_terms WHERE ctx_terms MATCH ? LIMIT 1", (f'"{key}{t}"',)).fetchone()
-                    is not None
-                ),
-            )
+            # The terms not known to be present are probed together first: a query's unknown terms are
+            # mostly absent ones (a remembered term is not probed again), and then one probe says so for all.
+            candidates = terms[:MAX_QUERY_TERMS]
+            unknown = self._present.unknown(scope_id, family, candidates)
+
+            def holds(expression: str) -> bool:
+                probe = "SELECT 1 FROM ctx_terms WHERE ctx_terms MATCH ? LIMIT 1"
+                return conn.execute(probe, (expression,)).fetchone() is not None
+
+            found: set[str] = set()
+            if len(unknown) == 1 or (unknown and holds(" OR ".join(f'"{key}{t}"' for t in unknown))):
+                found = {t for t in unknown if holds(f'"{key}{t}"')}
+            present = self._present.settle(scope_id, family, candidates, unknown, found)
             groups = floor_groups(present, min_match)
             if not present or groups == []:
                 return []
