@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -224,12 +225,18 @@ def test_present_terms_remember_only_presence_and_stay_bounded() -> None:
         probed.append(term)
         return term in index
 
-    assert memo.present("s", "f", ["billing", "what", "postgres"], probe) == ["billing", "postgres"]
+    class Memo:  # how a store uses it: probe the unknown terms, settle on what was found
+        @staticmethod
+        def present(scope_id: str, family: str, terms: list[str], probe: Callable[[str], bool]) -> list[str]:
+            unknown = memo.unknown(scope_id, family, terms)
+            return memo.settle(scope_id, family, terms, unknown, {t for t in unknown if probe(t)})
+
+    assert Memo.present("s", "f", ["billing", "what", "postgres"], probe) == ["billing", "postgres"]
     assert probed == ["billing", "what", "postgres"]
     probed.clear()
     index.add("what")  # a later write adds a term that was absent: it is probed again, never dropped
     index.discard("postgres")  # a term that left the index stays in the query (harmless: same result)
-    assert memo.present("s", "f", ["billing", "what", "postgres"], probe) == ["billing", "what", "postgres"]
+    assert Memo.present("s", "f", ["billing", "what", "postgres"], probe) == ["billing", "what", "postgres"]
     assert probed == ["what"]
     assert memo.unknown("s", "other-family", ["billing"]) == ["billing"]  # per scope and family
     memo.remember("s", "f", ["a", "b"])  # capacity 3: the least recently used go first

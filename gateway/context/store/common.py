@@ -15,7 +15,7 @@ import math
 import threading
 from array import array
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from gateway.context.model import ArtifactRef, MemoryState
@@ -96,11 +96,6 @@ class PresentTerms:
         self.remember(scope_id, family, found)
         missing = set(probed) - found
         return [t for t in terms if t not in missing]
-
-    def present(self, scope_id: str, family: str, terms: Sequence[str], probe: Callable[[str], bool]) -> list[str]:
-        """`terms`, in order, that the index holds, calling `probe(term)` only for terms not remembered."""
-        unknown = self.unknown(scope_id, family, terms)
-        return self.settle(scope_id, family, terms, unknown, {t for t in unknown if probe(t)})
 
 
 def fts_key(scope_id: str, family: str) -> str:
