@@ -21,6 +21,7 @@ import json
 import os
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -73,6 +74,7 @@ CheckWrite = Callable[[list[str]], tuple[str, ...]]
 MayRead = Callable[[str], "bool | Awaitable[bool]"]
 
 DEFAULT_SCOPE_ID = "default"
+KNOWN_SCOPES = 4096  # scope records remembered per process (least recently used out)
 _CROCKFORD = "0123456789abcdefghjkmnpqrstvwxyz"
 _FAMILY_STAGE = {
     Family.ATOMIC_MEMORY: "memory.search",
@@ -192,6 +194,9 @@ class ContextService:
         self._mono = monotonic
         self._random = random_bytes
         self._settings = settings or ContextSettings()
+        # Scopes are never updated or deleted, so a scope once read is remembered (bounded, least
+        # recently used out); an absent one is read again every time (another replica may create it).
+        self._scopes: OrderedDict[str, ScopeRecord] = OrderedDict()
 
     # ---- lifecycle ----------------------------------------------------------------------------
 
@@ -364,14 +369,23 @@ class ContextService:
 
     async def find_scope(self, scope_id: str) -> ScopeRecord | None:
         """The scope, or None (authorisation looks before it decides what to say)."""
-        return await self._store.get_scope(scope_id)
+        known = self._scopes.get(scope_id)
+        if known is not None:
+            self._scopes.move_to_end(scope_id)
+            return known
+        record = await self._store.get_scope(scope_id)
+        if record is not None:
+            self._scopes[scope_id] = record
+            if len(self._scopes) > KNOWN_SCOPES:
+                self._scopes.popitem(last=False)
+        return record
 
     async def scope_creator(self, scope_id: str) -> str | None:
-        record = await self._store.get_scope(scope_id)
+        record = await self.find_scope(scope_id)
         return record.created_by if record is not None else None
 
     async def get_scope(self, scope_id: str) -> ScopeRecord:
-        scope = await self._store.get_scope(scope_id)
+        scope = await self.find_scope(scope_id)
         if scope is None:
             raise ScopeNotFound()
         return scope
@@ -685,7 +699,7 @@ class ContextService:
         scope = await self.get_scope(scope_id)
         refs = [r for r in dict.fromkeys(scope.context_references) if r != scope_id]
         await self._authorise(refs, principal_may_read)
-        order = [scope_id] + [r for r in refs if await self._store.get_scope(r) is not None]
+        order = [scope_id] + [r for r in refs if await self.find_scope(r) is not None]
         trace.stage("scope.authorize", (self._mono() - t) * 1000)
 
         terms = search.terms(text)
