@@ -829,17 +829,14 @@ def _admitted(
     fam: Family, rows: Sequence[SearchRow], terms: Sequence[str], need: int, enough: int | None
 ) -> list[SearchRow]:
     """The rows that pass the lexical floor, in rank order. With one channel (`enough` set)
-    fusion keeps the text ranking as it is, so rows past the first `enough` distinct
-    admitted ones cannot reach the result and are not re-tokenised."""
+    fusion keeps the text ranking as it is, so rows past the first `enough` admitted ones
+    cannot reach the result and are not re-tokenised (a store's rows are distinct heads)."""
     out: list[SearchRow] = []
-    distinct: set[str] = set()
     for row in rows:
         if search.admits_lexically(terms, _row_text(fam, row), need):
             out.append(row)
-            if enough is not None:
-                distinct.add(row.head.artifact_id)
-                if len(distinct) >= enough:
-                    break
+            if len(out) == enough:
+                break
     return out
 
 
