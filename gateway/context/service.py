@@ -352,7 +352,7 @@ class ContextService:
         if len(set(context_references)) != len(context_references):
             raise InvalidRequest("context_references", "must be unique")
         for ref in [*context_references, *([parent_scope_id] if parent_scope_id else [])]:
-            if not valid_scope_id(ref) or await self._store.get_scope(ref) is None:
+            if not valid_scope_id(ref) or await self.find_scope(ref) is None:
                 raise InvalidRequest("context_references", "names an unknown scope")
         self._checked([title, summary])
         new = self._new_scope(
