@@ -224,6 +224,7 @@ async def _database(app: web.Application) -> AsyncIterator[None]:
         schema=settings.pg_schema,
         pool_max=settings.pool_max,
         migrations=STORE_MIGRATIONS,
+        sqlite_sync=settings.sqlite_sync,
     )
     app[DATABASE] = db
     # Bindings a caller presents may come back to any replica: their ledger is the shared

@@ -124,11 +124,18 @@ class StoreSettings(_Strict):
     dsn: str | None = Field(None, pattern=r"^(env:[A-Za-z_][A-Za-z0-9_]*|file:.+)$")
     pg_schema: str = Field("wiregate", pattern=r"^[a-z_][a-z0-9_]{0,62}$")
     pool_max: int = Field(8, ge=1, le=256)
+    # SQLite only: when a commit is on disk. "full" (default) syncs the log at every commit, so an
+    # acknowledged write survives power loss; "normal" syncs it at checkpoints, so an acknowledged
+    # write survives the process being killed but the last commits may be lost if the machine loses
+    # power (the file is never corrupted either way). PostgreSQL's durability is its own setting.
+    sqlite_sync: Literal["full", "normal"] = "full"
 
     @model_validator(mode="after")
     def _dsn_for_postgres(self) -> StoreSettings:
         if self.backend == "postgres" and self.dsn is None:
             raise ValueError("store.backend = postgres needs store.dsn (env:NAME or file:PATH)")
+        if self.backend == "postgres" and self.sqlite_sync != "full":
+            raise ValueError("store.sqlite_sync applies to the SQLite store only")
         return self
 
 

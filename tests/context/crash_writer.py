@@ -12,13 +12,13 @@ from gateway.context.store.sqlite import SqliteContextStore, SqliteDatabase
 
 
 def open_store(where: str) -> ContextStore:
-    """`sqlite:<path>` or `postgres:<schema>` (the local test server)."""
+    """`sqlite:<path>`, `sqlite-normal:<path>` (synchronous=NORMAL) or `postgres:<schema>` (the local test server)."""
     kind, _, arg = where.partition(":")
     if kind == "postgres":
         from tests.context.conftest import PG_DSN
 
         return PostgresContextStore(PostgresDatabase(PG_DSN, schema=arg))
-    return SqliteContextStore(SqliteDatabase(arg))
+    return SqliteContextStore(SqliteDatabase(arg, synchronous="NORMAL" if kind == "sqlite-normal" else "FULL"))
 
 
 async def main(where: str) -> None:

@@ -1,5 +1,5 @@
 """Durability: a SIGKILLed writer loses no acknowledged write and leaves no half revision
-(SQLite and PostgreSQL)."""
+(SQLite with either sync setting, and PostgreSQL)."""
 
 from __future__ import annotations
 
@@ -21,13 +21,13 @@ from tests.context.crash_writer import open_store
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+@pytest.mark.parametrize("backend", ["sqlite", "sqlite-normal", "postgres"])
 def test_sigkill_keeps_every_acknowledged_write(tmp_path: Path, backend: str) -> None:
     if backend == "postgres":
         require_pg()
         where = "postgres:wgcrash_" + secrets.token_hex(5)
     else:
-        where = "sqlite:" + str(tmp_path / "crash.db")
+        where = f"{backend}:" + str(tmp_path / "crash.db")  # sqlite-normal: [store] sqlite_sync = "normal"
     try:
         _crash_and_verify(where)
     finally:

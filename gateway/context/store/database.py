@@ -66,13 +66,17 @@ async def open_database(
     schema: str | None = None,
     pool_max: int = 8,
     migrations: Sequence[Migration] = (),
+    sqlite_sync: str = "full",
 ) -> Database:
-    """Open the database and apply every migration (the context store's first, then `migrations`)."""
+    """Open the database and apply every migration (the context store's first, then `migrations`).
+    `sqlite_sync` is SQLite's `synchronous` for the writer: "full" or "normal"."""
     if backend == "sqlite":
         if path is None:
             raise ValueError("the SQLite store needs a path")
         await asyncio.to_thread(path.parent.mkdir, parents=True, exist_ok=True, mode=0o700)
-        lite = sqlite.SqliteDatabase(str(path), (*sqlite.CONTEXT_MIGRATIONS, *migrations))
+        lite = sqlite.SqliteDatabase(
+            str(path), (*sqlite.CONTEXT_MIGRATIONS, *migrations), synchronous=sqlite_sync.upper()
+        )
         await lite.open()
         await asyncio.to_thread(_owner_only, path)
         return Database("sqlite", lite, None, sqlite.SqliteContextStore(lite))
