@@ -14,7 +14,8 @@ and restored by later runs instead of being filled again (--no-snapshots: neithe
 
 Per store size and server, sequential requests on one keep-alive connection, in rounds that
 alternate between the servers: prepare p50/p99 (wiregate also with include_receipt, which
-PowerContext does not have), write p50 (a new memory), search p50 per mode (/v1/memory/search
+PowerContext does not have), write p50 (a new memory; also on a second wiregate process with
+`[store] sqlite_sync = "normal"`, whose store holds only those writes), search p50 per mode (/v1/memory/search
 auto and fts, /v1/atomic-memory/search text; neither server has embeddings configured, so
 vector and hybrid are not measured: wiregate refuses them with 422, PowerContext answers 500).
 wiregate is the real gateway process over HTTPS; PowerContext is `powercontext server run`
@@ -186,11 +187,13 @@ class Gateway:
 
 
 @contextlib.contextmanager
-def gateway() -> Iterator[Gateway]:
+def gateway(config_extra: str = "") -> Iterator[Gateway]:
     workdir = Path(tempfile.mkdtemp(prefix="context-bench-"))
     try:
         mock = "http://127.0.0.1:9"  # never called: only the context routes are used
-        env = build_env(workdir / "config", mock, profiles=[mock_profile("bench-openai", "openai", mock)])
+        env = build_env(
+            workdir / "config", mock, profiles=[mock_profile("bench-openai", "openai", mock)], config_extra=config_extra
+        )
         port = free_port()
         set_https_port(env.config, port)
         gw = Gateway(env.config, f"https://127.0.0.1:{port}", env.ca, env.gateway_key, workdir / "gateway.log")
@@ -219,7 +222,8 @@ async def timed(server: Server, key: str, path: str, bodies: list[Any], expect: 
         out.append(time.perf_counter() - t)
 
 
-async def measure(servers: list[Server], size: int) -> None:
+async def measure(servers: list[Server], size: int, writer: Server | None = None) -> None:
+    """`writer`: a second wiregate (`sqlite_sync = "normal"`) whose writes are timed beside the others'."""
     qs = queries(PREPARE_N + SEARCH_N * len(SEARCHES), seed=size)
     writes = memories(size + WRITE_N)[size:]
     for s in servers:
@@ -243,11 +247,12 @@ async def measure(servers: list[Server], size: int) -> None:
                 bodies = [{"scope_id": s.scope, "query": q, "mode": mode, "limit": 10} for q in qs[start : start + n]]
                 await timed(s, f"search {label}", path, bodies)
             n = WRITE_N // ROUNDS
-            out = s.samples.setdefault("write", [])
-            for kind, text in writes[r * n : (r + 1) * n]:
-                t = time.perf_counter()
-                await s.write(kind, text)
-                out.append(time.perf_counter() - t)
+            for w in (s, writer) if writer is not None and s.name == "wiregate" else (s,):
+                out = s.samples.setdefault("write" if w is s else "write normal", [])
+                for kind, text in writes[r * n : (r + 1) * n]:
+                    t = time.perf_counter()
+                    await w.write(kind, text)
+                    out.append(time.perf_counter() - t)
     for s in servers:
         s.count += WRITE_N
 
@@ -258,6 +263,7 @@ METRICS = [
     ("prepare+receipt p50", "prepare+receipt", 50),
     ("prepare+receipt p99", "prepare+receipt", 99),
     ("write p50", "write", 50),
+    ("write p50, sqlite_sync normal*", "write normal", 50),
     *((f"search {label} p50", f"search {label}", 50) for label, _, _ in SEARCHES),
 ]
 
@@ -267,7 +273,8 @@ def summarize(size: int, servers: dict[str, Server | None], notes: dict[str, str
     rows = []
     for label, key, p in METRICS:
         w = pct(wg.samples[key], p) if wg and key in wg.samples else None
-        c = pct(pc.samples[key], p) if pc and key in pc.samples else None
+        ckey = "write" if key == "write normal" else key  # PowerContext has one write figure
+        c = pct(pc.samples[ckey], p) if pc and ckey in pc.samples else None
         rows.append({"metric": label, "wiregate_ms": w, "powercontext_ms": c, "ratio": c / w if w and c else None})
     fills = {name: round(s.fill_s, 1) for name, s in servers.items() if s is not None}
     return {"memories": size, "rows": rows, "fill_s": fills, "notes": notes}
@@ -290,6 +297,10 @@ def markdown(result: dict[str, Any]) -> str:
         lines.append(
             f"| {r['metric']} | {fmt(r['wiregate_ms'])} | {fmt(r['powercontext_ms'])} | {fmt(r['ratio'], '.1f', 'x')} |"
         )
+    lines.append(
+        '\n\\* a second wiregate with `[store] sqlite_sync = "normal"` (durable across a killed process, '
+        "not a power loss), its store holding only these timed writes"
+    )
     return "\n".join(lines)
 
 
@@ -371,13 +382,15 @@ async def run(sizes: list[int], pc_fill_budget: float, http_fill_max: int, snaps
     data = memories(max(sizes))
     results = []
     started = time.perf_counter()
-    with gateway() as gw:
+    with gateway() as gw, gateway('[store]\nsqlite_sync = "normal"\n') as gw_normal:
         wg = Server("wiregate", wiregate_client(gw))
+        wn = Server("wiregate sqlite_sync=normal", wiregate_client(gw_normal))
         side = PowerContextSide()
         try:
             pc: Server | None = await side.start()
             print(f"wiregate {gw.url} (HTTPS, real gateway process); PowerContext over loopback HTTP", flush=True)
             await new_scope(wg)
+            await new_scope(wn)
             assert pc is not None
             await new_scope(pc)
             for size in sizes:
@@ -418,12 +431,13 @@ async def run(sizes: list[int], pc_fill_budget: float, http_fill_max: int, snaps
                     await side.save(snap)
                 active = [s for s in (wg, pc) if s is not None]
                 print(f"{size:,}: filled ({', '.join(f'{s.name} {s.fill_s:.0f} s' for s in active)})", flush=True)
-                await measure(active, size)
+                await measure(active, size, wn)
                 result = summarize(size, {"wiregate": wg, "powercontext": pc}, notes)
                 results.append(result)
                 print(markdown(result), flush=True)
         finally:
             await wg.http.aclose()
+            await wn.http.aclose()
             await side.close()
     print(f"\ntotal {time.perf_counter() - started:.0f} s", flush=True)
     return results
