@@ -1,6 +1,6 @@
 """The benchmarks still run: `make bench`'s quick mode (every benchmark of bench/run_all.py,
 each against a real gateway and the bundled mock where it needs one), the in-process context
-store benchmark on both backends, and the workers benchmark. Their figures are never
+store benchmark on both backends, the floor benchmark and the workers benchmark. Their figures are never
 asserted (these machines are noisy); what is asserted is that each one ran to the end and
 printed its results — a benchmark broken by a change elsewhere fails here, not months later
 when someone needs its figures."""
@@ -49,6 +49,14 @@ def test_context_store_benchmark_runs(backends: str) -> None:
         require_pg()
     out = _run("bench/context_store_bench.py", "--sizes", "300", "--backends", backends, timeout=600)
     assert f"{backends}: write p50" in out
+
+
+def test_floor_benchmark_runs() -> None:
+    out = _run("bench/floor_bench.py", "--quick", "--secrets", "20", timeout=600)
+    for workload in ("chat-1KB c=1", "chat-1KB c=32", "chat-200KB c=1", "stream-200 c=1"):
+        assert f"== {workload}" in out, workload
+    assert out.count("wiregate's own work over") == 8  # both listeners, every workload
+    assert "stream-200: CPU per stream <= 2 ms" in out and "bare proxy" in out
 
 
 def test_workers_benchmark_runs() -> None:
