@@ -60,6 +60,7 @@ from gateway.inspection import decoders, literals
 from gateway.inspection.build import build_engine
 from gateway.inspection.engine import Engine, Subject
 from gateway.inspection.formats import FormatSet, build_format_set
+from gateway.inspection.rules import HyperscanMatcher
 from gateway.inspection.verdict import Verdict
 from gateway.vocab import Decision, Mode
 from tests.harness import build_env, mock_profile
@@ -74,7 +75,7 @@ REQUEST_HEADERS = {"content-type": "application/json"}
 ROUNDS = 5  # timed rounds per case, interleaved case by case
 SIZE_TOLERANCE = 0.05
 WIRE_WORKLOAD = "chat-200KB c=1"
-THROUGHPUT_TARGET_MBPS = 150.0
+THROUGHPUT_TARGET_MBPS = 250.0  # the speed issue's (an earlier one asked 150)
 THROUGHPUT_TARGET_MIN_BYTES = 100 * 1024
 P50_TARGET_MS = 1.0
 P50_TARGET_SIZE = "100 KB"
@@ -818,8 +819,59 @@ def run_in_process(sizes: Sequence[Size]) -> InProcess:
             validate(payload, engines, setup)
             samples = measure_cases(cases(payload, engines, setup))
             results.append(SizeResult(payload, summarize(samples, len(raw))))
-            print(format_size_table(results[-1]) + "\n", flush=True)
+            print(format_size_table(results[-1]), flush=True)
+            print(hyperscan_ceiling(engines.hyperscan, payload) + "\n", flush=True)
     return InProcess(engines, results)
+
+
+def hyperscan_ceiling(engine: Engine, payload: Payload) -> str:
+    """Hyperscan alone over exactly the passes one full decision of `payload` makes (the raw
+    body, the decoded units, their normalised, squeezed, decoded and joined forms: what the
+    evasion defences scan), timed scan by scan with a no-op callback: the fastest any full
+    decision making these passes can be, whatever else it does. Reads the matcher's
+    databases directly (a measuring instrument, not an interface)."""
+    matcher = engine.matcher
+    if not isinstance(matcher, HyperscanMatcher):
+        return "   (no Hyperscan matcher)"
+    passes: list[tuple[Any, str, bytes]] = []
+    full, literals = matcher.scan, matcher.scan_literals
+
+    def note_full(data: bytes) -> Any:
+        passes.append((matcher._db, "scratch", data))
+        return full(data)
+
+    def note_literals(data: bytes) -> Any:
+        passes.append((matcher._literal_db, "literal_scratch", data))
+        return literals(data)
+
+    matcher.scan, matcher.scan_literals = note_full, note_literals  # type: ignore[method-assign]
+    try:
+        engine.inspect(subject_of(payload.raw, payload.parsed))
+    finally:
+        del matcher.scan, matcher.scan_literals  # back to the class's methods
+
+    def no_op(*_: Any) -> bool:
+        return False
+
+    def once() -> float:
+        start = time.perf_counter()
+        for db, which, data in passes:
+            if db is not None and data:
+                db.scan(data, match_event_handler=no_op, scratch=matcher._scratch(which, db))
+        return time.perf_counter() - start
+
+    for _ in range(5):
+        once()
+    seconds = statistics.median(once() for _ in range(30))
+    n_full = sum(1 for db, _, _ in passes if db is matcher._db)
+    full_bytes = sum(len(d) for db, _, d in passes if db is matcher._db)
+    lit_bytes = sum(len(d) for db, _, d in passes if db is not matcher._db)
+    size = len(payload.raw)
+    return (
+        f"   Hyperscan alone over one decision's passes: {n_full} full-database passes ({full_bytes:,} B) + "
+        f"{len(passes) - n_full} literal-only ({lit_bytes:,} B) = {seconds * 1000:.3f} ms, "
+        f"{size / seconds / MB:,.0f} MB/s of body: the ceiling of a full decision making these passes"
+    )
 
 
 # --- over the wire ---------------------------------------------------------------------
