@@ -185,7 +185,11 @@ def verdicts(results: dict[str, dict[str, Side]]) -> list[Verdict]:
     """The speed issue's wire targets over HTTPS, each read against the bare proxy."""
     out: list[Verdict] = []
 
-    def judge(name: str, gw_value: float | None, floor_value: float | None, ok: Any, fmt: str) -> None:
+    def judge(
+        name: str, gw_value: float | None, floor_value: float | None, ok: Any, fmt: str, budget: float | None = None
+    ) -> None:
+        """`budget`: for an upper bound on a cost the gateway adds to the floor, the bound
+        itself, so the verdict says how much of it the floor leaves to wiregate's own work."""
         if gw_value is None or floor_value is None:
             out.append(Verdict(name, "-", "-", "not measured"))
             return
@@ -194,7 +198,10 @@ def verdicts(results: dict[str, dict[str, Side]]) -> list[Verdict]:
         elif not ok(floor_value):
             verdict = "missed: the bare proxy misses it too (the stack's floor on this machine)"
         else:
-            verdict = "missed by wiregate's own work (the bare proxy meets it)"
+            verdict = "missed by wiregate's own work (the bare proxy meets it"
+            if budget is not None:
+                verdict += f", leaving {budget - floor_value:.3f} for everything wiregate does"
+            verdict += ")"
         out.append(Verdict(name, format(gw_value, fmt), format(floor_value, fmt), verdict))
 
     def added(workload: str, name: str) -> float | None:
@@ -207,6 +214,7 @@ def verdicts(results: dict[str, dict[str, Side]]) -> list[Verdict]:
         added("chat-1KB c=1", "bare-https"),
         lambda v: v <= 0.5,
         "+.3f",
+        0.5,
     )
     judge(
         "1 KB c=32: >= 2,000 req/s on one core",
@@ -221,6 +229,7 @@ def verdicts(results: dict[str, dict[str, Side]]) -> list[Verdict]:
         added("chat-200KB c=1", "bare-https"),
         lambda v: v <= 1.5,
         "+.3f",
+        1.5,
     )
     stream = results["stream-200 c=1"]
     d = stream["direct"].p50()
@@ -236,6 +245,7 @@ def verdicts(results: dict[str, dict[str, Side]]) -> list[Verdict]:
         stream["bare-https"].cpu_ms(),
         lambda v: v <= 2.0,
         ".3f",
+        2.0,
     )
     return out
 
