@@ -28,10 +28,10 @@ import argparse
 import asyncio
 import json
 import ssl
-import statistics
 import sys
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,31 +45,11 @@ ORDER = ["direct", "bare-https", "gateway-https", "bare-uds", "gateway-uds"]
 DEFAULT_SECRETS = 1000
 
 
-@dataclass
-class Side:
-    """A target's measurements over the timed rounds."""
-
-    latencies_ms: list[float] = field(default_factory=list)
-    ok: int = 0
-    errors: int = 0
-    elapsed_s: float = 0.0
-    cpu_s: float = 0.0
-
-    def p50(self) -> float | None:
-        return statistics.median(self.latencies_ms) if self.latencies_ms else None
-
-    def rps(self) -> float | None:
-        return self.ok / self.elapsed_s if self.elapsed_s else None
-
-    def cpu_ms(self) -> float | None:
-        return self.cpu_s / self.ok * 1000 if self.ok else None
-
-
-class FloorTargets:
-    """wire_bench's three sessions plus the bare proxy's two."""
+class FloorTargets(wire_bench.Targets):
+    """wire_bench's three sessions plus the bare proxy's two, in `ORDER`."""
 
     def __init__(self, stack: wire_bench.Stack, bare_port: int, bare_uds: Path, limit: int) -> None:
-        self.base = wire_bench.Targets(stack, limit)
+        super().__init__(stack, limit)
         tls = ssl.create_default_context(cafile=str(stack.env.ca))
         timeout = aiohttp.ClientTimeout(total=wire_bench.REQUEST_TIMEOUT_S)
         headers = {"content-type": "application/json", "authorization": "Bearer unused"}
@@ -84,91 +64,55 @@ class FloorTargets:
         self.bare_uds = wire_bench.Target(
             "bare-uds", aiohttp.ClientSession(connector=uds, timeout=timeout), "http://localhost", headers
         )
-        self.direct = self.base.direct
-        self.by_name = {
-            "direct": self.base.direct,
-            "bare-https": self.bare_https,
-            "gateway-https": self.base.https,
-            "bare-uds": self.bare_uds,
-            "gateway-uds": self.base.uds,
-        }
 
-    async def close(self) -> None:
-        await self.base.close()
-        await self.bare_https.session.close()
-        await self.bare_uds.session.close()
+    @property
+    def all(self) -> list[wire_bench.Target]:
+        return [self.direct, self.bare_https, self.https, self.bare_uds, self.uds]
 
 
-async def _ready(target: wire_bench.Target, processes: wire_bench.Processes) -> None:
-    deadline = time.monotonic() + wire_bench.READY_TIMEOUT_S
-    while True:
-        processes.check_alive()
-        try:
-            if await target.get("/healthz") == 200:
-                return
-        except (aiohttp.ClientError, OSError):
-            pass
-        if time.monotonic() > deadline:
-            raise wire_bench.BenchError(f"{target.name} not ready")
-        await asyncio.sleep(0.05)
+def _cpu_reader(gateway_pid: int, bare_pid: int) -> Callable[[wire_bench.Target], float | None]:
+    """The serving process's CPU seconds for a target: the gateway with its check workers, the
+    bare proxy alone; None for the mock."""
+
+    def read(target: wire_bench.Target) -> float | None:
+        if target.name.startswith("gateway"):
+            return wire_bench.tree_cpu_seconds(gateway_pid)
+        if target.name.startswith("bare"):
+            return wire_bench.cpu_seconds(bare_pid)
+        return None
+
+    return read
 
 
-def _cpu(name: str, gateway_pid: int, bare_pid: int) -> float:
-    if name.startswith("gateway"):
-        return wire_bench.tree_cpu_seconds(gateway_pid)
-    if name.startswith("bare"):
-        return wire_bench.cpu_seconds(bare_pid)
-    return 0.0
-
-
-async def run_workload(
-    targets: FloorTargets, workload: wire_bench.Workload, rounds: int, gateway_pid: int, bare_pid: int
-) -> dict[str, Side]:
-    sides = {name: Side() for name in ORDER}
-    async with wire_bench.mock_records_kept_small(targets.base):
-        for name in ORDER:
-            _, _, error = await wire_bench.send(targets.by_name[name], workload.body)
-            if error is not None:
-                raise wire_bench.BenchError(f"{workload.name} / {name}: {error}")
-            await wire_bench.run_round(targets.by_name[name], workload, workload.warmup)
-        for _ in range(rounds):
-            for name in ORDER:
-                before = _cpu(name, gateway_pid, bare_pid)
-                m = await wire_bench.run_round(targets.by_name[name], workload, workload.round)
-                side = sides[name]
-                side.cpu_s += _cpu(name, gateway_pid, bare_pid) - before
-                side.latencies_ms += m.latencies_ms
-                side.ok += len(m.latencies_ms)
-                side.errors += m.errors
-                side.elapsed_s += m.elapsed_s
-    return sides
+def _cpu_ms(m: wire_bench.Measurement) -> float | None:
+    return m.cpu_s / len(m.latencies_ms) * 1000 if m.latencies_ms else None
 
 
 def _f(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
-def table(workload: wire_bench.Workload, sides: dict[str, Side]) -> str:
-    direct = sides["direct"].p50()
+def table(result: wire_bench.WorkloadResult) -> str:
+    workload, stats = result.workload, wire_bench.summarize(result)
     lines = [
         f"== {workload.name}: body {len(workload.body):,} B, concurrency {workload.concurrency}",
         f"   {'target':<14}{'ok':>6}{'err':>5}{'p50 ms':>9}{'added ms':>10}{'req/s':>9}{'CPU ms/call':>13}",
     ]
     for name in ORDER:
-        s = sides[name]
-        p50 = s.p50()
-        added = p50 - direct if p50 is not None and direct is not None and name != "direct" else None
+        s = stats[name]
+        cpu = _cpu_ms(result.measurements[name]) if name != "direct" else None
         lines.append(
-            f"   {name:<14}{s.ok:>6}{s.errors:>5}{_f(p50, '.3f'):>9}{_f(added, '+.3f'):>10}"
-            f"{_f(s.rps(), ',.0f'):>9}{_f(s.cpu_ms(), '.3f') if name != 'direct' else '-':>13}"
+            f"   {name:<14}{s.ok:>6}{s.errors:>5}{_f(s.p50_ms, '.3f'):>9}{_f(s.added_p50_ms, '+.3f'):>10}"
+            f"{_f(s.rps, ',.0f'):>9}{_f(cpu, '.3f'):>13}"
         )
     for listener in ("https", "uds"):
-        bare, gw = sides[f"bare-{listener}"], sides[f"gateway-{listener}"]
-        if bare.p50() is not None and gw.p50() is not None:
-            own_cpu = gw.cpu_ms() - bare.cpu_ms() if gw.cpu_ms() is not None and bare.cpu_ms() is not None else None
+        bare, gw = stats[f"bare-{listener}"].p50_ms, stats[f"gateway-{listener}"].p50_ms
+        bare_cpu = _cpu_ms(result.measurements[f"bare-{listener}"])
+        gw_cpu = _cpu_ms(result.measurements[f"gateway-{listener}"])
+        if bare is not None and gw is not None:
+            own_cpu = gw_cpu - bare_cpu if gw_cpu is not None and bare_cpu is not None else None
             lines.append(
-                f"   wiregate's own work over {listener}: p50 {gw.p50() - bare.p50():+.3f} ms"  # type: ignore[operator]
-                f", CPU {_f(own_cpu, '+.3f')} ms/call"
+                f"   wiregate's own work over {listener}: p50 {gw - bare:+.3f} ms, CPU {_f(own_cpu, '+.3f')} ms/call"
             )
     return "\n".join(lines)
 
@@ -181,7 +125,7 @@ class Verdict:
     verdict: str
 
 
-def verdicts(results: dict[str, dict[str, Side]]) -> list[Verdict]:
+def verdicts(results: dict[str, wire_bench.WorkloadResult]) -> list[Verdict]:
     """The speed issue's wire targets over HTTPS, each read against the bare proxy."""
     out: list[Verdict] = []
 
@@ -204,9 +148,10 @@ def verdicts(results: dict[str, dict[str, Side]]) -> list[Verdict]:
             verdict += ")"
         out.append(Verdict(name, format(gw_value, fmt), format(floor_value, fmt), verdict))
 
+    stats = {name: wire_bench.summarize(result) for name, result in results.items()}
+
     def added(workload: str, name: str) -> float | None:
-        s, d = results[workload][name].p50(), results[workload]["direct"].p50()
-        return s - d if s is not None and d is not None else None
+        return stats[workload][name].added_p50_ms
 
     judge(
         "1 KB c=1: added p50 <= 0.5 ms",
@@ -218,8 +163,8 @@ def verdicts(results: dict[str, dict[str, Side]]) -> list[Verdict]:
     )
     judge(
         "1 KB c=32: >= 2,000 req/s on one core",
-        results["chat-1KB c=32"]["gateway-https"].rps(),
-        results["chat-1KB c=32"]["bare-https"].rps(),
+        stats["chat-1KB c=32"]["gateway-https"].rps,
+        stats["chat-1KB c=32"]["bare-https"].rps,
         lambda v: v >= 2000,
         ",.0f",
     )
@@ -231,18 +176,19 @@ def verdicts(results: dict[str, dict[str, Side]]) -> list[Verdict]:
         "+.3f",
         1.5,
     )
-    stream = results["stream-200 c=1"]
-    d = stream["direct"].p50()
-
-    def ratio(name: str) -> float | None:
-        p = stream[name].p50()
-        return p / d if p is not None and d else None
-
-    judge("stream-200: p50 <= 1.3x direct", ratio("gateway-https"), ratio("bare-https"), lambda v: v <= 1.3, ".2f")
+    stream = stats["stream-200 c=1"]
+    judge(
+        "stream-200: p50 <= 1.3x direct",
+        stream["gateway-https"].p50_ratio,
+        stream["bare-https"].p50_ratio,
+        lambda v: v <= 1.3,
+        ".2f",
+    )
+    measured = results["stream-200 c=1"].measurements
     judge(
         "stream-200: CPU per stream <= 2 ms",
-        stream["gateway-https"].cpu_ms(),
-        stream["bare-https"].cpu_ms(),
+        _cpu_ms(measured["gateway-https"]),
+        _cpu_ms(measured["bare-https"]),
         lambda v: v <= 2.0,
         ".3f",
         2.0,
@@ -250,7 +196,7 @@ def verdicts(results: dict[str, dict[str, Side]]) -> list[Verdict]:
     return out
 
 
-async def measure(args: argparse.Namespace) -> tuple[dict[str, dict[str, Side]], list[Verdict]]:
+async def measure(args: argparse.Namespace) -> tuple[dict[str, wire_bench.WorkloadResult], list[Verdict]]:
     pinning = wire_bench.pin_client()
     plan = wire_bench.workloads(args.quick)
     with wire_bench.running_stack(args.secrets, pinning, prefix="floor-bench-") as stack:
@@ -281,15 +227,17 @@ async def measure(args: argparse.Namespace) -> tuple[dict[str, dict[str, Side]],
         limit = max(64, 2 * max(w.concurrency for w in plan))
         targets = FloorTargets(stack, bare_port, bare_uds, limit)
         try:
-            await wire_bench.wait_ready(stack, targets.base)
-            await _ready(targets.bare_https, stack.processes)
-            await _ready(targets.bare_uds, stack.processes)
+            await wire_bench.wait_ready(stack, targets)
+            await wire_bench.wait_answering(
+                stack.processes, [(targets.bare_https, "/healthz"), (targets.bare_uds, "/healthz")]
+            )
             await wire_bench.mock_admin(targets.direct, "POST", "/_mock/scenarios", wire_bench.stream_scenario(200))
+            cpu = _cpu_reader(stack.gateway.pid, bare.pid)
             results = {}
             for workload in plan:
-                results[workload.name] = await run_workload(targets, workload, args.rounds, stack.gateway.pid, bare.pid)
+                results[workload.name] = await wire_bench.run_workload(targets, workload, args.rounds, cpu)
                 stack.processes.check_alive()
-                print(table(workload, results[workload.name]) + "\n", flush=True)
+                print(table(results[workload.name]) + "\n", flush=True)
         finally:
             await targets.close()
     return results, verdicts(results)
@@ -313,23 +261,26 @@ def main(argv: list[str] | None = None) -> int:
     for v in found:
         print(f"  {v.target:<40} gateway {v.gateway:>9}   bare proxy {v.floor:>9}   {v.verdict}")
     print(f"\nTotal time {time.monotonic() - started:.0f} s")
-    errors = sum(s.errors for sides in results.values() for s in sides.values())
+    errors = wire_bench.print_errors(list(results.values()))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         doc = {
             "machine": info,
             "workloads": {
                 w: {
-                    n: {"p50_ms": s.p50(), "rps": s.rps(), "cpu_ms_per_call": s.cpu_ms(), "errors": s.errors}
-                    for n, s in sides.items()
+                    n: {
+                        "p50_ms": st.p50_ms,
+                        "rps": st.rps,
+                        "cpu_ms_per_call": _cpu_ms(r.measurements[n]),
+                        "errors": st.errors,
+                    }
+                    for n, st in wire_bench.summarize(r).items()
                 }
-                for w, sides in results.items()
+                for w, r in results.items()
             },
             "targets": [v.__dict__ for v in found],
         }
         args.json.write_text(json.dumps(doc, indent=2))
-    if errors:
-        print(f"FAILED: {errors} request(s) did not return 200", file=sys.stderr)
     return 1 if errors else 0
 
 

@@ -546,18 +546,23 @@ class Targets:
 
 async def wait_ready(stack: Stack, targets: Targets) -> None:
     checks = [(targets.direct, "/_mock/healthz"), (targets.https, "/healthz"), (targets.uds, "/healthz")]
+    await wait_answering(stack.processes, checks)
+    if stack.gateway is not None:
+        await wait_quiet(stack.gateway.pid)
+
+
+async def wait_answering(processes: Processes, checks: Sequence[tuple[Target, str]]) -> None:
+    """Until each (target, path) answers 200, within READY_TIMEOUT_S for all of them."""
     deadline = time.monotonic() + READY_TIMEOUT_S
     for target, path in checks:
         while True:
-            stack.processes.check_alive()
+            processes.check_alive()
             with contextlib.suppress(aiohttp.ClientError, OSError):
                 if await target.get(path) == 200:
                     break
             if time.monotonic() > deadline:
                 raise BenchError(f"{target.name} not ready after {READY_TIMEOUT_S:g} s")
             await asyncio.sleep(0.05)
-    if stack.gateway is not None:
-        await wait_quiet(stack.gateway.pid)
 
 
 QUIET_SHARE = 0.05  # of one core: the gateway's tree is at rest below it
@@ -601,6 +606,7 @@ class Measurement:
     errors: int = 0
     elapsed_s: float = 0.0
     error_kinds: Counter[str] = field(default_factory=Counter)  # the first few distinct ones
+    cpu_s: float = 0.0  # the serving process's CPU over the timed rounds (when measured)
 
     def record(self, ms: float, error: str | None) -> None:
         if error is None:
@@ -618,6 +624,7 @@ class Measurement:
         if timings:
             self.latencies_ms += other.latencies_ms
             self.elapsed_s += other.elapsed_s
+            self.cpu_s += other.cpu_s
         for error, count in other.error_kinds.items():
             self.record_error(error, count)
         self.errors += other.errors - other.error_kinds.total()
@@ -678,8 +685,12 @@ class WorkloadResult:
     probes: dict[str, Probe]
 
 
-async def run_workload(targets: Targets, workload: Workload, rounds: int) -> WorkloadResult:
-    """Probe, warm up every target, then interleave the timed rounds target by target."""
+async def run_workload(
+    targets: Targets, workload: Workload, rounds: int, cpu: Callable[[Target], float | None] | None = None
+) -> WorkloadResult:
+    """Probe, warm up every target, then interleave the timed rounds target by target. With
+    `cpu`, each timed round also takes the CPU seconds `cpu(target)` reads (None: not measured
+    for that target) before and after it."""
     measurements = {t.name: Measurement() for t in targets.all}
     probes = {t.name: await probe(t, workload, measurements[t.name]) for t in targets.all}
     async with mock_records_kept_small(targets):
@@ -688,7 +699,12 @@ async def run_workload(targets: Targets, workload: Workload, rounds: int) -> Wor
             measurements[target.name].add(warmup, timings=False)
         for _ in range(rounds):
             for target in targets.all:
-                measurements[target.name].add(await run_round(target, workload, workload.round))
+                before = cpu(target) if cpu is not None else None
+                timed = await run_round(target, workload, workload.round)
+                after = cpu(target) if cpu is not None else None
+                if before is not None and after is not None:
+                    timed.cpu_s = after - before
+                measurements[target.name].add(timed)
     return WorkloadResult(workload, rounds, measurements, probes)
 
 
