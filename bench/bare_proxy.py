@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
@@ -32,7 +33,7 @@ def make_app(upstream: str, key: str) -> web.Application:
     app = web.Application(client_max_size=64 * 1024 * 1024)
     sessions: list[aiohttp.ClientSession] = []
 
-    async def session_ctx(app: web.Application) -> object:
+    async def session_ctx(app: web.Application) -> AsyncIterator[None]:
         sessions.append(aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=256)))
         yield
         await sessions[0].close()

@@ -222,6 +222,13 @@ async def timed(server: Server, key: str, path: str, bodies: list[Any], expect: 
         out.append(time.perf_counter() - t)
 
 
+async def timed_writes(server: Server, out: list[float], items: list[tuple[str, str]]) -> None:
+    for kind, text in items:
+        t = time.perf_counter()
+        await server.write(kind, text)
+        out.append(time.perf_counter() - t)
+
+
 async def measure(servers: list[Server], size: int, writer: Server | None = None) -> None:
     """`writer`: a second wiregate (`sqlite_sync = "normal"`) whose writes are timed beside the others'."""
     qs = queries(PREPARE_N + SEARCH_N * len(SEARCHES), seed=size)
@@ -247,12 +254,10 @@ async def measure(servers: list[Server], size: int, writer: Server | None = None
                 bodies = [{"scope_id": s.scope, "query": q, "mode": mode, "limit": 10} for q in qs[start : start + n]]
                 await timed(s, f"search {label}", path, bodies)
             n = WRITE_N // ROUNDS
-            for w in (s, writer) if writer is not None and s.name == "wiregate" else (s,):
-                out = s.samples.setdefault("write" if w is s else "write normal", [])
-                for kind, text in writes[r * n : (r + 1) * n]:
-                    t = time.perf_counter()
-                    await w.write(kind, text)
-                    out.append(time.perf_counter() - t)
+            batch = writes[r * n : (r + 1) * n]
+            await timed_writes(s, s.samples.setdefault("write", []), batch)
+            if writer is not None and s.name == "wiregate":  # the same writes, the other sync setting
+                await timed_writes(writer, s.samples.setdefault("write normal", []), batch)
     for s in servers:
         s.count += WRITE_N
 

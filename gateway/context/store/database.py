@@ -16,6 +16,7 @@ import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from gateway.context.store import postgres, sqlite
 from gateway.context.store.base import ContextStore
@@ -66,7 +67,7 @@ async def open_database(
     schema: str | None = None,
     pool_max: int = 8,
     migrations: Sequence[Migration] = (),
-    sqlite_sync: str = "full",
+    sqlite_sync: Literal["full", "normal"] = "full",
 ) -> Database:
     """Open the database and apply every migration (the context store's first, then `migrations`).
     `sqlite_sync` is SQLite's `synchronous` for the writer: "full" or "normal"."""
