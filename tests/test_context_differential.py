@@ -382,3 +382,46 @@ def test_wiregate_and_powercontext_differ_only_where_declared(
     assert all(statuses[f"search_memory_{m}"] == [200] for m in ("auto", "fts"))
     assert statuses["prepare"] == statuses["prepare_after_forget"] == [200]
     assert ours["write_secret_memory"][0][0] == 422 and theirs["write_secret_memory"][0][0] == 201
+
+
+# Two rows of five query terms: "ranka rankb" (two rare terms) and "rankc rankd ranke" (three terms
+# that ten other rows each hold one of), among 100 rows holding none. BM25 over the OR of the terms,
+# each counted once, ranks the two-term row first; counting each term once per matching pair (the
+# floor "2 of 5" as a MATCH of pairs) would put the three-term row first.
+RANK_ROWS = (
+    ["ranka rankb", "rankc rankd ranke"]
+    + [f"{term} filler{i}" for term in ("rankc", "rankd", "ranke") for i in range(10)]
+    + [f"unrelated{i}" for i in range(100)]
+)
+
+
+async def _ranked(base: str, token: str, verify: ssl.SSLContext | bool) -> list[str]:
+    auth = {"authorization": f"Bearer {token}"}
+    async with httpx.AsyncClient(base_url=base, verify=verify, headers=auth, timeout=60) as http:
+        body = {"title": "ranking", "summary": "bm25", "idempotency_key": uuid.uuid4().hex}
+        created = await http.post("/v1/scopes", json=body)
+        assert created.status_code == 201, created.status_code
+        sid = created.json()["scope_id"]
+        gate = asyncio.Semaphore(8)
+
+        async def write(text: str) -> None:
+            async with gate:
+                memory = {"family": "atomic-memory", "content": {"kind": "fact", "text": text}}
+                r = await http.post(f"/v1/scopes/{sid}/artifacts", json=memory)
+                assert r.status_code == 201, r.status_code
+
+        await asyncio.gather(*(write(text) for text in RANK_ROWS))
+        query = {"scope_id": sid, "query": "ranka rankb rankc rankd ranke", "mode": "fts", "limit": 10}
+        found = await http.post("/v1/memory/search", json=query)
+        assert found.status_code == 200, found.status_code
+        return [hit["memory"]["text"] for hit in found.json()["hits"]]
+
+
+def test_fts_ranking_is_powercontexts_each_term_counted_once(
+    gw: tuple[Env, GatewayThread], pc: PowerContextServer
+) -> None:
+    env, gateway = gw
+    theirs = asyncio.run(_ranked(pc.base_url, pc.token, False))
+    ours = asyncio.run(_ranked(gateway.https_url, env.gateway_key, ssl.create_default_context(cafile=str(env.ca))))
+    assert theirs == ["ranka rankb", "rankc rankd ranke"]  # the lexical floor (2 of 5) admits only these
+    assert ours == theirs

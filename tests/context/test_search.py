@@ -353,3 +353,82 @@ async def test_sqlite_probes_the_unknown_terms_of_a_query_together(
         assert len(probes) == 6  # together, then each of the five
     finally:
         await store.close()
+
+
+@pytest.mark.asyncio
+async def test_sqlite_bm25_counts_each_query_term_once_whatever_the_floor(tmp_path: Path) -> None:
+    """PowerContext ranks by BM25 over the OR of the query's terms and uses the lexical floor only to
+    choose the rows. Pushing the floor into the index must not change a row's score: as an OR of k-term
+    groups, "≥ 2 of 5 terms" would count a term once per matching pair (a row holding m of the terms
+    scored m - 1 times over). This corpus ranks differently under the two, and the store must give
+    PowerContext's order and exactly its scores."""
+    import itertools
+
+    from gateway.context.store.common import fts_key
+    from gateway.context.store.sqlite import SqliteContextStore, SqliteDatabase
+
+    path = str(tmp_path / "rank.db")
+    store = SqliteContextStore(SqliteDatabase(path))
+    await store.open()
+    try:
+        svc = make_service(store)
+        await svc.start()
+        sid = (await svc.create_scope(title="t", summary="s", idempotency_key="k", principal=None))[0].scope_id
+        texts = ["alpha beta", "gamma delta epsilon", "gamma other1", "delta other2", "epsilon other3"]
+        texts += [f"noise{i}" for i in range(40)]
+        ids = {}
+        for text in texts:
+            ids[(await svc.create_artifact(sid, "atomic-memory", {"kind": "fact", "text": text})).artifact_id] = text
+        query = "alpha beta gamma delta epsilon"
+        terms = search.terms(query)
+        assert search.lexical_floor(len(terms)) == 2
+
+        key = fts_key(sid, "atomic-memory")
+        plain = " OR ".join(f'"{key}{t}"' for t in terms)
+        pairs = " OR ".join(f'("{key}{a}" AND "{key}{b}")' for a, b in itertools.combinations(terms, 2))
+        sql = (
+            "SELECT a.artifact_id, bm25(ctx_terms) FROM ctx_terms JOIN ctx_artifacts a ON a.rid = ctx_terms.rowid "
+            "WHERE ctx_terms MATCH ? ORDER BY 2, 1"
+        )
+        with sqlite3.connect(path) as conn:
+            by_or = dict(conn.execute(sql, (plain,)).fetchall())
+            by_pairs = [ids[i] for i, _ in conn.execute(sql, (pairs,)).fetchall()]
+        assert by_pairs == ["gamma delta epsilon", "alpha beta"]  # the corpus tells the two rankings apart
+
+        rows = await store.search_text(sid, "atomic-memory", terms, 10, min_match=2)
+        assert [r.head.content["text"] for r in rows] == ["alpha beta", "gamma delta epsilon"]
+        assert [r.score for r in rows] == [by_or[r.head.artifact_id] for r in rows]
+        found = await svc.search(sid, "atomic-memory", query, mode="fts", limit=10)
+        assert [ids[h.head.artifact_id] for h in found.hits] == ["alpha beta", "gamma delta epsilon"]
+    finally:
+        await store.close()
+
+
+def test_at_least_matches_the_floor_and_scores_as_the_plain_or_bit_for_bit() -> None:
+    """`at_least(terms, k)` as an FTS5 MATCH: exactly the rows holding at least k of the terms, each
+    scored by BM25 exactly as under the plain OR of the terms (random corpora and term sets)."""
+    import random
+
+    from gateway.context.store.common import at_least
+
+    rng = random.Random(1435)
+    words = [f"w{i}" for i in range(9)]
+    conn = sqlite3.connect(":memory:")
+    conn.execute("CREATE VIRTUAL TABLE d USING fts5(t)")
+    docs = {}
+    for rowid in range(1, 400):
+        text = " ".join(rng.choice(words) for _ in range(rng.randint(1, 9)))
+        docs[rowid] = set(text.split())
+        conn.execute("INSERT INTO d(rowid, t) VALUES (?, ?)", (rowid, text))
+    sql = "SELECT rowid, bm25(d) FROM d WHERE d MATCH ?"
+    checked = 0
+    for _ in range(60):
+        terms = rng.sample(words, rng.randint(1, 7))
+        k = rng.randint(1, len(terms))
+        expected = {r for r, held in docs.items() if len(held & set(terms)) >= k}
+        plain = dict(conn.execute(sql, (" OR ".join(terms),)).fetchall())
+        found = dict(conn.execute(sql, (at_least(terms, k, lambda t: f'"{t}"'),)).fetchall())
+        assert set(found) == expected
+        assert all(found[r] == plain[r] for r in found)  # bit for bit, not approximately
+        checked += len(found)
+    assert checked > 1000

@@ -15,7 +15,7 @@ import math
 import threading
 from array import array
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from gateway.context.model import ArtifactRef, MemoryState
@@ -44,6 +44,23 @@ def floor_groups(present: Sequence[str], min_match: int) -> list[tuple[str, ...]
     if math.comb(len(present), min_match) > MAX_FLOOR_COMBINATIONS:
         return None
     return list(itertools.combinations(present, min_match))
+
+
+def at_least(terms: Sequence[str], k: int, phrase: Callable[[str], str]) -> str:
+    """An FTS5 MATCH expression for "holds at least `k` of `terms`" (1 <= k <= len(terms)) in which
+    each term a matching row holds is a phrase of exactly one matching branch:
+    (t AND at least k-1 of the rest) OR (at least k of the rest NOT t). FTS5 scores only the phrases
+    of the branches that match a row, so BM25 over it counts every held term once — the score of the
+    plain OR of the terms, bit for bit (PowerContext's ranking) — while the index visits only rows
+    that reach the floor. (An OR of the k-term groups counts a term once per matching group: a row
+    holding m terms would score C(m-1, k-1) times over.) Used where `floor_groups` allows groups;
+    never more phrases than they have."""
+    if k == 1:
+        return "(" + " OR ".join(phrase(t) for t in terms) + ")"
+    if len(terms) == k:
+        return "(" + " AND ".join(phrase(t) for t in terms) + ")"
+    head, rest = phrase(terms[0]), terms[1:]
+    return f"(({head} AND {at_least(rest, k - 1, phrase)}) OR ({at_least(rest, k, phrase)} NOT {head}))"
 
 
 def transition(current: MemoryState, target: MemoryState) -> str:

@@ -47,6 +47,7 @@ from gateway.context.store.common import (
     MAX_QUERY_TERMS,
     REVISION_COLUMNS,
     PresentTerms,
+    at_least,
     floor_groups,
     fts_key,
     pack_vector,
@@ -639,10 +640,12 @@ class SqliteContextStore:
             groups = floor_groups(present, min_match)
             if not present or groups == []:
                 return []
+            # BM25 scores each present term a row holds once (PowerContext's plain OR); `at_least` pushes the
+            # floor into the match without scoring a term once per k-term group.
             if groups is None:
                 match = " OR ".join(f'"{key}{t}"' for t in present)
             else:
-                match = " OR ".join("(" + " AND ".join(f'"{key}{t}"' for t in g) + ")" for g in groups)
+                match = at_least(present, min_match, lambda t: f'"{key}{t}"')
             # Score every match once, in the FTS table alone; join the artifacts rows only of matches that can
             # still be in the top `limit` by (score, artifact_id) — every row scoring no worse than the
             # limit-th best, ties included — and read revision bodies only for the final rows. The index holds
