@@ -38,7 +38,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,7 +50,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from context_store_bench import VOCAB  # noqa: E402
-from wire_bench import _child_setup, free_port, set_https_port  # noqa: E402
+from wire_bench import _child_setup, free_port, set_https_port, tree_cpu_seconds  # noqa: E402
 
 from gateway.context.service import ContextService  # noqa: E402
 from gateway.context.store.sqlite import SqliteContextStore, SqliteDatabase  # noqa: E402
@@ -60,6 +60,7 @@ from tests.harness import build_env, mock_profile  # noqa: E402
 SEED = 1435
 HTTP_FILL_MAX = 10_000  # wiregate is filled over HTTP up to this many memories
 CONCURRENCY = 8  # parallel writes while filling (PowerContext answers 503 when pushed harder)
+WARMUP_N = 20
 PREPARE_N = 40
 SEARCH_N = 20
 WRITE_N = 30
@@ -99,6 +100,9 @@ class Server:
     count: int = 0
     fill_s: float = 0.0
     samples: dict[str, list[float]] = field(default_factory=dict)
+    pid: int | None = None  # its server process (a quiet neighbour is awaited before the other is timed)
+    settle_s: float = 0.0  # waited, before this server's timed segments, for the others to go quiet
+    others_cpu_s: float = 0.0  # CPU the other servers' processes used while this one was timed
 
     async def post(self, path: str, body: Any, expect: int = 200) -> Any:
         r = await self.http.post(path, json=body)
@@ -175,6 +179,10 @@ class Gateway:
             time.sleep(0.1)
         raise RuntimeError("wiregate not ready after 60 s")
 
+    @property
+    def pid(self) -> int | None:
+        return None if self.proc is None else self.proc.pid
+
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
@@ -229,37 +237,77 @@ async def timed_writes(server: Server, out: list[float], items: list[tuple[str, 
         out.append(time.perf_counter() - t)
 
 
+QUIET_CPU_SHARE = 0.05  # a neighbour using less than this of a core over QUIET_WINDOW_S is quiet
+QUIET_WINDOW_S = 0.25
+QUIET_MAX_S = 30.0
+
+
+def others_cpu(others: list[Server]) -> float:
+    return sum(tree_cpu_seconds(o.pid) for o in others if o.pid is not None)
+
+
+async def settle(others: list[Server]) -> float:
+    """Wait (at most QUIET_MAX_S) until the other servers' processes are quiet: a server that
+    goes on working after its own timed requests (PowerContext's background jobs after
+    writes) must not take the CPU the next server is timed on. Returns the seconds waited."""
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < QUIET_MAX_S:
+        before = others_cpu(others)
+        await asyncio.sleep(QUIET_WINDOW_S)
+        if others_cpu(others) - before < QUIET_CPU_SHARE * QUIET_WINDOW_S:
+            break
+    return time.perf_counter() - t0
+
+
+@contextlib.asynccontextmanager
+async def timed_segment(server: Server, others: list[Server]) -> AsyncIterator[None]:
+    """A server's timed segment, its neighbours quiet at its start; what they used during it
+    is added to `server.others_cpu_s` (reported beside the figures)."""
+    server.settle_s += await settle(others)
+    before = others_cpu(others)
+    yield
+    server.others_cpu_s += others_cpu(others) - before
+
+
 async def measure(servers: list[Server], size: int, writer: Server | None = None) -> None:
     """`writer`: a second wiregate (`sqlite_sync = "normal"`) whose writes are timed beside the others'."""
     qs = queries(PREPARE_N + SEARCH_N * len(SEARCHES), seed=size)
     writes = memories(size + WRITE_N)[size:]
+    warm = queries(WARMUP_N, seed=size + 1)  # other queries than the timed ones, same vocabulary
     for s in servers:
-        s.samples = {}
+        s.samples, s.settle_s, s.others_cpu_s = {}, 0.0, 0.0
         ready = 0
-        for q in qs[:3]:  # warm-up, not timed; the queries must find something in both stores
+        for q in warm:  # not timed: a server answers many prepares before these in its life
             ready += (await s.post("/v1/context/prepare", {"scope_id": s.scope, "query": q}))["status"] == "ready"
-        if ready != 3:
-            print(f"warning: {s.name}: only {ready}/3 warm-up prepares were ready", flush=True)
+        if ready < len(warm) // 2:  # the queries must find something in both stores
+            print(f"warning: {s.name}: only {ready}/{len(warm)} warm-up prepares were ready", flush=True)
     per = PREPARE_N // ROUNDS
     for r in range(ROUNDS):
         for s in servers:
-            chunk = qs[r * per : (r + 1) * per]
-            await timed(s, "prepare", "/v1/context/prepare", [{"scope_id": s.scope, "query": q} for q in chunk])
-            if s.name == "wiregate":
-                bodies = [{"scope_id": s.scope, "query": q, "include_receipt": True} for q in chunk]
-                await timed(s, "prepare+receipt", "/v1/context/prepare", bodies)
-            for i, (label, path, mode) in enumerate(SEARCHES):
-                n = SEARCH_N // ROUNDS
-                start = PREPARE_N + i * SEARCH_N + r * n
-                bodies = [{"scope_id": s.scope, "query": q, "mode": mode, "limit": 10} for q in qs[start : start + n]]
-                await timed(s, f"search {label}", path, bodies)
-            n = WRITE_N // ROUNDS
-            batch = writes[r * n : (r + 1) * n]
-            await timed_writes(s, s.samples.setdefault("write", []), batch)
-            if writer is not None and s.name == "wiregate":  # the same writes, the other sync setting
-                await timed_writes(writer, s.samples.setdefault("write normal", []), batch)
+            async with timed_segment(s, [o for o in servers if o is not s]):
+                await timed_round(s, r, per, qs, writes, writer)
     for s in servers:
         s.count += WRITE_N
+
+
+async def timed_round(
+    s: Server, r: int, per: int, qs: list[str], writes: list[tuple[str, str]], writer: Server | None
+) -> None:
+    chunk = qs[r * per : (r + 1) * per]
+    await timed(s, "prepare", "/v1/context/prepare", [{"scope_id": s.scope, "query": q} for q in chunk])
+    if s.name == "wiregate":
+        bodies = [{"scope_id": s.scope, "query": q, "include_receipt": True} for q in chunk]
+        await timed(s, "prepare+receipt", "/v1/context/prepare", bodies)
+    for i, (label, path, mode) in enumerate(SEARCHES):
+        n = SEARCH_N // ROUNDS
+        start = PREPARE_N + i * SEARCH_N + r * n
+        bodies = [{"scope_id": s.scope, "query": q, "mode": mode, "limit": 10} for q in qs[start : start + n]]
+        await timed(s, f"search {label}", path, bodies)
+    n = WRITE_N // ROUNDS
+    batch = writes[r * n : (r + 1) * n]
+    await timed_writes(s, s.samples.setdefault("write", []), batch)
+    if writer is not None and s.name == "wiregate":  # the same writes, the other sync setting
+        await timed_writes(writer, s.samples.setdefault("write normal", []), batch)
 
 
 METRICS = [
@@ -282,7 +330,12 @@ def summarize(size: int, servers: dict[str, Server | None], notes: dict[str, str
         c = pct(pc.samples[ckey], p) if pc and ckey in pc.samples else None
         rows.append({"metric": label, "wiregate_ms": w, "powercontext_ms": c, "ratio": c / w if w and c else None})
     fills = {name: round(s.fill_s, 1) for name, s in servers.items() if s is not None}
-    return {"memories": size, "rows": rows, "fill_s": fills, "notes": notes}
+    quiet = {
+        name: {"settled_s": round(s.settle_s, 2), "others_cpu_while_timed_s": round(s.others_cpu_s, 3)}
+        for name, s in servers.items()
+        if s is not None
+    }
+    return {"memories": size, "rows": rows, "fill_s": fills, "notes": notes, "neighbours": quiet}
 
 
 def fmt(v: float | None, spec: str = ".2f", suffix: str = "") -> str:
@@ -302,6 +355,14 @@ def markdown(result: dict[str, Any]) -> str:
         lines.append(
             f"| {r['metric']} | {fmt(r['wiregate_ms'])} | {fmt(r['powercontext_ms'])} | {fmt(r['ratio'], '.1f', 'x')} |"
         )
+    lines.append(
+        "\nneighbours: "
+        + "; ".join(
+            f"before {name}'s segments waited {q['settled_s']} s for the other servers to go quiet, "
+            f"which then used {q['others_cpu_while_timed_s']} s of CPU while {name} was timed"
+            for name, q in result["neighbours"].items()
+        )
+    )
     lines.append(
         '\n\\* a second wiregate with `[store] sqlite_sync = "normal"` (durable across a killed process, '
         "not a power loss), its store holding only these timed writes"
@@ -343,6 +404,7 @@ class PowerContextSide:
             self.server = Server("powercontext", http)
         else:
             self.server.http = http
+        self.server.pid = pcs.pid
         return self.server
 
     async def stop(self) -> None:
@@ -388,7 +450,7 @@ async def run(sizes: list[int], pc_fill_budget: float, http_fill_max: int, snaps
     results = []
     started = time.perf_counter()
     with gateway() as gw, gateway('[store]\nsqlite_sync = "normal"\n') as gw_normal:
-        wg = Server("wiregate", wiregate_client(gw))
+        wg = Server("wiregate", wiregate_client(gw), pid=gw.pid)
         wn = Server("wiregate sqlite_sync=normal", wiregate_client(gw_normal))
         side = PowerContextSide()
         try:
@@ -409,7 +471,7 @@ async def run(sizes: list[int], pc_fill_budget: float, http_fill_max: int, snaps
                     wg.fill_s += await fill_store(gw.config.parent, wg.scope, need)
                     wg.count += len(need)
                     gw.start()
-                    wg.http = wiregate_client(gw)
+                    wg.http, wg.pid = wiregate_client(gw), gw.pid
                     notes["wiregate fill"] = f"{len(need):,} via the service layer (gateway stopped)"
                 save = False
                 snap = snapshot_dir(size)
