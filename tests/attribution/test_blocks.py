@@ -244,6 +244,12 @@ def test_block_identities_are_keyed_stable_and_name_their_construction() -> None
     derived = hmac.digest(b"k" * 32, b"wiregate attribution block identity v1", "sha256")
     assert made[3:] == blake3(joined, key=derived).digest(8).hex()  # keyed BLAKE3 of "id\0text", as documented
     assert one(block, "\ud800 lone surrogate") == one(block, "\ud800 lone surrogate")  # any str the reader keeps
+    from gateway.proxy.projections import JOIN_BELOW
+
+    for size in (JOIN_BELOW - 1, JOIN_BELOW, 3 * JOIN_BELOW + 7):  # either way of hashing: the same construction
+        big = ("é" + text)[:size].ljust(size, "x")
+        whole = (block + "\x00" + big).encode()
+        assert one(block, big) == "b3:" + blake3(whole, key=derived).digest(8).hex()
 
 
 def test_remembered_scope_and_session_digests_are_the_log_digests() -> None:
