@@ -38,9 +38,9 @@ from gateway.checks import claims as claims_
 from gateway.checks.store import refusal_reasons, write_verdict
 from gateway.config.runtime import Principal, Runtime
 from gateway.context import errors as cx
-from gateway.context.model import ArtifactRef, AtomicMemoryInput
+from gateway.context.model import ArtifactRef, AtomicMemoryInput, MemoryState
 from gateway.context.service import ContextService, ContextSettings
-from gateway.context.store.base import ScopeRecord
+from gateway.context.store.base import AtomicMemoryState, ScopeRecord
 from gateway.context.store.database import Database
 from gateway.errors import ClientError
 from gateway.http.body import read_body
@@ -687,9 +687,14 @@ async def search_atomic(ctx: Ctx, dto: SearchAtomic, raw: bytes) -> web.Response
 
 
 async def _with_states(ctx: Ctx, scope_id: str, result: Any) -> dict[str, Any]:
-    """Search hits as 1.4.1 `AtomicMemorySearchHit`s (the record carries its state version)."""
+    """Search hits as 1.4.1 `AtomicMemorySearchHit`s (the record carries its state version).
+    A hit is a searchable head, so an active memory, and the store read its state version with
+    it (the same snapshot); a store that did not is asked for the states."""
     hits = []
-    states = await ctx.service.get_atomic_states(scope_id, [h.head.artifact_id for h in result.hits])
+    if all(h.state_version is not None for h in result.hits):
+        states = [AtomicMemoryState(h.head.ref, MemoryState.ACTIVE, h.state_version, None) for h in result.hits]
+    else:
+        states = await ctx.service.get_atomic_states(scope_id, [h.head.artifact_id for h in result.hits])
     for h, state in zip(result.hits, states, strict=True):
         hits.append(
             {

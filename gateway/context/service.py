@@ -117,6 +117,7 @@ class SearchHit:
     matched_by: tuple[str, ...]  # 1.4.1 wire names: "text", "vector"
     # Per channel that held it: (raw backend score, metric name, higher is better).
     channel_scores: Mapping[str, tuple[float, str, bool]] = field(default_factory=dict)
+    state_version: int | None = None  # read with the hit (a searchable atomic memory is active)
 
 
 @dataclass(frozen=True, slots=True)
@@ -641,12 +642,13 @@ class ContextService:
         pool = search.pool_size(coarse)
         ranked: list[tuple[str, list[bytes]]] = []
         heads: dict[bytes, ArtifactRevision] = {}
+        versions: dict[bytes, int | None] = {}
         raw: dict[bytes, dict[str, tuple[float, str, bool]]] = {}
         if used in (SearchMode.FTS, SearchMode.HYBRID):
             need = search.lexical_floor(len(terms)) if floor is None else floor
             rows = await self._store.search_text(scope_id, fam.value, terms, pool, kind, need)
             admitted = _admitted(fam, rows, terms, need, coarse if used is SearchMode.FTS else None)
-            keys = self._keys(admitted, heads)
+            keys = self._keys(admitted, heads, versions)
             metric, higher = self._store.text_metric
             for key, row in zip(keys, admitted, strict=True):
                 raw.setdefault(key, {})["text"] = (row.score, metric, higher)
@@ -654,19 +656,26 @@ class ContextService:
         if used in (SearchMode.VECTOR, SearchMode.HYBRID) and vector is not None:
             cos = self._settings.min_cosine if min_cosine is None else min_cosine
             rows = await self._store.search_vector(scope_id, fam.value, vector, pool, cos, kind)
-            keys = self._keys(rows, heads)
+            keys = self._keys(rows, heads, versions)
             for key, row in zip(keys, rows, strict=True):
                 raw.setdefault(key, {})["vector"] = (row.score, "cosine", True)
             ranked.append(("vector", keys))
         fused = search.rrf(ranked)[:coarse]
-        return [SearchHit(heads[f.key], f.score, f.channels, raw.get(f.key, {})) for f in fused], used, fallback
+        return (
+            [SearchHit(heads[f.key], f.score, f.channels, raw.get(f.key, {}), versions.get(f.key)) for f in fused],
+            used,
+            fallback,
+        )
 
     @staticmethod
-    def _keys(rows: Sequence[SearchRow], heads: dict[bytes, ArtifactRevision]) -> list[bytes]:
+    def _keys(
+        rows: Sequence[SearchRow], heads: dict[bytes, ArtifactRevision], versions: dict[bytes, int | None]
+    ) -> list[bytes]:
         keys: list[bytes] = []
         for row in rows:
             key = ArtifactAddress(row.head.scope_id, row.head.ref).identity_bytes()
             heads[key] = row.head
+            versions[key] = row.state_version
             keys.append(key)
         return keys
 

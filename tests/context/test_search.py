@@ -432,3 +432,30 @@ def test_at_least_matches_the_floor_and_scores_as_the_plain_or_bit_for_bit() -> 
         assert all(found[r] == plain[r] for r in found)  # bit for bit, not approximately
         checked += len(found)
     assert checked > 1000
+
+
+@pytest.mark.asyncio
+async def test_search_hits_carry_the_state_the_store_holds(store: ContextStore) -> None:
+    """Every mode's hits carry the state version read with them, equal to what a state read says;
+    forgotten and merged memories are not hits, a replaced one is found at its new head."""
+    embed = FakeEmbedder()
+    svc = make_service(store, embed=embed)
+    await svc.start()
+    sid = (await svc.create_scope(title="t", summary="s", idempotency_key="k", principal=None))[0].scope_id
+    ids = [
+        (await svc.create_artifact(sid, "atomic-memory", {"kind": "f", "text": text})).artifact_id
+        for text in ("postgres billing one", "postgres billing two", "postgres billing three", "postgres billing four")
+    ]
+    head = await svc.get_artifact(sid, "atomic-memory", ids[0])
+    revised = {"kind": "f", "text": "postgres billing one, revised"}
+    await svc.replace_artifact(sid, "atomic-memory", ids[0], revised, if_match=head.etag)
+    state = await svc.get_atomic_state(sid, ids[1])
+    await svc.change_lifecycle(sid, AtomicMemoryInput(state.artifact, state.state_version), "forgotten")
+    for mode in ("fts", "vector", "hybrid"):
+        found = await svc.search(sid, "atomic-memory", "postgres billing", mode=mode)
+        assert {h.head.artifact_id for h in found.hits} == {ids[0], ids[2], ids[3]}
+        states = await svc.get_atomic_states(sid, [h.head.artifact_id for h in found.hits])
+        for hit, held in zip(found.hits, states, strict=True):
+            assert hit.state_version == held.state_version and held.state.value == "active"
+            assert hit.head.ref == held.artifact and held.merged_into_id is None
+        assert next(h for h in found.hits if h.head.artifact_id == ids[0]).head.revision == 2

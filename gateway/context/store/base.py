@@ -192,6 +192,7 @@ class SearchRow:
 
     head: ArtifactRevision
     score: float
+    state_version: int | None = None  # the artifact's state version in the same read (atomic memory)
 
 
 @dataclass(frozen=True, slots=True)

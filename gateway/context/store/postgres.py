@@ -586,7 +586,7 @@ class PostgresContextStore:
                 "ts_rank(a.tsv, q.q) AS s FROM ctx_artifacts a, q WHERE a.searchable AND a.tsv @@ q.q "
                 f"AND a.scope_id = %s AND a.family = %s {kind_filter}ORDER BY s DESC, a.artifact_id LIMIT %s) "
                 "SELECT top.artifact_id, r.revision, r.content, r.content_digest, r.created_at, r.created_by, "
-                "r.source_id, r.previous_revision, r.reason, r.restored_from_revision, top.s "
+                "r.source_id, r.previous_revision, r.reason, r.restored_from_revision, top.s, a.state_version "
                 "FROM top JOIN ctx_artifacts a ON a.rid = top.rid JOIN ctx_revisions r "
                 "ON r.scope_id = a.scope_id AND r.family = a.family AND r.artifact_id = a.artifact_id "
                 "AND r.revision = a.head_revision ORDER BY top.s DESC, top.artifact_id"
@@ -594,7 +594,7 @@ class PostgresContextStore:
             args: list[Any] = [query, scope_id, family, *([kind] if kind is not None else []), limit]
             cur = await conn.execute(sql, args)  # built from constants only
             return [
-                SearchRow(revision_from_row(scope_id, family, r[0], r[1:10]), -float(r[10]))
+                SearchRow(revision_from_row(scope_id, family, r[0], r[1:10]), -float(r[10]), r[11])
                 for r in await cur.fetchall()
             ]
 
@@ -613,7 +613,7 @@ class PostgresContextStore:
             sql = (
                 "SELECT * FROM (SELECT a.artifact_id, r.revision, r.content, r.content_digest, r.created_at, "
                 "r.created_by, r.source_id, r.previous_revision, r.reason, r.restored_from_revision, "
-                "(SELECT sum(x * y) FROM unnest(a.vector, CAST(%s AS real[])) AS t(x, y)) AS cos "
+                "(SELECT sum(x * y) FROM unnest(a.vector, CAST(%s AS real[])) AS t(x, y)) AS cos, a.state_version "
                 "FROM ctx_artifacts a JOIN ctx_revisions r ON r.scope_id = a.scope_id AND r.family = a.family "
                 "AND r.artifact_id = a.artifact_id AND r.revision = a.head_revision "
                 "WHERE a.searchable AND a.vector IS NOT NULL AND a.scope_id = %s AND a.family = %s "
@@ -627,7 +627,7 @@ class PostgresContextStore:
             args += [min_cosine, limit]
             cur = await conn.execute(sql, args)  # built from constants only
             return [
-                SearchRow(revision_from_row(scope_id, family, r[0], r[1:10]), float(r[10]))
+                SearchRow(revision_from_row(scope_id, family, r[0], r[1:10]), float(r[10]), r[11])
                 for r in await cur.fetchall()
             ]
 

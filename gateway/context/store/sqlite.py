@@ -248,6 +248,7 @@ _HEAD_SQL = (
     "ON r.scope_id = a.scope_id AND r.family = a.family AND r.artifact_id = a.artifact_id "
     "AND r.revision = a.head_revision "
 )
+_HEAD_STATE_SQL = "SELECT a.state_version, " + _HEAD_SQL.removeprefix("SELECT ")  # the state version first
 
 
 def _head_from_row(scope_id: str, family: str, row: Sequence[Any]) -> ArtifactRevision:
@@ -663,14 +664,14 @@ class SqliteContextStore:
                 f"WHERE a.searchable = 1 AND a.scope_id = ? AND a.family = ? {cut}"
                 "ORDER BY m.s, a.artifact_id LIMIT ?) "
                 "SELECT top.artifact_id, r.revision, r.content, r.content_digest, r.created_at, r.created_by, "
-                "r.source_id, r.previous_revision, r.reason, r.restored_from_revision, top.s "
+                "r.source_id, r.previous_revision, r.reason, r.restored_from_revision, top.s, a.state_version "
                 "FROM top JOIN ctx_artifacts a ON a.rid = top.rid JOIN ctx_revisions r "
                 "ON r.scope_id = a.scope_id AND r.family = a.family AND r.artifact_id = a.artifact_id "
                 "AND r.revision = a.head_revision ORDER BY top.s, top.artifact_id"
             )
             args: list[Any] = [match, scope_id, family, *cut_args, limit]
             return [
-                SearchRow(_head_from_row(scope_id, family, r[:10]), float(r[10]))
+                SearchRow(_head_from_row(scope_id, family, r[:10]), float(r[10]), r[11])
                 for r in conn.execute(sql, args).fetchall()
             ]
 
@@ -708,10 +709,10 @@ class SqliteContextStore:
             out: list[SearchRow] = []
             for cos, artifact_id in best:
                 row = conn.execute(
-                    _HEAD_SQL + "WHERE a.scope_id = ? AND a.family = ? AND a.artifact_id = ?",
+                    _HEAD_STATE_SQL + "WHERE a.scope_id = ? AND a.family = ? AND a.artifact_id = ?",
                     (scope_id, family, artifact_id),
                 ).fetchone()
-                out.append(SearchRow(_head_from_row(scope_id, family, row), cos))
+                out.append(SearchRow(_head_from_row(scope_id, family, row[1:]), cos, row[0]))
             return out
 
         return await self._db.read(run)
