@@ -40,7 +40,7 @@ from gateway.config.runtime import Principal, Runtime
 from gateway.context import errors as cx
 from gateway.context.model import ArtifactRef, AtomicMemoryInput, MemoryState
 from gateway.context.service import ContextService, ContextSettings
-from gateway.context.store.base import AtomicMemoryState, ScopeRecord
+from gateway.context.store.base import ScopeRecord
 from gateway.context.store.database import Database
 from gateway.errors import ClientError
 from gateway.http.body import read_body
@@ -683,28 +683,24 @@ async def search_atomic(ctx: Ctx, dto: SearchAtomic, raw: bytes) -> web.Response
     result = await ctx.service.search(
         dto.scope_id, "atomic-memory", dto.query, mode=mode, limit=dto.limit, kind=dto.kind
     )
-    return _json(await _with_states(ctx, dto.scope_id, result))
+    return _json(_search_hits(result))
 
 
-async def _with_states(ctx: Ctx, scope_id: str, result: Any) -> dict[str, Any]:
+def _search_hits(result: Any) -> dict[str, Any]:
     """Search hits as 1.4.1 `AtomicMemorySearchHit`s (the record carries its state version).
-    A hit is a searchable head, so an active memory, and the store read its state version with
-    it (the same snapshot); a store that did not is asked for the states."""
+    A hit is a searchable head, so an active memory (never merged into another), and the store
+    read its state version with it, in the same snapshot."""
     hits = []
-    if all(h.state_version is not None for h in result.hits):
-        states = [AtomicMemoryState(h.head.ref, MemoryState.ACTIVE, h.state_version, None) for h in result.hits]
-    else:
-        states = await ctx.service.get_atomic_states(scope_id, [h.head.artifact_id for h in result.hits])
-    for h, state in zip(result.hits, states, strict=True):
+    for h in result.hits:
         hits.append(
             {
                 "memory": {
                     "artifact": h.head.ref.to_wire(),
                     "kind": str(h.head.content.get("kind", "")),
                     "text": str(h.head.content.get("text", "")),
-                    "state": state.state.value,
-                    "state_version": state.state_version,
-                    "merged_into_id": state.merged_into_id,
+                    "state": MemoryState.ACTIVE.value,
+                    "state_version": h.state_version,
+                    "merged_into_id": None,
                 },
                 "score": h.score,
                 "matched_by": list(h.matched_by),
@@ -752,7 +748,7 @@ async def search_memory(ctx: Ctx, dto: SearchMemory, raw: bytes) -> web.Response
     if dto.tag_filter is not None:
         raise cx.CapabilityNotSupported("tags")
     result = await ctx.service.search(dto.scope_id, "atomic-memory", dto.query, mode=dto.mode, limit=dto.limit)
-    return _json(await _with_states(ctx, dto.scope_id, result))
+    return _json(_search_hits(result))
 
 
 # --- prepare -----------------------------------------------------------------------------------

@@ -115,9 +115,9 @@ class SearchHit:
     head: ArtifactRevision
     score: float  # RRF score (1/(60+rank) summed over channels)
     matched_by: tuple[str, ...]  # 1.4.1 wire names: "text", "vector"
+    state_version: int  # read with the hit (a searchable atomic memory is active)
     # Per channel that held it: (raw backend score, metric name, higher is better).
     channel_scores: Mapping[str, tuple[float, str, bool]] = field(default_factory=dict)
-    state_version: int | None = None  # read with the hit (a searchable atomic memory is active)
 
 
 @dataclass(frozen=True, slots=True)
@@ -641,14 +641,13 @@ class ContextService:
             vector = await self._query_vector(text, holder, explicit=True)
         pool = search.pool_size(coarse)
         ranked: list[tuple[str, list[bytes]]] = []
-        heads: dict[bytes, ArtifactRevision] = {}
-        versions: dict[bytes, int | None] = {}
+        found: dict[bytes, SearchRow] = {}  # identity -> the row that holds its head
         raw: dict[bytes, dict[str, tuple[float, str, bool]]] = {}
         if used in (SearchMode.FTS, SearchMode.HYBRID):
             need = search.lexical_floor(len(terms)) if floor is None else floor
             rows = await self._store.search_text(scope_id, fam.value, terms, pool, kind, need)
             admitted = _admitted(fam, rows, terms, need, coarse if used is SearchMode.FTS else None)
-            keys = self._keys(admitted, heads, versions)
+            keys = self._keys(admitted, found)
             metric, higher = self._store.text_metric
             for key, row in zip(keys, admitted, strict=True):
                 raw.setdefault(key, {})["text"] = (row.score, metric, higher)
@@ -656,26 +655,23 @@ class ContextService:
         if used in (SearchMode.VECTOR, SearchMode.HYBRID) and vector is not None:
             cos = self._settings.min_cosine if min_cosine is None else min_cosine
             rows = await self._store.search_vector(scope_id, fam.value, vector, pool, cos, kind)
-            keys = self._keys(rows, heads, versions)
+            keys = self._keys(rows, found)
             for key, row in zip(keys, rows, strict=True):
                 raw.setdefault(key, {})["vector"] = (row.score, "cosine", True)
             ranked.append(("vector", keys))
         fused = search.rrf(ranked)[:coarse]
-        return (
-            [SearchHit(heads[f.key], f.score, f.channels, raw.get(f.key, {}), versions.get(f.key)) for f in fused],
-            used,
-            fallback,
-        )
+        hits = [
+            SearchHit(found[f.key].head, f.score, f.channels, found[f.key].state_version, raw.get(f.key, {}))
+            for f in fused
+        ]
+        return hits, used, fallback
 
     @staticmethod
-    def _keys(
-        rows: Sequence[SearchRow], heads: dict[bytes, ArtifactRevision], versions: dict[bytes, int | None]
-    ) -> list[bytes]:
+    def _keys(rows: Sequence[SearchRow], found: dict[bytes, SearchRow]) -> list[bytes]:
         keys: list[bytes] = []
         for row in rows:
             key = ArtifactAddress(row.head.scope_id, row.head.ref).identity_bytes()
-            heads[key] = row.head
-            versions[key] = row.state_version
+            found[key] = row
             keys.append(key)
         return keys
 

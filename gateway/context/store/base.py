@@ -192,7 +192,7 @@ class SearchRow:
 
     head: ArtifactRevision
     score: float
-    state_version: int | None = None  # the artifact's state version in the same read (atomic memory)
+    state_version: int  # the artifact's state version, read with the head
 
 
 @dataclass(frozen=True, slots=True)
