@@ -50,7 +50,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from context_store_bench import VOCAB  # noqa: E402
-from wire_bench import _child_setup, free_port, set_https_port, tree_cpu_seconds  # noqa: E402
+from wire_bench import _child_setup, free_port, set_https_port, tree_cpu_seconds, wait_quiet  # noqa: E402
 
 from gateway.context.service import ContextService  # noqa: E402
 from gateway.context.store.sqlite import SqliteContextStore, SqliteDatabase  # noqa: E402
@@ -237,33 +237,16 @@ async def timed_writes(server: Server, out: list[float], items: list[tuple[str, 
         out.append(time.perf_counter() - t)
 
 
-QUIET_CPU_SHARE = 0.05  # a neighbour using less than this of a core over QUIET_WINDOW_S is quiet
-QUIET_WINDOW_S = 0.25
-QUIET_MAX_S = 30.0
-
-
 def others_cpu(others: list[Server]) -> float:
     return sum(tree_cpu_seconds(o.pid) for o in others if o.pid is not None)
 
 
-async def settle(others: list[Server]) -> float:
-    """Wait (at most QUIET_MAX_S) until the other servers' processes are quiet: a server that
-    goes on working after its own timed requests (PowerContext's background jobs after
-    writes) must not take the CPU the next server is timed on. Returns the seconds waited."""
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < QUIET_MAX_S:
-        before = others_cpu(others)
-        await asyncio.sleep(QUIET_WINDOW_S)
-        if others_cpu(others) - before < QUIET_CPU_SHARE * QUIET_WINDOW_S:
-            break
-    return time.perf_counter() - t0
-
-
 @contextlib.asynccontextmanager
 async def timed_segment(server: Server, others: list[Server]) -> AsyncIterator[None]:
-    """A server's timed segment, its neighbours quiet at its start; what they used during it
-    is added to `server.others_cpu_s` (reported beside the figures)."""
-    server.settle_s += await settle(others)
+    """A server's timed segment, its neighbours at rest at its start (a server that goes on
+    working after its own requests must not take the CPU the next one is timed on); what they
+    used during it anyway is added to `server.others_cpu_s` (reported beside the figures)."""
+    server.settle_s += await wait_quiet(*(o.pid for o in others if o.pid is not None))
     before = others_cpu(others)
     yield
     server.others_cpu_s += others_cpu(others) - before
