@@ -645,7 +645,10 @@ class ContextService:
         raw: dict[bytes, dict[str, tuple[float, str, bool]]] = {}
         if used in (SearchMode.FTS, SearchMode.HYBRID):
             need = search.lexical_floor(len(terms)) if floor is None else floor
-            rows = await self._store.search_text(scope_id, fam.value, terms, pool, kind, need)
+            # One channel keeps the text ranking as it is: past the first `coarse` admitted rows none can
+            # reach the result, so a store whose match enforces the floor returns only those.
+            enough = coarse if used is SearchMode.FTS else None
+            rows = await self._store.search_text(scope_id, fam.value, terms, pool, kind, need, enough)
             admitted = _admitted(fam, rows, terms, need, coarse if used is SearchMode.FTS else None)
             keys = self._keys(admitted, found)
             metric, higher = self._store.text_metric

@@ -459,3 +459,37 @@ async def test_search_hits_carry_the_state_the_store_holds(store: ContextStore) 
             assert hit.state_version == held.state_version and held.state.value == "active"
             assert hit.head.ref == held.artifact and held.merged_into_id is None
         assert next(h for h in found.hits if h.head.artifact_id == ids[0]).head.revision == 2
+
+
+@pytest.mark.asyncio
+async def test_a_store_returns_only_enough_rows_when_its_match_enforces_the_floor(store: ContextStore) -> None:
+    """`enough`: when the match itself leaves out every head below the floor (floor 1, or the floor pushed
+    into the match), the store returns only the first `enough` rows of its ranking; under a plain OR that
+    admission must still filter (too many term groups), it returns up to `limit`, because admission will
+    drop some. The service's one-channel searches keep the same hits either way."""
+    svc = make_service(store)
+    await svc.start()
+    sid = (await svc.create_scope(title="t", summary="s", idempotency_key="k", principal=None))[0].scope_id
+    words = [f"w{i}" for i in range(9)]
+    for i in range(60):  # each text holds 1 to 4 of the words, in a fixed pattern
+        held = [words[(i + j * 2) % 9] for j in range(1 + i % 4)]
+        await svc.create_artifact(sid, "atomic-memory", {"kind": "fact", "text": " ".join(held)})
+
+    few = search.terms("w0 w1 w2 w3")  # floor 2 pushed into the match: C(4, 2) groups
+    for floor in (1, 2):
+        full = await store.search_text(sid, "atomic-memory", few, 40, min_match=floor)
+        assert len(full) > 5
+        cut = await store.search_text(sid, "atomic-memory", few, 40, min_match=floor, enough=5)
+        assert [(r.score, r.head.artifact_id) for r in cut] == [(r.score, r.head.artifact_id) for r in full[:5]]
+
+    many = search.terms(" ".join(words))  # floor 3 over 9 terms: C(9, 3) = 84 groups, so a plain OR
+    rows = await store.search_text(sid, "atomic-memory", many, 40, min_match=3, enough=5)
+    below = [r for r in rows if search.matched_terms(many, r.head.content["text"]) < 3]
+    assert len(rows) > 5 and below  # admission drops some: the store did not stop at `enough`
+
+    for query in ("w0 w1 w2 w3", "w0 w1 w2 w3 w4 w5 w6 w7 w8", "w4"):
+        wide = await svc.search(sid, "atomic-memory", query, mode="fts", limit=50)
+        assert all(search.admits_lexically(search.terms(query), h.head.content["text"]) for h in wide.hits)
+        for limit in (1, 3, 7):
+            narrow = await svc.search(sid, "atomic-memory", query, mode="fts", limit=limit)
+            assert [h.head.artifact_id for h in narrow.hits] == [h.head.artifact_id for h in wide.hits[:limit]]

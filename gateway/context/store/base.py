@@ -294,9 +294,13 @@ class ContextStore(Protocol):
         limit: int,
         kind: str | None = None,
         min_match: int = 1,
+        enough: int | None = None,
     ) -> list[SearchRow]:
         """Searchable heads (atomic: active only) holding any term, best first, ties by artifact_id.
-        A backend may leave out heads holding fewer than `min_match` distinct terms (never more)."""
+        A backend may leave out heads holding fewer than `min_match` distinct terms (never more).
+        `enough`: the caller keeps at most that many admitted rows, in this order; a backend whose
+        match itself leaves out every head below `min_match` (so admission drops nothing it returns)
+        then returns at most `enough` rows instead of `limit`."""
         ...
 
     async def search_vector(

@@ -46,6 +46,16 @@ def floor_groups(present: Sequence[str], min_match: int) -> list[tuple[str, ...]
     return list(itertools.combinations(present, min_match))
 
 
+def floor_cut(limit: int, enough: int | None, groups: list[tuple[str, ...]] | None, min_match: int) -> int:
+    """How many rows a text search returns: `enough` when the caller needs no more and the match
+    enforces the lexical floor itself (`min_match` <= 1, or the floor pushed into it as groups),
+    so that admission, which counts the same tokens, drops none of them; `limit` otherwise (a
+    plain OR under a floor above one returns rows admission will drop)."""
+    if enough is not None and (min_match <= 1 or groups is not None):
+        return max(1, min(limit, enough))
+    return limit
+
+
 def at_least(terms: Sequence[str], k: int, phrase: Callable[[str], str]) -> str:
     """An FTS5 MATCH expression for "holds at least `k` of `terms`" (1 <= k <= len(terms)) in which
     each term a matching row holds is a phrase of exactly one matching branch:

@@ -45,6 +45,7 @@ from gateway.context.store.common import (
     MAX_QUERY_TERMS,
     REVISION_COLUMNS,
     PresentTerms,
+    floor_cut,
     floor_groups,
     revision_from_row,
     transition,
@@ -552,6 +553,7 @@ class PostgresContextStore:
         limit: int,
         kind: str | None = None,
         min_match: int = 1,
+        enough: int | None = None,
     ) -> list[SearchRow]:
         candidates = [t for t in terms if _indexable(t)][:MAX_QUERY_TERMS]
         if not candidates:
@@ -591,7 +593,8 @@ class PostgresContextStore:
                 "ON r.scope_id = a.scope_id AND r.family = a.family AND r.artifact_id = a.artifact_id "
                 "AND r.revision = a.head_revision ORDER BY top.s DESC, top.artifact_id"
             )
-            args: list[Any] = [query, scope_id, family, *([kind] if kind is not None else []), limit]
+            wanted = floor_cut(limit, enough, groups, min_match)
+            args: list[Any] = [query, scope_id, family, *([kind] if kind is not None else []), wanted]
             cur = await conn.execute(sql, args)  # built from constants only
             return [
                 SearchRow(revision_from_row(scope_id, family, r[0], r[1:10]), -float(r[10]), r[11])

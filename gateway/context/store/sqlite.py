@@ -48,6 +48,7 @@ from gateway.context.store.common import (
     REVISION_COLUMNS,
     PresentTerms,
     at_least,
+    floor_cut,
     floor_groups,
     fts_key,
     pack_vector,
@@ -617,6 +618,7 @@ class SqliteContextStore:
         limit: int,
         kind: str | None = None,
         min_match: int = 1,
+        enough: int | None = None,
     ) -> list[SearchRow]:
         if not terms:
             return []
@@ -647,6 +649,7 @@ class SqliteContextStore:
                 match = " OR ".join(f'"{key}{t}"' for t in present)
             else:
                 match = at_least(present, min_match, lambda t: f'"{key}{t}"')
+            wanted = floor_cut(limit, enough, groups, min_match)
             # Score every match once, in the FTS table alone; join the artifacts rows only of matches that can
             # still be in the top `limit` by (score, artifact_id) — every row scoring no worse than the
             # limit-th best, ties included — and read revision bodies only for the final rows. The index holds
@@ -654,7 +657,7 @@ class SqliteContextStore:
             # scoring and so cannot cut before the join.
             if kind is None:
                 cut = "AND m.s <= coalesce((SELECT s FROM m ORDER BY s LIMIT 1 OFFSET ?), 1e308) "
-                cut_args: list[Any] = [max(0, limit - 1)]
+                cut_args: list[Any] = [max(0, wanted - 1)]
             else:
                 cut, cut_args = "AND a.kind = ? ", [kind]
             sql = (
@@ -669,7 +672,7 @@ class SqliteContextStore:
                 "ON r.scope_id = a.scope_id AND r.family = a.family AND r.artifact_id = a.artifact_id "
                 "AND r.revision = a.head_revision ORDER BY top.s, top.artifact_id"
             )
-            args: list[Any] = [match, scope_id, family, *cut_args, limit]
+            args: list[Any] = [match, scope_id, family, *cut_args, wanted]
             return [
                 SearchRow(_head_from_row(scope_id, family, r[:10]), float(r[10]), r[11])
                 for r in conn.execute(sql, args).fetchall()
