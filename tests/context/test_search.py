@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -493,3 +495,69 @@ async def test_a_store_returns_only_enough_rows_when_its_match_enforces_the_floo
         for limit in (1, 3, 7):
             narrow = await svc.search(sid, "atomic-memory", query, mode="fts", limit=limit)
             assert [h.head.artifact_id for h in narrow.hits] == [h.head.artifact_id for h in wide.hits[:limit]]
+
+
+async def _written_store(path: Path, merge_idle_s: float | None, count: int) -> tuple[Any, ContextService, str]:
+    from gateway.context.store.sqlite import SqliteContextStore, SqliteDatabase
+
+    store = SqliteContextStore(SqliteDatabase(path, synchronous="NORMAL"), merge_idle_s=merge_idle_s)
+    await store.open()
+    svc = make_service(store)
+    await svc.start()
+    sid = (await svc.create_scope(title="t", summary="s", idempotency_key="k", principal=None))[0].scope_id
+    for i in range(count):  # one write transaction each, as the memory routes write
+        text = " ".join(VOCAB[(i * j + j) % len(VOCAB)] for j in range(1, 2 + i % 5)) + f" note{i}"
+        await svc.create_artifact(sid, "atomic-memory", {"kind": "fact", "text": text})
+    return store, svc, sid
+
+
+@pytest.mark.asyncio
+async def test_sqlite_fts_segments_merge_and_ranking_stays_bit_for_bit(tmp_path: Path) -> None:
+    """Memories written one transaction each leave FTS5 segments to merge; merging changes no row, score or
+    order of any search, and once merged there is nothing left to merge."""
+    store, svc, sid = await _written_store(str(tmp_path / "ctx.db"), None, 300)
+    try:
+        queries = ["postgres billing", "staging deploy friday", "pytest region token billing", "note7 postgres"]
+
+        async def rankings() -> list[list[tuple[str, float]]]:
+            out = []
+            for q in queries:
+                terms = search.terms(q)
+                for floor in (1, search.lexical_floor(len(terms))):
+                    rows = await store.search_text(sid, "atomic-memory", terms, 500, min_match=floor)
+                    out.append([(r.head.artifact_id, r.score) for r in rows])
+            return out
+
+        before = await rankings()
+        assert sum(len(r) for r in before) > 300
+        assert await store.merge_index() >= 1  # the segments the writes left were merged
+        assert await rankings() == before  # same rows, same order, scores equal as floats
+        assert await store.merge_index() == 0  # one segment: nothing left
+    finally:
+        await store.close()
+
+
+@pytest.mark.asyncio
+async def test_sqlite_fts_index_is_merged_once_writes_pause_and_close_leaves_nothing_running(tmp_path: Path) -> None:
+    store, svc, sid = await _written_store(str(tmp_path / "idle.db"), 0.05, 120)
+    try:
+        for _ in range(200):  # the idle pass runs 0.05 s after the last write
+            await asyncio.sleep(0.02)
+            merging = store._merging
+            if store._merge_timer is None and merging is not None and merging.done():
+                break  # the pass the last write armed has run (not an earlier one a write ended)
+        assert merging is not None and merging.done() and merging.result() >= 1
+        assert await store.merge_index() == 0
+        # a write re-arms it; closing before it fires, or while it runs, leaves no task behind
+        await svc.create_artifact(sid, "atomic-memory", {"kind": "fact", "text": "postgres again"})
+        assert store._merge_timer is not None
+    finally:
+        await store.close()
+    assert store._merge_timer is None
+    assert not [t for t in asyncio.all_tasks() if t.get_name() == "context-fts-merge" and not t.done()]
+
+    store2, svc2, sid2 = await _written_store(str(tmp_path / "busy.db"), 0.0, 60)
+    await asyncio.sleep(0)  # the timer fires: a pass starts on the writer thread
+    await asyncio.sleep(0)
+    await store2.close()  # cancels the pass; a step already running ends before the database closes
+    assert not [t for t in asyncio.all_tasks() if t.get_name() == "context-fts-merge" and not t.done()]
