@@ -39,7 +39,7 @@ from gateway.checks.store import refusal_reasons, write_verdict
 from gateway.config.runtime import Principal, Runtime
 from gateway.context import errors as cx
 from gateway.context.model import ArtifactRef, AtomicMemoryInput, MemoryState
-from gateway.context.service import ContextService, ContextSettings
+from gateway.context.service import ContextService, ContextSettings, SearchResult
 from gateway.context.store.base import ScopeRecord
 from gateway.context.store.database import Database
 from gateway.errors import ClientError
@@ -686,7 +686,7 @@ async def search_atomic(ctx: Ctx, dto: SearchAtomic, raw: bytes) -> web.Response
     return _json(_search_hits(result))
 
 
-def _search_hits(result: Any) -> dict[str, Any]:
+def _search_hits(result: SearchResult) -> dict[str, Any]:
     """Search hits as 1.4.1 `AtomicMemorySearchHit`s (the record carries its state version).
     A hit is a searchable head, so an active memory (never merged into another), and the store
     read its state version with it, in the same snapshot."""

@@ -649,7 +649,7 @@ class ContextService:
             # reach the result, so a store whose match enforces the floor returns only those.
             enough = coarse if used is SearchMode.FTS else None
             rows = await self._store.search_text(scope_id, fam.value, terms, pool, kind, need, enough)
-            admitted = _admitted(fam, rows, terms, need, coarse if used is SearchMode.FTS else None)
+            admitted = _admitted(fam, rows, terms, need, enough)
             keys = self._keys(admitted, found)
             metric, higher = self._store.text_metric
             for key, row in zip(keys, admitted, strict=True):
