@@ -45,9 +45,9 @@ class _Claims:
 
     def encode(self) -> dict[str, Any]:
         out: dict[str, Any] = {"v": VERSION, "kind": self.KIND}
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            out[f.metadata["wire"]] = list(value) if isinstance(value, tuple) else value
+        for name, wire, _ in _layout(type(self)):
+            value = getattr(self, name)
+            out[wire] = list(value) if isinstance(value, tuple) else value
         return out
 
 
@@ -101,6 +101,21 @@ _TYPES: dict[str, tuple[type, ...]] = {
 }
 
 
+Layout = tuple[tuple[str, str, tuple[type, ...]], ...]
+_LAYOUTS: dict[type, Layout] = {}
+
+
+def _layout(cls: type[_Claims]) -> Layout:
+    """(field name, wire key, accepted types) of each claim of `cls`, in field order: made
+    once per class (walking the dataclass fields was most of a binding's encoding and
+    decoding, which every proxied call does three times)."""
+    layout = _LAYOUTS.get(cls)
+    if layout is None:
+        fields = dataclasses.fields(cls)
+        layout = _LAYOUTS[cls] = tuple((f.name, f.metadata["wire"], _TYPES[str(f.type)]) for f in fields)
+    return layout
+
+
 def decode(cls: type[C], data: Mapping[str, Any]) -> C:
     """Claims of `cls` from opened binding data. A missing claim, one of the wrong type or
     another version makes the binding invalid; another kind is the wrong phase."""
@@ -109,19 +124,17 @@ def decode(cls: type[C], data: Mapping[str, Any]) -> C:
     if data.get("kind") != cls.KIND:
         raise BindingError(ReasonCode.BINDING_PHASE)
     values: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):
-        key = f.metadata["wire"]
+    for name, key, kinds in _layout(cls):
         if key not in data:
             raise BindingError(ReasonCode.BINDING_INVALID)
         value = data[key]
-        kinds = _TYPES[str(f.type)]
         if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
             raise BindingError(ReasonCode.BINDING_INVALID)
         if isinstance(value, list):
             if not all(isinstance(item, dict) for item in value):
                 raise BindingError(ReasonCode.BINDING_INVALID)
             value = tuple(value)
-        values[f.name] = value
+        values[name] = value
     return cls(**values)
 
 
