@@ -273,11 +273,18 @@ def test_only_observers_sign_in_and_only_admins_switch(live: tuple[Env, GatewayT
     other.close()
 
 
-def test_screenshots_are_kept_for_the_readme() -> None:
-    """Copies one screenshot per page into docs/ when asked (WIREGATE_UPDATE_DOCS=1)."""
-    if os.environ.get("WIREGATE_UPDATE_DOCS") != "1":
-        pytest.skip("set WIREGATE_UPDATE_DOCS=1 to refresh docs/ui-*.png from test-output/ui/")
+def test_the_readme_shows_a_screenshot_of_each_page() -> None:
+    """The README's three screenshots are PNGs of the pages at 1280 pixels wide, as these
+    tests take them; WIREGATE_UPDATE_DOCS=1 first copies the ones this run took into docs/."""
     docs = Path(__file__).resolve().parents[2] / "docs"
-    docs.mkdir(exist_ok=True)
-    for name in ("context-1280.png", "usage-1280.png", "decisions-1280.png"):
-        shutil.copy(OUT / name, docs / f"ui-{name.split('-')[0]}.png")
+    pages = ("context", "usage", "decisions")
+    if os.environ.get("WIREGATE_UPDATE_DOCS") == "1":
+        docs.mkdir(exist_ok=True)
+        for page in pages:
+            shutil.copy(OUT / f"{page}-1280.png", docs / f"ui-{page}.png")
+    readme = (docs.parent / "README.md").read_text()
+    for page in pages:
+        assert f"](docs/ui-{page}.png)" in readme
+        head = (docs / f"ui-{page}.png").read_bytes()[:24]
+        assert head[:8] == b"\x89PNG\r\n\x1a\n" and head[12:16] == b"IHDR"
+        assert int.from_bytes(head[16:20], "big") == 1280, page  # the width the pages are shot at
