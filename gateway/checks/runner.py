@@ -315,12 +315,14 @@ async def before_release(
     now: float | None = None,
     send_claims: SendClaims | None = None,
     seconds: float = 0.0,
+    seal: bool = True,
 ) -> CheckOutcome:
     """Open the send binding (whatever the mode), take the release checks' `verdict` (and
     the mode it is to be read under), admit the payload into the release ledger (one
     payload per send binding), and seal a release binding. `send_claims`: the binding as
     `open_send_binding` already opened it (the API needs its carriers first); `seconds`:
-    time the checks took elsewhere (a worker)."""
+    time the checks took elsewhere (a worker); `seal`: False where no one receives the
+    release binding (the proxy releases the bytes itself), so none is made."""
     started = time.perf_counter() - seconds
     now = time.time() if now is None else now
     profile_id = party.profile.profile.id
@@ -341,6 +343,8 @@ async def before_release(
     payload_digest = hashlib.sha256(raw).hexdigest()
     if not await ledger.admit(send.id, payload_digest, float(send.correlate_until), now):
         return refused(ReasonCode.BINDING_MISMATCH)
+    if not seal:
+        return CheckOutcome(Phase.BEFORE_RELEASE, checked, effective, time.perf_counter() - started)
     cfg = runtime.config.bindings
     release = claims_.new(
         ReleaseClaims,

@@ -5,7 +5,7 @@ gateway's loop for ordinary bodies and in a worker process for large ones (see
 `offload`), so both paths decide identically.
 
 Owns: `parse_request`, `prepare_send` (steps 4-6 for one profile) and `read_response`
-(step 9 without the ledger and the release binding, which need the gateway's own state).
+(step 9 without the send binding and the release ledger, which need the gateway's own state).
 Must not: do network I/O or touch app state.
 """
 
@@ -166,7 +166,7 @@ def decode(
 
 @dataclass(frozen=True, slots=True)
 class Read:
-    """Step 9's work on the response, before the ledger and the release binding: what the
+    """Step 9's work on the response, before the send binding and the ledger: what the
     response says (content-free facts), the exact bytes to release, and the verdict."""
 
     complete: bool

@@ -518,7 +518,8 @@ async def read_and_check(
     folded: tuple[FoldedResponse, bytes] | None = None,
 ) -> tuple[decide.Read, CheckOutcome]:
     """`decide.read_response` (in a worker for a large body), then the gateway's own half
-    of before_release: the send binding, the release ledger, the release binding."""
+    of before_release: the send binding and the release ledger (no release binding: the
+    gateway releases the bytes itself, so no one would receive one)."""
     assert attempt.send.binding is not None
     runtime = ex.runtime
     is_stream = _is_stream(attempt.response)
@@ -550,6 +551,7 @@ async def read_and_check(
         request_binding=attempt.send.binding,
         ledger=app[LOCAL_RELEASE_LEDGER],
         seconds=time.perf_counter() - started,
+        seal=False,  # the gateway releases the bytes itself: no one would receive a release binding
     )
     note_check(app, ex.request_id, outcome, attempt.party.profile.profile.id, ex.route)
     return read, outcome

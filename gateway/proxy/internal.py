@@ -93,6 +93,7 @@ async def embed(app: web.Application, texts: list[str]) -> list[list[float]]:
         (read.verdict, read.mode),
         request_binding=send.binding,
         ledger=app[LOCAL_RELEASE_LEDGER],
+        seal=False,  # the vectors stay in the gateway
     )
     if not outcome.proceed or not read.complete:
         log.info("embedding_withheld", reason_codes=outcome.verdict.reason_codes, profile=loaded.profile.id)

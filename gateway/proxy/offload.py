@@ -6,8 +6,8 @@ the interpreter lock throughout) to stall every other connection. Bodies of at l
 (`server.check_workers`), each holding the runtime loaded from the same configuration
 files, running exactly the functions of `decide` the loop runs for small bodies: parse,
 then plan + admit + before_send per profile; read + before_release checks for a large
-response. The release ledger and the release binding stay in the gateway (they are its
-own state).
+response. The send binding and the release ledger stay in the gateway (they are its own
+state).
 
 A worker checks that its runtime is the one the call is pinned to (generation, policy
 version, profile digests, key ring); a worker that cannot load that same runtime reports
