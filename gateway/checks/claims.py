@@ -45,7 +45,7 @@ class _Claims:
 
     def encode(self) -> dict[str, Any]:
         out: dict[str, Any] = {"v": VERSION, "kind": self.KIND}
-        for name, wire, _ in _layout(type(self)):
+        for name, wire, _ in _LAYOUTS[type(self)]:
             value = getattr(self, name)
             out[wire] = list(value) if isinstance(value, tuple) else value
         return out
@@ -101,19 +101,12 @@ _TYPES: dict[str, tuple[type, ...]] = {
 }
 
 
-Layout = tuple[tuple[str, str, tuple[type, ...]], ...]
-_LAYOUTS: dict[type, Layout] = {}
-
-
-def _layout(cls: type[_Claims]) -> Layout:
-    """(field name, wire key, accepted types) of each claim of `cls`, in field order: made
-    once per class (walking the dataclass fields was most of a binding's encoding and
-    decoding, which every proxied call does three times)."""
-    layout = _LAYOUTS.get(cls)
-    if layout is None:
-        fields = dataclasses.fields(cls)
-        layout = _LAYOUTS[cls] = tuple((f.name, f.metadata["wire"], _TYPES[str(f.type)]) for f in fields)
-    return layout
+# (field name, wire key, accepted types) of each claim, in field order, per kind of claims:
+# walking the dataclass fields on every call was most of a binding's encoding and decoding.
+_LAYOUTS: dict[type, tuple[tuple[str, str, tuple[type, ...]], ...]] = {
+    cls: tuple((f.name, f.metadata["wire"], _TYPES[str(f.type)]) for f in dataclasses.fields(cls))
+    for cls in (SendClaims, ReleaseClaims, ReuseClaims)
+}
 
 
 def decode(cls: type[C], data: Mapping[str, Any]) -> C:
@@ -124,7 +117,7 @@ def decode(cls: type[C], data: Mapping[str, Any]) -> C:
     if data.get("kind") != cls.KIND:
         raise BindingError(ReasonCode.BINDING_PHASE)
     values: dict[str, Any] = {}
-    for name, key, kinds in _layout(cls):
+    for name, key, kinds in _LAYOUTS[cls]:
         if key not in data:
             raise BindingError(ReasonCode.BINDING_INVALID)
         value = data[key]

@@ -551,7 +551,7 @@ async def read_and_check(
         request_binding=attempt.send.binding,
         ledger=app[LOCAL_RELEASE_LEDGER],
         seconds=time.perf_counter() - started,
-        seal=False,  # the gateway releases the bytes itself: no one would receive a release binding
+        seal=False,
     )
     note_check(app, ex.request_id, outcome, attempt.party.profile.profile.id, ex.route)
     return read, outcome
