@@ -162,7 +162,9 @@ def split(
     for n, part in enumerate(layout.parts):
         label = _label_for(pointer(part.path), labels) if labels else None
         if label is not None:
-            found = [(registry.resolve(label).id, part.text)]
+            found: Any = ((registry.resolve(label).id, part.text),)
+        elif BEGIN_MARKER not in part.text:  # most parts: the whole text is one piece
+            found = ((classify(part, current), part.text),)
         else:
             base = classify(part, current)
             found = [(PREPARED if prepared else base, piece) for prepared, piece in prepared_segments(part.text)]

@@ -235,21 +235,52 @@ def test_block_identities_are_keyed_stable_and_name_their_construction() -> None
     one, other = block_digest(b"k" * 32), block_digest(b"j" * 32)
     block, text = "prompt.system_instructions", "You are a careful assistant. " * 50
     made = one(block, text)
-    assert made == one(block, text) and made.startswith("b3:") and len(made) == 3 + 16
+    assert made == one(block, text) and made.startswith("b3p:") and len(made) == 4 + 16
     assert other(block, text) != made  # another key, another identity: nobody can test guesses without it
     assert one(block, text + " ") != made
     assert one("prompt.history.user_turn", text) != made  # the block id is part of the identity
-    joined = (block + "\x00" + text).encode()
-    assert made[3:] != blake3(joined).digest(8).hex()  # not the unkeyed hash
-    derived = hmac.digest(b"k" * 32, b"wiregate attribution block identity v1", "sha256")
-    assert made[3:] == blake3(joined, key=derived).digest(8).hex()  # keyed BLAKE3 of "id\0text", as documented
-    assert one(block, "\ud800 lone surrogate") == one(block, "\ud800 lone surrogate")  # any str the reader keeps
-    from gateway.proxy.projections import JOIN_BELOW
+    derived = hmac.digest(b"k" * 32, b"wiregate attribution block identity v2", "sha256")
 
-    for size in (JOIN_BELOW - 1, JOIN_BELOW, 3 * JOIN_BELOW + 7):  # either way of hashing: the same construction
-        big = ("é" + text)[:size].ljust(size, "x")
-        whole = (block + "\x00" + big).encode()
-        assert one(block, big) == "b3:" + blake3(whole, key=derived).digest(8).hex()
+    def documented(block_id: str, body: str) -> bytes:
+        """text, zeros to a whole number of 16 KiB (a power of two of KiB below that, none up
+        to 1 KiB), then the id, its length (u32) and the text's (u64), little-endian."""
+        data, name = body.encode("utf-8", "surrogatepass"), block_id.encode()
+        tail = name + len(name).to_bytes(4, "little") + len(data).to_bytes(8, "little")
+        size = len(data) + len(tail)
+        if size <= 1024:
+            target = size
+        elif size < 16384:
+            target = 1024
+            while target < size:
+                target *= 2
+        else:
+            target = -(-size // 16384) * 16384
+        return data + bytes(target - size) + tail
+
+    message = documented(block, text)
+    assert made[4:] != blake3(message).digest(8).hex()  # not the unkeyed hash
+    assert made[4:] == blake3(message, key=derived).digest(8).hex()  # keyed BLAKE3, as documented
+    assert one(block, "\ud800 lone surrogate") == one(block, "\ud800 lone surrogate")  # any str the reader keeps
+    tail = len(block) + 12
+    for size in (
+        5,
+        1024 - tail,
+        1025 - tail,
+        5000,
+        16384 - tail,
+        16385 - tail,
+        70_000,
+    ):  # each side of each padding step
+        big = ("é" + text * 60)[:size].ljust(size, "x")
+        assert len(big.encode()) >= size
+        assert one(block, big) == "b3p:" + blake3(documented(block, big), key=derived).digest(8).hex()
+    # The padding is zeros, the lengths say where the text ends: a text ending in NULs, or one
+    # that ends in what a shorter text's padding and trailer would be, is another identity.
+    short = "x" * 1500
+    padded = documented(block, short)[: -len(block) - 12].decode()
+    assert (
+        len({one(block, short), one(block, short + "\x00"), one(block, short + "\x00" * 100), one(block, padded)}) == 4
+    )
 
 
 def test_remembered_scope_and_session_digests_are_the_log_digests() -> None:
