@@ -6,11 +6,14 @@ import hmac
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway.attribution import blocks, registry
 from gateway.attribution.blocks import estimate, parse_labels, split
 from gateway.carriers import CARRIERS
 from gateway.context import builder
+from tests import native_build
 
 REG = registry.build()
 PREPARED = builder.TRUST_POLICY + "\n\n" + builder.BEGIN_MARKER + '\n{"items":[]}\n' + builder.END_MARKER
@@ -292,3 +295,28 @@ def test_remembered_scope_and_session_digests_are_the_log_digests() -> None:
         assert projections._kept_digest(key, value) == log_digest(value, key)  # noqa: SLF001
         assert projections._kept_digest(key, value) == log_digest(value, key)  # noqa: SLF001 -- remembered or not
     assert projections._kept_digest(b"j" * 32, "scope\x00default") != projections._kept_digest(key, "scope\x00default")  # noqa: SLF001
+
+
+_TEXTS = st.text(st.characters(codec="utf-8") | st.characters(categories=["Cs"]), max_size=64) | st.builds(
+    lambda unit, n: unit * n, st.text(min_size=1, max_size=3), st.integers(0, 12_000)
+)
+
+
+@given(text=_TEXTS, name=st.sampled_from(["", "prompt.tool_result", "wiregate.prepared_context", "é" * 40]))
+@settings(max_examples=300, deadline=None)
+def test_native_block_message_equals_the_reference(text: str, name: str) -> None:
+    """The identity's input built natively (one copy) is the reference's byte for byte:
+    ASCII and not, lone surrogates, every padding step (texts up to 36 KB)."""
+    from gateway.proxy import projections
+
+    native_build.assert_built(projections._block_message is not projections.block_message, "block_message", "native")
+    assert projections._block_message(text, name.encode()) == projections.block_message(text, name.encode())
+
+
+def test_native_block_message_refuses_wrong_types() -> None:
+    from gateway.proxy import projections
+
+    native_build.assert_built(projections._block_message is not projections.block_message, "block_message", "native")
+    for bad in ((b"x", b"n"), ("x", "n"), ("x",)):
+        with pytest.raises(TypeError):
+            projections._block_message(*bad)  # type: ignore[arg-type]
