@@ -561,3 +561,32 @@ async def test_sqlite_fts_index_is_merged_once_writes_pause_and_close_leaves_not
     await asyncio.sleep(0)
     await store2.close()  # cancels the pass; a step already running ends before the database closes
     assert not [t for t in asyncio.all_tasks() if t.get_name() == "context-fts-merge" and not t.done()]
+
+
+@pytest.mark.asyncio
+async def test_a_merge_pass_on_a_closed_database_ends_quietly_and_other_errors_are_not_swallowed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The merge pass swallows only what ends it for a reason merging may ignore (a closed
+    database, a lock held past the busy timeout), not any RuntimeError of its own step."""
+    from gateway.context.store import sqlite as sqlite_store
+
+    store, _svc, _sid = await _written_store(str(tmp_path / "closed.db"), None, 20)
+    db = store._db
+    await store.close()
+    with pytest.raises(sqlite_store.DatabaseClosed):
+        await db.write(lambda conn: None)
+    with pytest.raises(sqlite_store.DatabaseClosed):
+        await db.read(lambda conn: None)
+    assert await store.merge_index() == 0  # closed: the pass ends, nothing raised
+
+    def broken(conn: object) -> bool:
+        raise RuntimeError("a bug in a merge step")
+
+    store, _svc, _sid = await _written_store(str(tmp_path / "broken.db"), None, 20)
+    try:
+        monkeypatch.setattr(sqlite_store, "_merge_step", broken)
+        with pytest.raises(RuntimeError, match="a bug in a merge step"):
+            await store.merge_index()
+    finally:
+        await store.close()

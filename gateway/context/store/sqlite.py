@@ -109,6 +109,10 @@ CONTEXT_MIGRATIONS: tuple[Migration, ...] = (
 )
 
 
+class DatabaseClosed(RuntimeError):
+    """The database was closed (or is closing) when work for it was submitted."""
+
+
 class SqliteDatabase:
     """One SQLite file and the threads that may touch it. Other table owners register migrations here."""
 
@@ -202,7 +206,7 @@ class SqliteDatabase:
     async def read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run `fn(conn)` on a reader thread inside one read transaction (a consistent snapshot)."""
         if self._reader is None:
-            raise RuntimeError("database is not open")
+            raise DatabaseClosed("database is not open")
 
         def run() -> T:
             conn = self._reader_conn()
@@ -217,7 +221,7 @@ class SqliteDatabase:
     async def write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run `fn(conn)` on the writer thread as one `BEGIN IMMEDIATE` transaction; any exception rolls back."""
         if self._writer is None or self._write_conn is None:
-            raise RuntimeError("database is not open")
+            raise DatabaseClosed("database is not open")
         conn = self._write_conn
 
         def run() -> T:
@@ -335,7 +339,7 @@ class SqliteContextStore:
         try:
             while self._index_writes == started and await self._db.write(_merge_step):
                 steps += 1
-        except (sqlite3.Error, RuntimeError):
+        except (sqlite3.Error, DatabaseClosed):
             pass
         return steps
 
