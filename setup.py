@@ -1,5 +1,6 @@
-"""The native modules: the strict JSON reader's fast path (gateway/carriers/jsonraw.py) and
-the encoded-run finder's (gateway/inspection/decoders.py).
+"""The native modules: the strict JSON reader's fast path (gateway/carriers/jsonraw.py, with
+the attribution identity's message builder beside it) and the encoded-run finder's
+(gateway/inspection/decoders.py).
 
 Everything else is in pyproject.toml. `optional=True`: where no C compiler or Python headers
 are present the install still succeeds and jsonraw and decoders use their pure-Python references

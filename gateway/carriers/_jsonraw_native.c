@@ -14,6 +14,10 @@
  *   (3 and 4 swap for loads(check_depth=True), as in the reference.)
  *
  * Pure: no I/O. The types, reason codes and kinds come from jsonraw via configure().
+ *
+ * Beside the reader, one byte builder that works on what the reader made: block_message,
+ * the message an attribution block identity hashes (reference:
+ * gateway.proxy.projections.block_message; tests/attribution/test_blocks.py compares them).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
