@@ -17,9 +17,9 @@ Two measurements, on a 1 KB chat body and a 200 KB body with tool-call history:
   so their CPU is counted in it.
 
 Targets: at most 50 µs added per call at 1 KB, at most 2 % more gateway CPU at 200 KB (the
-collect, timed again between the end-to-end rounds, over the gateway's CPU per call with
-collection off; and the end-to-end on/off ratio). They are reported, never asserted (these
-machines are noisy).
+collect over the gateway's CPU per call with collection off, timed warm before the run and
+again between the end-to-end rounds; and the end-to-end on/off ratio). They are reported,
+never asserted (these machines are noisy).
 
     .venv/bin/python bench/attribution_bench.py [--quick] [--json PATH]
 """
@@ -175,7 +175,7 @@ def _beside(collect: Collect, pinned: bool) -> float:
     if pinned:
         os.sched_setaffinity(0, {wire_bench.GATEWAY_CORE})
     try:
-        for _ in range(2 * BURST):  # untimed: the core, idle since the round, is brought back to speed first
+        for _ in range(2 * BURST):  # untimed, like the warm figure's first calls
             collect()
         return _median_us(collect, BURST)
     finally:

@@ -13,7 +13,7 @@ unreadable label header is ignored and said so, an unknown part is unattributed)
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -162,7 +162,7 @@ def split(
     for n, part in enumerate(layout.parts):
         label = _label_for(pointer(part.path), labels) if labels else None
         if label is not None:
-            found: Any = ((registry.resolve(label).id, part.text),)
+            found: Sequence[tuple[str, str]] = ((registry.resolve(label).id, part.text),)
         elif BEGIN_MARKER not in part.text:  # most parts: the whole text is one piece
             found = ((classify(part, current), part.text),)
         else:

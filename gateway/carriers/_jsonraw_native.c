@@ -17,7 +17,8 @@
  *
  * Beside the reader, one byte builder that works on what the reader made: block_message,
  * the message an attribution block identity hashes (reference:
- * gateway.proxy.projections.block_message; tests/attribution/test_blocks.py compares them).
+ * gateway.proxy.projections.block_message, which uses it through jsonraw.native();
+ * tests/attribution/test_blocks.py compares them).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

@@ -28,6 +28,7 @@ from gateway import admission, usage
 from gateway.attribution import blocks, registry
 from gateway.attribution.ledger import USAGE_KINDS, Record
 from gateway.attribution.registry import Registry
+from gateway.carriers import jsonraw
 from gateway.carriers.base import Carrier
 from gateway.config.model import AttributionConfig
 from gateway.config.runtime import Runtime
@@ -204,16 +205,11 @@ def block_message(text: str, name: bytes) -> bytes:
     lone surrogates kept as "surrogatepass" writes them; lengths as little-endian u32 and
     u64). The trailer makes the message unambiguous whatever the padding (`_padding`), and
     the text comes first so that it is copied once. The reference of the native
-    `_jsonraw_native.block_message` (one copy, no encode for an ASCII str)."""
+    `_jsonraw_native.block_message` (one copy, no encode for an ASCII str), used where
+    `jsonraw.native()` is."""
     encoded = text.encode("utf-8", "surrogatepass")
     tail = name + struct.pack("<IQ", len(name), len(encoded))
     return b"".join((encoded, _ZEROS[: _padding(len(encoded) + len(tail))], tail))
-
-
-try:
-    from gateway.carriers._jsonraw_native import block_message as _block_message
-except ImportError:  # pragma: no cover - a machine without a C compiler
-    _block_message = block_message
 
 
 @functools.lru_cache(maxsize=4)
@@ -225,7 +221,9 @@ def block_digest(key: bytes) -> Callable[[str, str], str]:
     derived = hmac.digest(key, b"wiregate attribution block identity v2", "sha256")
 
     def digest(block_id: str, text: str) -> str:
-        return BLOCK_DIGEST + blake3(_block_message(text, block_id.encode()), key=derived).digest(8).hex()
+        native = jsonraw.native()  # the JSON reader's native module, when in use, builds it in one copy
+        build = native.block_message if native is not None else block_message
+        return BLOCK_DIGEST + blake3(build(text, block_id.encode()), key=derived).digest(8).hex()
 
     return digest
 

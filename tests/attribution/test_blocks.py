@@ -307,16 +307,36 @@ _TEXTS = st.text(st.characters(codec="utf-8") | st.characters(categories=["Cs"])
 def test_native_block_message_equals_the_reference(text: str, name: str) -> None:
     """The identity's input built natively (one copy) is the reference's byte for byte:
     ASCII and not, lone surrogates, every padding step (texts up to 36 KB)."""
+    from gateway.carriers import jsonraw
     from gateway.proxy import projections
 
-    native_build.assert_built(projections._block_message is not projections.block_message, "block_message", "native")
-    assert projections._block_message(text, name.encode()) == projections.block_message(text, name.encode())
+    native_build.assert_built(jsonraw.NATIVE_AVAILABLE, "gateway.carriers._jsonraw_native", "block_message")
+    native = jsonraw.native()
+    assert native is not None
+    assert native.block_message(text, name.encode()) == projections.block_message(text, name.encode())
 
 
 def test_native_block_message_refuses_wrong_types() -> None:
-    from gateway.proxy import projections
+    from gateway.carriers import jsonraw
 
-    native_build.assert_built(projections._block_message is not projections.block_message, "block_message", "native")
+    native_build.assert_built(jsonraw.NATIVE_AVAILABLE, "gateway.carriers._jsonraw_native", "block_message")
+    native = jsonraw.native()
+    assert native is not None
     for bad in ((b"x", b"n"), ("x", "n"), ("x",)):
         with pytest.raises(TypeError):
-            projections._block_message(*bad)  # type: ignore[arg-type]
+            native.block_message(*bad)
+
+
+def test_block_identities_are_the_same_on_the_native_path_and_the_reference() -> None:
+    from gateway.carriers import jsonraw
+    from gateway.proxy.projections import block_digest
+
+    native_build.assert_built(jsonraw.NATIVE_AVAILABLE, "gateway.carriers._jsonraw_native", "block_message")
+    one = block_digest(b"k" * 32)
+    texts = ["", "short", "é" * 3000, "\ud800" + "x" * 20_000]
+    try:
+        jsonraw.use_native(False)
+        reference = [one("prompt.tool_result", t) for t in texts]
+    finally:
+        jsonraw.use_native(True)
+    assert [one("prompt.tool_result", t) for t in texts] == reference
