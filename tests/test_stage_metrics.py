@@ -43,3 +43,31 @@ def test_a_call_observes_every_stage_once(gw: tuple[Env, GatewayThread], stream:
     for stage in STAGES:
         assert after.get(stage, 0) - before.get(stage, 0) == 1, stage
     assert set(after) <= {*STAGES, "checks"}, "a bounded label set"
+
+
+def test_labelled_children_are_remembered_and_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`Labelled` hands out prometheus_client's own children (counts land in the registry as
+    before), looks each label set up once, and keeps at most MAX_KEPT_CHILDREN of them."""
+    from prometheus_client import generate_latest
+
+    from gateway.obs import metrics as metrics_module
+
+    m = metrics_module.Metrics()
+    first = m.requests.labels("openai.chat", "openai.chat", "p", "released")
+    first.inc()
+    again = m.requests.labels("openai.chat", "openai.chat", "p", "released")
+    assert again is first
+    again.inc(2)
+    assert first is m.requests.metric.labels("openai.chat", "openai.chat", "p", "released")
+    text = generate_latest(m.registry).decode()
+    assert (
+        'wiregate_requests_total{carrier="openai.chat",outcome="released",profile="p",route="openai.chat"} 3.0' in text
+    )
+
+    monkeypatch.setattr(metrics_module, "MAX_KEPT_CHILDREN", 2)
+    bounded = metrics_module.Labelled(m.reloads.metric)
+    for outcome in ("ok", "failed", "other"):
+        bounded.labels(outcome).inc()
+    assert len(bounded._children) == 2
+    assert bounded.labels("other") is m.reloads.metric.labels("other")  # still the registry's child, just not kept
+    assert 'wiregate_config_reloads_total{outcome="other"} 1.0' in generate_latest(m.registry).decode()
