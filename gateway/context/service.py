@@ -66,6 +66,8 @@ from gateway.context.store.base import (
     NewScope,
     ScopeRecord,
     SearchRow,
+    TextQuery,
+    TextResult,
 )
 
 T = TypeVar("T")
@@ -621,7 +623,11 @@ class ContextService:
         holder: _QueryVector,
         floor: int | None,
         min_cosine: float | None = None,
+        read: list[SearchRow] | None = None,
     ) -> tuple[list[SearchHit], SearchMode, str]:
+        """One search. `read`: the rows of `_text_query(...)` for this call, already read
+        (a prepare without inference reads every family's in one trip); only an FTS search
+        may be given them."""
         if wanted in (SearchMode.VECTOR, SearchMode.HYBRID) and self._embed is None:
             raise CapabilityNotSupported("search_mode")
         used = wanted
@@ -643,13 +649,16 @@ class ContextService:
         ranked: list[tuple[str, list[bytes]]] = []
         found: dict[bytes, SearchRow] = {}  # identity -> the row that holds its head
         raw: dict[bytes, dict[str, tuple[float, str, bool]]] = {}
+        assert read is None or used is SearchMode.FTS
         if used in (SearchMode.FTS, SearchMode.HYBRID):
-            need = search.lexical_floor(len(terms)) if floor is None else floor
-            # One channel keeps the text ranking as it is: past the first `coarse` admitted rows none can
-            # reach the result, so a store whose match enforces the floor returns only those.
-            enough = coarse if used is SearchMode.FTS else None
-            rows = await self._store.search_text(scope_id, fam.value, terms, pool, kind, need, enough)
-            admitted = _admitted(fam, rows, terms, need, enough)
+            q = _text_query(scope_id, fam, terms, coarse, kind, floor, used)
+            if read is not None:
+                rows = read
+            else:
+                rows = await self._store.search_text(
+                    q.scope_id, q.family, q.terms, q.limit, kind, q.min_match, q.enough
+                )
+            admitted = _admitted(fam, rows, terms, q.min_match, q.enough)
             keys = self._keys(admitted, found)
             metric, higher = self._store.text_metric
             for key, row in zip(keys, admitted, strict=True):
@@ -719,21 +728,32 @@ class ContextService:
                 break
             floor = None if rnd == 0 else 1
             min_cos = None if rnd < 2 else self._settings.min_cosine / 2
-            for sid in order:
-                for fam in _PREPARE_FAMILIES:
-                    t = self._mono()
-                    ceiling = builder.POOL_CEILINGS[fam.value]
-                    hits, used, fallback = await self._search(
-                        sid, fam, terms, text, SearchMode.AUTO, ceiling, None, holder, floor, min_cos
-                    )
-                    trace.stage(_FAMILY_STAGE[fam], (self._mono() - t) * 1000)
-                    trace.search(rnd, fam.value, used.value, "completed", fallback)
-                    pool = pools.setdefault((sid, fam), [])
-                    known = {c.address for c in pool}
-                    for hit in hits:
-                        address = ArtifactAddress(sid, hit.head.ref)
-                        if address not in known and len(pool) < ceiling:
-                            pool.append(Candidate(address, hit.head.content))
+            # Without inference every search is FTS: read them all in one trip to the store.
+            reads: list[TextResult] = []
+            if self._embed is None and terms:
+                queries = [
+                    _text_query(sid, fam, terms, builder.POOL_CEILINGS[fam.value], None, floor, SearchMode.FTS)
+                    for sid in order
+                    for fam in _PREPARE_FAMILIES
+                ]
+                reads = await self._store.search_text_many(queries)
+            for n, (sid, fam) in enumerate((sid, fam) for sid in order for fam in _PREPARE_FAMILIES):
+                t = self._mono()
+                read = reads[n] if reads else None
+                ceiling = builder.POOL_CEILINGS[fam.value]
+                hits, used, fallback = await self._search(
+                    sid, fam, terms, text, SearchMode.AUTO, ceiling, None, holder, floor, min_cos,
+                    read.rows if read is not None else None,
+                )  # fmt: skip
+                spent = self._mono() - t + (read.seconds if read is not None else 0.0)
+                trace.stage(_FAMILY_STAGE[fam], spent * 1000)
+                trace.search(rnd, fam.value, used.value, "completed", fallback)
+                pool = pools.setdefault((sid, fam), [])
+                known = {c.address for c in pool}
+                for hit in hits:
+                    address = ArtifactAddress(sid, hit.head.ref)
+                    if address not in known and len(pool) < ceiling:
+                        pool.append(Candidate(address, hit.head.content))
             rounds.append(receipt.RecallRound(rnd, "completed", sum(len(p) for p in pools.values())))
 
         await self._authorise(order, principal_may_read)  # a read revoked meanwhile fails the whole call
@@ -831,6 +851,17 @@ class ContextService:
         if len(addresses) < len(deps):
             return "dependency_malformed"
         return True
+
+
+def _text_query(
+    scope_id: str, fam: Family, terms: Sequence[str], coarse: int, kind: str | None, floor: int | None, used: SearchMode
+) -> TextQuery:
+    """The text search behind `_search`: a pool of rows at the lexical floor (the query's own,
+    or `floor`). One channel keeps the text ranking as it is: past the first `coarse` admitted
+    rows none can reach the result, so a store whose match enforces the floor returns only those."""
+    need = search.lexical_floor(len(terms)) if floor is None else floor
+    enough = coarse if used is SearchMode.FTS else None
+    return TextQuery(scope_id, fam.value, tuple(terms), search.pool_size(coarse), kind, need, enough)
 
 
 def _admitted(

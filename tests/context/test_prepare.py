@@ -9,6 +9,7 @@ import pytest
 
 from gateway.context import errors
 from gateway.context.service import ContextService
+from gateway.context.store.base import TextResult
 from tests.context.conftest import yes
 
 pytestmark = pytest.mark.asyncio
@@ -130,3 +131,51 @@ async def test_forgotten_and_merged_are_not_prepared(service: ContextService) ->
     await service.change_lifecycle(sid, AtomicMemoryInput(a.ref, 0), "forgotten")
     assert (await service.prepare(sid, "staging region", principal_may_read=yes)).context["status"] == "empty"
     assert await service.dependencies_eligible(out.dependencies) == "dependency_forgotten"
+
+
+async def test_prepare_reads_every_family_of_every_scope_in_one_trip(service: ContextService) -> None:
+    """Without inference every prepare search is FTS, and one round reads all of them through
+    `search_text_many` (one read transaction) instead of a trip per scope and family: the
+    prepared context, dependencies and receipt searches equal those of the searches made one
+    at a time (the store's own `search_text`), and the receipt's family stages still appear."""
+    cur, ref, other = await _setup(service)
+    store = service._store
+    batches: list[int] = []
+    real_many = store.search_text_many
+
+    async def counted(queries):  # type: ignore[no-untyped-def]
+        batches.append(len(queries))
+        return await real_many(queries)
+
+    async def one_at_a_time(queries):  # type: ignore[no-untyped-def]
+        out = []
+        for q in queries:
+            rows = await store.search_text(q.scope_id, q.family, q.terms, q.limit, q.kind, q.min_match, q.enough)
+            out.append(TextResult(rows, 0.0))
+        return out
+
+    async def no_single_search(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise AssertionError("a prepare without inference searched one family at a time")
+
+    results = []
+    for many in (counted, one_at_a_time):
+        for query in ("billing", "billing postgres failover cluster", "nothing matches this"):
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(store, "search_text_many", many)
+                if many is counted:
+                    mp.setattr(store, "search_text", no_single_search)
+                out = await service.prepare(
+                    cur,
+                    query,
+                    include_receipt=True,
+                    principal_may_read=yes,
+                    receipt_id="00000000-0000-4000-8000-000000000002",
+                )
+            assert out.receipt is not None
+            searches = out.receipt["retrieval"]["searches"]
+            stages = {s["stage"] for s in out.receipt["stages"]}
+            assert {"memory.search", "topic-memory.search", "experience.search"} <= stages
+            results.append((out.context, out.dependencies, searches))
+    assert batches and all(n == 9 for n in batches)  # 3 scopes x 3 families per round
+    assert results[:3] == results[3:]
+    assert results[0][1]  # the comparison covers real hits

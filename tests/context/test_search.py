@@ -15,7 +15,7 @@ from gateway.context import errors, search
 from gateway.context.errors import InferenceTimeout, InferenceUnavailable
 from gateway.context.model import AtomicMemoryInput
 from gateway.context.service import ContextService
-from gateway.context.store.base import ContextStore
+from gateway.context.store.base import ContextStore, TextQuery
 from tests.context.conftest import make_service, yes
 
 VOCAB = ["postgres", "billing", "staging", "deploy", "friday", "pytest", "region", "token"]
@@ -590,3 +590,37 @@ async def test_a_merge_pass_on_a_closed_database_ends_quietly_and_other_errors_a
             await store.merge_index()
     finally:
         await store.close()
+
+
+@pytest.mark.asyncio
+async def test_search_text_many_is_search_text_of_each_query(store: ContextStore) -> None:
+    """One read for several queries gives exactly what each `search_text` call gives, in order:
+    floors, `enough`, a kind filter, another family, an unknown scope and no terms included."""
+    svc = make_service(store)
+    await svc.start()
+    sid = (await svc.create_scope(title="t", summary="s", idempotency_key="k", principal=None))[0].scope_id
+    words = [f"w{i}" for i in range(7)]
+    for i in range(40):
+        held = [words[(i + j * 3) % 7] for j in range(1 + i % 3)]
+        await svc.create_artifact(
+            sid, "atomic-memory", {"kind": "fact" if i % 2 else "decision", "text": " ".join(held)}
+        )
+    await svc.create_artifact(sid, "topic-memory", {"title": "w1 notes", "summary": "w1 w2", "detail": "d"})
+    few, many = search.terms("w0 w1 w2"), search.terms(" ".join(words))
+    queries = [
+        TextQuery(sid, "atomic-memory", few, 40),
+        TextQuery(sid, "atomic-memory", few, 40, min_match=2, enough=5),
+        TextQuery(sid, "atomic-memory", many, 12, kind="fact", min_match=2),
+        TextQuery(sid, "topic-memory", few, 10),
+        TextQuery(sid, "experience", few, 10),
+        TextQuery("no-such-scope", "atomic-memory", few, 10),
+        TextQuery(sid, "atomic-memory", (), 10),
+    ]
+    together = await store.search_text_many(queries)
+    assert len(together) == len(queries) and all(r.seconds >= 0 for r in together)
+    for q, got in zip(queries, together, strict=True):
+        alone = await store.search_text(q.scope_id, q.family, q.terms, q.limit, q.kind, q.min_match, q.enough)
+        assert [(r.head, r.score, r.state_version) for r in got.rows] == [
+            (r.head, r.score, r.state_version) for r in alone
+        ]
+    assert together[0].rows and together[3].rows and not together[4].rows and not together[5].rows

@@ -196,6 +196,25 @@ class SearchRow:
 
 
 @dataclass(frozen=True, slots=True)
+class TextQuery:
+    """The arguments of one `ContextStore.search_text` call, for `search_text_many`."""
+
+    scope_id: str
+    family: str
+    terms: tuple[str, ...]
+    limit: int
+    kind: str | None = None
+    min_match: int = 1
+    enough: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TextResult:
+    rows: list[SearchRow]
+    seconds: float  # what the backend spent on this query (the stage timings of a receipt)
+
+
+@dataclass(frozen=True, slots=True)
 class MissingVector:
     scope_id: str
     family: str
@@ -301,6 +320,11 @@ class ContextStore(Protocol):
         `enough`: the caller keeps at most that many admitted rows, in this order; a backend whose
         match itself leaves out every head below `min_match` (so admission drops nothing it returns)
         then returns at most `enough` rows instead of `limit`."""
+        ...
+
+    async def search_text_many(self, queries: Sequence[TextQuery]) -> list[TextResult]:
+        """`search_text` of each query, in order, in one read (one snapshot, one trip to the
+        backend's reader: a prepare searches every family of every scope it reads)."""
         ...
 
     async def search_vector(

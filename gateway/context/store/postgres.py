@@ -14,6 +14,7 @@ Must not: validate content, generate ids, read clocks or decide policy.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
@@ -40,6 +41,8 @@ from gateway.context.store.base import (
     NewScope,
     ScopeRecord,
     SearchRow,
+    TextQuery,
+    TextResult,
 )
 from gateway.context.store.common import (
     MAX_QUERY_TERMS,
@@ -198,6 +201,10 @@ def _searchable(family: str, state: MemoryState | None) -> bool:
 
 
 _MAX_LEXEME_BYTES = 2047  # PostgreSQL refuses longer tsvector lexemes; such tokens are simply not indexed
+
+
+def _text_candidates(query: TextQuery) -> list[str]:
+    return [t for t in query.terms if _indexable(t)][:MAX_QUERY_TERMS]
 
 
 def _indexable(term: str) -> bool:
@@ -555,53 +562,71 @@ class PostgresContextStore:
         min_match: int = 1,
         enough: int | None = None,
     ) -> list[SearchRow]:
-        candidates = [t for t in terms if _indexable(t)][:MAX_QUERY_TERMS]
-        if not candidates:
+        query = TextQuery(scope_id, family, tuple(terms), limit, kind, min_match, enough)
+        if not _text_candidates(query):
             return []
 
         async def run(conn: Conn) -> list[SearchRow]:
-            # Drop terms absent from this scope and family (GIN probes, only for terms not already known to be
-            # present), then push the lexical floor into the tsquery so ranking only sees documents admission
-            # could accept.
-            unknown = self._present.unknown(scope_id, family, candidates)
-            found: set[str] = set()
-            if unknown:
-                cur = await conn.execute(
-                    "SELECT t FROM unnest(CAST(%s AS text[])) AS u(t) WHERE EXISTS (SELECT 1 FROM ctx_artifacts a "
-                    "WHERE a.searchable AND a.scope_id = %s AND a.family = %s "
-                    "AND a.tsv @@ CAST(quote_literal(u.t) AS tsquery))",
-                    (unknown, scope_id, family),
-                )
-                found = {r[0] for r in await cur.fetchall()}
-            present = self._present.settle(scope_id, family, candidates, unknown, found)
-            groups = floor_groups(present, min_match)
-            if not present or groups == []:
-                return []
-            if groups is None:
-                query = _tsquery(present)
-            else:
-                query = " | ".join("(" + " & ".join(f"'{t}'" for t in g) + ")" for g in groups)
-            # Rank on the artifacts rows first; read revision bodies only for the top rows.
-            kind_filter = "AND a.kind = %s " if kind is not None else ""
-            sql = (
-                "WITH q AS (SELECT CAST(%s AS tsquery) AS q), top AS (SELECT a.rid, a.artifact_id, "
-                "ts_rank(a.tsv, q.q) AS s FROM ctx_artifacts a, q WHERE a.searchable AND a.tsv @@ q.q "
-                f"AND a.scope_id = %s AND a.family = %s {kind_filter}ORDER BY s DESC, a.artifact_id LIMIT %s) "
-                "SELECT top.artifact_id, r.revision, r.content, r.content_digest, r.created_at, r.created_by, "
-                "r.source_id, r.previous_revision, r.reason, r.restored_from_revision, top.s, a.state_version "
-                "FROM top JOIN ctx_artifacts a ON a.rid = top.rid JOIN ctx_revisions r "
-                "ON r.scope_id = a.scope_id AND r.family = a.family AND r.artifact_id = a.artifact_id "
-                "AND r.revision = a.head_revision ORDER BY top.s DESC, top.artifact_id"
-            )
-            wanted = floor_cut(limit, enough, groups, min_match)
-            args: list[Any] = [query, scope_id, family, *([kind] if kind is not None else []), wanted]
-            cur = await conn.execute(sql, args)  # built from constants only
-            return [
-                SearchRow(revision_from_row(scope_id, family, r[0], r[1:10]), -float(r[10]), r[11])
-                for r in await cur.fetchall()
-            ]
+            return await self._text_rows(conn, query)
 
         return await self._db.read(run)
+
+    async def search_text_many(self, queries: Sequence[TextQuery]) -> list[TextResult]:
+        async def run(conn: Conn) -> list[TextResult]:
+            out = []
+            for query in queries:
+                started = time.perf_counter()
+                rows = await self._text_rows(conn, query) if _text_candidates(query) else []
+                out.append(TextResult(rows, time.perf_counter() - started))
+            return out
+
+        return await self._db.read(run)
+
+    async def _text_rows(self, conn: Conn, query: TextQuery) -> list[SearchRow]:
+        """One text search, inside a read transaction."""
+        scope_id, family, limit, kind = query.scope_id, query.family, query.limit, query.kind
+        min_match, enough = query.min_match, query.enough
+        candidates = _text_candidates(query)
+        # Drop terms absent from this scope and family (GIN probes, only for terms not already known to be
+        # present), then push the lexical floor into the tsquery so ranking only sees documents admission
+        # could accept.
+        unknown = self._present.unknown(scope_id, family, candidates)
+        found: set[str] = set()
+        if unknown:
+            cur = await conn.execute(
+                "SELECT t FROM unnest(CAST(%s AS text[])) AS u(t) WHERE EXISTS (SELECT 1 FROM ctx_artifacts a "
+                "WHERE a.searchable AND a.scope_id = %s AND a.family = %s "
+                "AND a.tsv @@ CAST(quote_literal(u.t) AS tsquery))",
+                (unknown, scope_id, family),
+            )
+            found = {r[0] for r in await cur.fetchall()}
+        present = self._present.settle(scope_id, family, candidates, unknown, found)
+        groups = floor_groups(present, min_match)
+        if not present or groups == []:
+            return []
+        if groups is None:
+            tsquery = _tsquery(present)
+        else:
+            tsquery = " | ".join("(" + " & ".join(f"'{t}'" for t in g) + ")" for g in groups)
+        # Rank on the artifacts rows first; read revision bodies only for the top rows.
+        kind_filter = "AND a.kind = %s " if kind is not None else ""
+        sql = (
+            "WITH q AS (SELECT CAST(%s AS tsquery) AS q), top AS (SELECT a.rid, a.artifact_id, "
+            "ts_rank(a.tsv, q.q) AS s FROM ctx_artifacts a, q WHERE a.searchable AND a.tsv @@ q.q "
+            f"AND a.scope_id = %s AND a.family = %s {kind_filter}ORDER BY s DESC, a.artifact_id LIMIT %s) "
+            "SELECT top.artifact_id, r.revision, r.content, r.content_digest, r.created_at, r.created_by, "
+            "r.source_id, r.previous_revision, r.reason, r.restored_from_revision, top.s, a.state_version "
+            "FROM top JOIN ctx_artifacts a ON a.rid = top.rid JOIN ctx_revisions r "
+            "ON r.scope_id = a.scope_id AND r.family = a.family AND r.artifact_id = a.artifact_id "
+            "AND r.revision = a.head_revision ORDER BY top.s DESC, top.artifact_id"
+        )
+        wanted = floor_cut(limit, enough, groups, min_match)
+        args: list[Any] = [tsquery, scope_id, family, *([kind] if kind is not None else []), wanted]
+        cur = await conn.execute(sql, args)  # built from constants only
+        return [
+            SearchRow(revision_from_row(scope_id, family, r[0], r[1:10]), -float(r[10]), r[11])
+            for r in await cur.fetchall()
+        ]
 
     async def search_vector(
         self,

@@ -18,6 +18,7 @@ import heapq
 import json
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -43,6 +44,8 @@ from gateway.context.store.base import (
     NewScope,
     ScopeRecord,
     SearchRow,
+    TextQuery,
+    TextResult,
 )
 from gateway.context.store.common import (
     MAX_QUERY_TERMS,
@@ -690,63 +693,79 @@ class SqliteContextStore:
     ) -> list[SearchRow]:
         if not terms:
             return []
-        key = fts_key(scope_id, family)
+        query = TextQuery(scope_id, family, tuple(terms), limit, kind, min_match, enough)
+        return await self._db.read(partial(self._text_rows, query=query))
 
-        def run(conn: sqlite3.Connection) -> list[SearchRow]:
-            # Terms absent from this scope and family cannot help a document reach the floor: drop them, and
-            # push the floor into the match so BM25 only scores documents admission could accept.
-            # The terms not known to be present are probed together first: a query's unknown terms are
-            # mostly absent ones (a remembered term is not probed again), and then one probe says so for all.
-            candidates = terms[:MAX_QUERY_TERMS]
-            unknown = self._present.unknown(scope_id, family, candidates)
-
-            def holds(expression: str) -> bool:
-                probe = "SELECT 1 FROM ctx_terms WHERE ctx_terms MATCH ? LIMIT 1"
-                return conn.execute(probe, (expression,)).fetchone() is not None
-
-            found: set[str] = set()
-            if len(unknown) == 1 or (unknown and holds(" OR ".join(f'"{key}{t}"' for t in unknown))):
-                found = {t for t in unknown if holds(f'"{key}{t}"')}
-            present = self._present.settle(scope_id, family, candidates, unknown, found)
-            groups = floor_groups(present, min_match)
-            if not present or groups == []:
-                return []
-            # BM25 scores each present term a row holds once (PowerContext's plain OR); `at_least` pushes the
-            # floor into the match without scoring a term once per k-term group.
-            if groups is None:
-                match = " OR ".join(f'"{key}{t}"' for t in present)
-            else:
-                match = at_least(present, min_match, lambda t: f'"{key}{t}"')
-            wanted = floor_cut(limit, enough, groups, min_match)
-            # Score every match once, in the FTS table alone; join the artifacts rows only of matches that can
-            # still be in the top `limit` by (score, artifact_id) — every row scoring no worse than the
-            # limit-th best, ties included — and read revision bodies only for the final rows. The index holds
-            # exactly the searchable rows of its key, so the cut is exact; a kind filter drops rows after
-            # scoring and so cannot cut before the join.
-            if kind is None:
-                cut = "AND m.s <= coalesce((SELECT s FROM m ORDER BY s LIMIT 1 OFFSET ?), 1e308) "
-                cut_args: list[Any] = [max(0, wanted - 1)]
-            else:
-                cut, cut_args = "AND a.kind = ? ", [kind]
-            sql = (
-                "WITH m AS MATERIALIZED "
-                "(SELECT rowid AS rid, bm25(ctx_terms) AS s FROM ctx_terms WHERE ctx_terms MATCH ?), "
-                "top AS (SELECT a.rid, a.artifact_id, m.s FROM m JOIN ctx_artifacts a ON a.rid = m.rid "
-                f"WHERE a.searchable = 1 AND a.scope_id = ? AND a.family = ? {cut}"
-                "ORDER BY m.s, a.artifact_id LIMIT ?) "
-                "SELECT top.artifact_id, r.revision, r.content, r.content_digest, r.created_at, r.created_by, "
-                "r.source_id, r.previous_revision, r.reason, r.restored_from_revision, top.s, a.state_version "
-                "FROM top JOIN ctx_artifacts a ON a.rid = top.rid JOIN ctx_revisions r "
-                "ON r.scope_id = a.scope_id AND r.family = a.family AND r.artifact_id = a.artifact_id "
-                "AND r.revision = a.head_revision ORDER BY top.s, top.artifact_id"
-            )
-            args: list[Any] = [match, scope_id, family, *cut_args, wanted]
-            return [
-                SearchRow(_head_from_row(scope_id, family, r[:10]), float(r[10]), r[11])
-                for r in conn.execute(sql, args).fetchall()
-            ]
+    async def search_text_many(self, queries: Sequence[TextQuery]) -> list[TextResult]:
+        def run(conn: sqlite3.Connection) -> list[TextResult]:
+            out = []
+            for query in queries:
+                started = time.perf_counter()
+                rows = self._text_rows(conn, query)
+                out.append(TextResult(rows, time.perf_counter() - started))
+            return out
 
         return await self._db.read(run)
+
+    def _text_rows(self, conn: sqlite3.Connection, query: TextQuery) -> list[SearchRow]:
+        """One text search, inside a read transaction on a reader thread."""
+        scope_id, family, terms, limit = query.scope_id, query.family, query.terms, query.limit
+        kind, min_match, enough = query.kind, query.min_match, query.enough
+        if not terms:
+            return []
+        key = fts_key(scope_id, family)
+        # Terms absent from this scope and family cannot help a document reach the floor: drop them, and
+        # push the floor into the match so BM25 only scores documents admission could accept.
+        # The terms not known to be present are probed together first: a query's unknown terms are
+        # mostly absent ones (a remembered term is not probed again), and then one probe says so for all.
+        candidates = terms[:MAX_QUERY_TERMS]
+        unknown = self._present.unknown(scope_id, family, candidates)
+
+        def holds(expression: str) -> bool:
+            probe = "SELECT 1 FROM ctx_terms WHERE ctx_terms MATCH ? LIMIT 1"
+            return conn.execute(probe, (expression,)).fetchone() is not None
+
+        found: set[str] = set()
+        if len(unknown) == 1 or (unknown and holds(" OR ".join(f'"{key}{t}"' for t in unknown))):
+            found = {t for t in unknown if holds(f'"{key}{t}"')}
+        present = self._present.settle(scope_id, family, candidates, unknown, found)
+        groups = floor_groups(present, min_match)
+        if not present or groups == []:
+            return []
+        # BM25 scores each present term a row holds once (PowerContext's plain OR); `at_least` pushes the
+        # floor into the match without scoring a term once per k-term group.
+        if groups is None:
+            match = " OR ".join(f'"{key}{t}"' for t in present)
+        else:
+            match = at_least(present, min_match, lambda t: f'"{key}{t}"')
+        wanted = floor_cut(limit, enough, groups, min_match)
+        # Score every match once, in the FTS table alone; join the artifacts rows only of matches that can
+        # still be in the top `limit` by (score, artifact_id) — every row scoring no worse than the
+        # limit-th best, ties included — and read revision bodies only for the final rows. The index holds
+        # exactly the searchable rows of its key, so the cut is exact; a kind filter drops rows after
+        # scoring and so cannot cut before the join.
+        if kind is None:
+            cut = "AND m.s <= coalesce((SELECT s FROM m ORDER BY s LIMIT 1 OFFSET ?), 1e308) "
+            cut_args: list[Any] = [max(0, wanted - 1)]
+        else:
+            cut, cut_args = "AND a.kind = ? ", [kind]
+        sql = (
+            "WITH m AS MATERIALIZED "
+            "(SELECT rowid AS rid, bm25(ctx_terms) AS s FROM ctx_terms WHERE ctx_terms MATCH ?), "
+            "top AS (SELECT a.rid, a.artifact_id, m.s FROM m JOIN ctx_artifacts a ON a.rid = m.rid "
+            f"WHERE a.searchable = 1 AND a.scope_id = ? AND a.family = ? {cut}"
+            "ORDER BY m.s, a.artifact_id LIMIT ?) "
+            "SELECT top.artifact_id, r.revision, r.content, r.content_digest, r.created_at, r.created_by, "
+            "r.source_id, r.previous_revision, r.reason, r.restored_from_revision, top.s, a.state_version "
+            "FROM top JOIN ctx_artifacts a ON a.rid = top.rid JOIN ctx_revisions r "
+            "ON r.scope_id = a.scope_id AND r.family = a.family AND r.artifact_id = a.artifact_id "
+            "AND r.revision = a.head_revision ORDER BY top.s, top.artifact_id"
+        )
+        args: list[Any] = [match, scope_id, family, *cut_args, wanted]
+        return [
+            SearchRow(_head_from_row(scope_id, family, r[:10]), float(r[10]), r[11])
+            for r in conn.execute(sql, args).fetchall()
+        ]
 
     async def search_vector(
         self,
