@@ -239,6 +239,7 @@ async def _database(app: web.Application) -> AsyncIterator[None]:
         db,
         retention_s=runtime.config.attribution.retention_days * 86400,
         max_records=runtime.config.attribution.max_records,
+        on_write=app[METRICS].attribution_seconds.labels("write").inc,
     )
     app[CONTEXT] = service = context_api.service(app, db)
     try:

@@ -151,6 +151,15 @@ class Metrics:
                 registry=r,
             )
         )
+        self.attribution_seconds = Labelled(
+            Counter(
+                "wiregate_attribution_seconds",
+                "CPU time spent collecting attribution while collection is on, by part: each call's record"
+                " (its split, block identities and estimates) and the ledger's batched writes",
+                ["part"],
+                registry=r,
+            )
+        )
         self.reloads = Labelled(
             Counter(
                 "wiregate_config_reloads",

@@ -268,10 +268,13 @@ def _record_attribution(
             task = asyncio.create_task(_record_off_loop(app, ledger, ex, trail, records), name="attribution-record")
             ledger.hold(task)
             return
+        started = time.thread_time()
         made = attribution_record(ex, trail, records)
         if made is not None:
             ledger.add(*made)
-            app[METRICS].attribution_records.labels("queued").inc()
+            metrics = app[METRICS]
+            metrics.attribution_records.labels("queued").inc()
+            metrics.attribution_seconds.labels("record").inc(time.thread_time() - started)
     except Exception as exc:
         _failed(app, ex, exc)
 
@@ -287,12 +290,23 @@ async def _record_off_loop(
     app: web.Application, ledger: AttributionLedger, ex: Exchange, trail: Trail, records: list[usage.UsageRecord]
 ) -> None:
     try:
-        made = await asyncio.to_thread(attribution_record, ex, trail, records)
+        made, seconds = await asyncio.to_thread(_timed_record, ex, trail, records)
         if made is not None:
             ledger.add(*made)
-            app[METRICS].attribution_records.labels("queued").inc()
+            metrics = app[METRICS]
+            metrics.attribution_records.labels("queued").inc()
+            metrics.attribution_seconds.labels("record").inc(seconds)
     except Exception as exc:
         _failed(app, ex, exc)
+
+
+def _timed_record(
+    ex: Exchange, trail: Trail, records: list[usage.UsageRecord]
+) -> tuple[tuple[str, Record] | None, float]:
+    """`attribution_record` and the CPU time this thread spent on it."""
+    started = time.thread_time()
+    made = attribution_record(ex, trail, records)
+    return made, time.thread_time() - started
 
 
 def access_fields(ex: Exchange, trail: Trail) -> dict[str, Any]:

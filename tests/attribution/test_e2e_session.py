@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -423,3 +424,45 @@ def test_a_responses_continuation_is_exposed_to_what_its_session_carries(
                 "incompleteInvocations": 2,
             }
             assert got["prompt.current_user_turn"]["cumulativeExposureEstimate"] == sum(u)  # what was seen, no more
+
+
+def _attribution_seconds(env: Env, gateway: GatewayThread) -> dict[str, float]:
+    text = raw_client(gateway, env).get("/metrics", headers={"authorization": f"Bearer {env.gateway_key}"}).text
+    found = re.findall(r'^wiregate_attribution_seconds_total\{part="(record|write)"\} (\S+)$', text, re.M)
+    return {part: float(value) for part, value in found}
+
+
+def test_the_gateway_counts_the_cpu_time_collection_costs(gateways: GatewayFactory) -> None:
+    """`wiregate_attribution_seconds_total` counts what collecting costs in the gateway itself
+    (the attribution benchmark reads it): each call's record, on the event loop or, for a body
+    past `offload_bytes`, on a thread, and the ledger's batched writes. Nothing while off."""
+    with gateways("attribution-cost", config_extra="[limits]\noffload_bytes = 2048\n") as (env, gateway):
+        client = openai_client(gateway, env)
+
+        def call(user: str) -> None:
+            client.chat.completions.create(model="gpt-4.1", messages=[{"role": "user", "content": user}], tools=TOOLS)
+
+        call("Collection is off.")
+        api(env, gateway, "GET", "/v1/attribution/report")  # any batch is written before a report
+        off = _attribution_seconds(env, gateway)
+        assert off.get("record", 0.0) == 0.0 and off.get("write", 0.0) == 0.0
+
+        api(env, gateway, "POST", "/v1/attribution/collection", {"collecting": True})
+        call("A small question.")  # its record is made on the event loop
+        deadline = time.monotonic() + 5
+        while _attribution_seconds(env, gateway).get("record", 0.0) == 0.0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        small = _attribution_seconds(env, gateway)
+        assert small["record"] > 0.0
+        api(env, gateway, "GET", "/v1/attribution/report")
+        written = _attribution_seconds(env, gateway)
+        assert written["write"] > 0.0
+
+        call("A large question. " * 300)  # past offload_bytes: its record is made on a thread
+        deadline = time.monotonic() + 5
+        while _attribution_seconds(env, gateway)["record"] == written["record"] and time.monotonic() < deadline:
+            time.sleep(0.02)
+        report = api(env, gateway, "GET", "/v1/attribution/report")
+        after = _attribution_seconds(env, gateway)
+        assert after["record"] > written["record"] and after["write"] > written["write"]
+        assert sum(r["injectionCount"] for r in report["ledger"] if r["blockId"] == "prompt.current_user_turn") == 2
