@@ -8,7 +8,7 @@ most `retention_s`, seven days by default and at most), the bounded read a repor
 and the runtime collection switch shared by every replica on the database (each process
 reads it again at most every `refresh_s`; the process that switches knows at once).
 Must not: store text, paths or raw ids (records hold block ids, keyed digests and
-estimates only), block a call, or raise into one (`add` only queues).
+estimates only), block a call, or raise into one (`add` and `defer` only queue).
 """
 
 from __future__ import annotations
@@ -49,6 +49,8 @@ ATTRIBUTION_MIGRATIONS: tuple[Migration, ...] = (
 )
 
 RETENTION_S = 7 * 86400.0  # raw records are kept at most seven days (SPEC §11)
+MAX_DEFERRED_BYTES = 8 * 1024 * 1024  # request bytes held by records still to be made (see `defer`)
+SLICE_S = 0.002  # deferred records are made in slices of the loop this long, yielding between
 MAX_RECORDS = 100_000  # records one report reads; more makes the report `limited`
 
 
@@ -64,6 +66,7 @@ class AttributionLedger:
         refresh_s: float = 1.0,
         purge_every_s: float = 300.0,
         on_write: Callable[[float], None] | None = None,
+        max_deferred_bytes: int = MAX_DEFERRED_BYTES,
     ) -> None:
         self._db = db
         # Told the CPU seconds this process spent on each batch written: serialising it, and on
@@ -77,6 +80,9 @@ class AttributionLedger:
         self._purge_every = purge_every_s
         self._next_purge = 0.0
         self._pending: deque[tuple[str, Record]] = deque()
+        self._deferred: deque[tuple[Callable[[], tuple[str, Record] | None], int]] = deque()
+        self._deferred_bytes = 0  # request bytes the deferred records hold
+        self._max_deferred_bytes = max_deferred_bytes
         self._flusher: asyncio.Task[None] | None = None
         self._refresher: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
@@ -162,12 +168,54 @@ class AttributionLedger:
 
     def add(self, scope: str, record: Record) -> None:
         """Queue a record (never waits, never touches the database on the caller's path)."""
+        self._queue(scope, record)
+        self._schedule()
+
+    def defer(self, make: Callable[[], tuple[str, Record] | None], weight: int) -> bool:
+        """Queue a record to be made by the next batched write (`make` returns it, or None for
+        none; it must not raise), holding `weight` request bytes until then. Made one after
+        another, records cost a fraction of what each costs right after its own call. False
+        (make it now and `add` it) when the bodies already held reach `max_deferred_bytes` or
+        the queue is full."""
+        if (
+            self._deferred_bytes + weight > self._max_deferred_bytes
+            or len(self._deferred) + len(self._pending) >= self._max_pending
+        ):
+            return False
+        self._deferred.append((make, weight))
+        self._deferred_bytes += weight
+        self._schedule()
+        return True
+
+    def _queue(self, scope: str, record: Record) -> None:
         if len(self._pending) >= self._max_pending:
             self._pending.popleft()
             self.dropped += 1  # reports from this process say `limited` from now on
         self._pending.append((scope, record))
+
+    def _schedule(self) -> None:
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush_soon(), name="attribution-flush")
+
+    async def _make_deferred(self) -> None:
+        """Make the records deferred so far, in slices of at most SLICE_S of the loop (a
+        second of calls at a few hundred a second is several milliseconds of work)."""
+        left = len(self._deferred)  # records deferred meanwhile wait for the next write
+        while left:
+            until = time.perf_counter() + SLICE_S
+            while left and time.perf_counter() < until:
+                make, weight = self._deferred.popleft()
+                left -= 1
+                self._deferred_bytes -= weight
+                try:
+                    made = make()
+                except Exception as exc:  # `make` logs its own failures; this is the backstop
+                    log.error("attribution_record_failed", error_class=type(exc).__name__)
+                    continue
+                if made is not None:
+                    self._queue(*made)
+            if left:
+                await asyncio.sleep(0)
 
     async def _flush_soon(self) -> None:
         await asyncio.sleep(self._after)
@@ -178,6 +226,7 @@ class AttributionLedger:
 
     async def flush(self) -> None:
         async with self._lock:
+            await self._make_deferred()
             now = time.time()
             purge_before = now - self.retention_s if now >= self._next_purge else None
             if not self._pending and purge_before is None:

@@ -294,6 +294,7 @@ def test_a_failing_attribution_sink_never_affects_a_call(gateways: GatewayFactor
             raise RuntimeError("attribution sink down")
 
         ledger.add = broken  # type: ignore[method-assign]
+        ledger.defer = broken  # type: ignore[method-assign]
         for n in range(3):
             reply = client.chat.completions.create(
                 model="gpt-4.1", messages=[*messages, {"role": "user", "content": str(n)}]
@@ -305,6 +306,7 @@ def test_a_failing_attribution_sink_never_affects_a_call(gateways: GatewayFactor
         assert 'wiregate_attribution_records_total{outcome="failed"} 4.0' in metrics
         # The database itself fails: records queue, the flush fails off the call's path.
         del ledger.add
+        del ledger.defer
         db = sqlite3.connect(env.dir / "data" / "wiregate.db")
         try:
             db.execute("DROP TABLE wg_attr_records")

@@ -120,3 +120,33 @@ async def test_the_queue_is_bounded_and_says_what_it_dropped(databases: tuple[Da
     records, _ = await ledger.records(None, now + 1, now=now)
     assert [r.invocation for r in records] == ["h:inv1", "h:inv2"]
     await ledger.close()
+
+
+async def test_deferred_records_are_made_by_the_batched_write_within_their_budget(
+    databases: tuple[Database, Database],
+) -> None:
+    """`defer`: records are made, in order, by the next write (a report writes first), with
+    the time their call ended; a `make` that fails or returns None leaves the others; past
+    the budget of held request bytes `defer` says no (the caller makes the record now)."""
+    db, _ = databases
+    ledger = AttributionLedger(db, flush_after_s=60.0, max_deferred_bytes=1000)
+    now = time.time()
+    made: list[int] = []
+
+    def make(n: int) -> tuple[str, Record] | None:
+        made.append(n)
+        if n == 2:
+            raise RuntimeError("a record that cannot be made")
+        return None if n == 3 else ("h:scope", _record(now - 10 + n, n))
+
+    assert all(ledger.defer(lambda n=n: make(n), 200) for n in range(5))
+    assert not ledger.defer(lambda: make(99), 1)  # 1,000 bytes held: full
+    assert made == []  # nothing made on the calls' path
+    records, _ = await ledger.records("h:scope", now, now=now)
+    assert made == [0, 1, 2, 3, 4]
+    assert [r.invocation for r in records] == ["h:inv0", "h:inv1", "h:inv4"]
+    assert records[0] == _record(now - 10, 0)  # made later, stamped with its call's time
+    assert ledger.defer(lambda: make(5), 1000)  # the budget is free again
+    await ledger.close()  # a stop makes and writes what is deferred
+    again, _ = await AttributionLedger(db).records("h:scope", now, now=now)
+    assert [r.invocation for r in again] == ["h:inv0", "h:inv1", "h:inv4", "h:inv5"]
