@@ -253,7 +253,7 @@ def record_attribution(app: web.Application, ex: Exchange, trail: Trail, records
     """Step 11, when collection is on: queue the call's attribution record once the response
     is on its way. The handler returns its response unsent and aiohttp writes it without
     yielding to the loop, so a callback scheduled now runs after those bytes reach the
-    socket: the record (about 0.1 ms of the loop's time per 1 KB call) is then off the
+    socket: the record (or its deferral to the ledger's batched write) is then off the
     caller's latency, and nothing can read it sooner anyway (the ledger writes in batches)."""
     ledger = app.get(ATTRIBUTION)
     if ledger is not None and ledger.collecting:
