@@ -54,7 +54,7 @@ CONFIGS = {
 def stack(config_extra: str, workdir: Path) -> Iterator[wire_bench.Stack]:
     processes = wire_bench.Processes(pin=False)
     try:
-        mock_port, gateway_port = wire_bench.free_port(), wire_bench.free_port()
+        mock_port, gateway_port = wire_bench.free_ports(2)
         mock_url = f"http://127.0.0.1:{mock_port}"
         profile = mock_profile("bench-openai", "openai", mock_url)
         profile.pop("timeouts", None)

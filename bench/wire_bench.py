@@ -283,9 +283,21 @@ def workloads(quick: bool) -> list[Workload]:
 
 
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct loopback ports that were free a moment ago: the sockets are held
+    together until all are chosen (closed one by one, the kernel may hand out the same
+    port twice, and two servers of one run would then race for it)."""
+    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+    try:
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
 
 
 def secret_values(count: int) -> list[str]:
@@ -477,7 +489,7 @@ def running_stack(
     atexit.register(shutil.rmtree, workdir, ignore_errors=True)
     processes = Processes(pin=pinning.applied)
     try:
-        mock_port, gateway_port = free_port(), free_port()
+        mock_port, gateway_port = free_ports(2)
         mock_url = f"http://127.0.0.1:{mock_port}"
         docs = profiles(mock_url)
         for profile in docs:
