@@ -61,6 +61,7 @@ CHAT_PATH = "/v1/chat/completions"
 STREAM_SCENARIO = "bench-stream"
 CLIENT_CORE, MOCK_CORE, GATEWAY_CORE = 0, 0, 1
 READY_TIMEOUT_S = 30.0
+PROBE_TIMEOUT_S = 2.0  # one readiness probe
 REQUEST_TIMEOUT_S = 60.0
 KEEPALIVE_S = 120.0  # idle client connections outlive the other targets' rounds
 ADDED_P50_TARGET_MS = 1.0
@@ -569,8 +570,10 @@ async def wait_answering(processes: Processes, checks: Sequence[tuple[Target, st
     for target, path in checks:
         while True:
             processes.check_alive()
-            with contextlib.suppress(aiohttp.ClientError, OSError):
-                if await target.get(path) == 200:
+            # each probe bounded: a port some other listener took accepts and never answers, and
+            # the server that wanted it has exited meanwhile (check_alive says so on the next turn)
+            with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError):
+                if await asyncio.wait_for(target.get(path), PROBE_TIMEOUT_S) == 200:
                     break
             if time.monotonic() > deadline:
                 raise BenchError(f"{target.name} not ready after {READY_TIMEOUT_S:g} s")

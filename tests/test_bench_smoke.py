@@ -8,6 +8,7 @@ when someone needs its figures."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -63,3 +64,40 @@ def test_floor_benchmark_runs() -> None:
 def test_workers_benchmark_runs() -> None:
     out = _run("bench/workers_bench.py", "--seconds", "0.5", timeout=600)
     assert "gateway-uds c=64" in out and "gateway-https c=32" in out and "CPU/call 2w ms" in out
+
+
+@pytest.mark.parametrize("listening", [False, True])
+def test_workers_benchmark_starts_again_when_its_port_was_taken(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, listening: bool
+) -> None:
+    """A port picked free can be taken before the server binds it (CI saw it once): the run
+    starts again on new ports, in a fresh directory, instead of failing — also when what took
+    it listens and never answers (the readiness probe is bounded)."""
+    for entry in (str(REPO), str(REPO / "bench")):
+        monkeypatch.syspath_prepend(entry)
+    import wire_bench
+    import workers_bench
+
+    taken = socket.socket()  # the gateway cannot bind it either way
+    taken.bind(("127.0.0.1", 0))
+    if listening:
+        taken.listen()  # connections are accepted by the kernel and never answered
+    picks: list[tuple[int, ...]] = []
+    real = wire_bench.free_ports
+
+    def ports(n: int) -> tuple[int, ...]:
+        chosen = real(n)
+        if not picks:  # the first attempt's gateway port is one another socket holds
+            chosen = (*chosen[:-1], taken.getsockname()[1])
+        picks.append(chosen)
+        return chosen
+
+    monkeypatch.setattr(wire_bench, "free_ports", ports)
+    try:
+        results = workers_bench.run(1, 0.2, tmp_path)
+    finally:
+        taken.close()
+    assert len(picks) == 2  # one failed attempt, one that ran
+    assert len(list(tmp_path.iterdir())) == 2  # each in its own directory
+    assert {"gateway-https c=32", "gateway-uds c=64"} <= results.keys()
+    assert all(r["errors"] == 0 and r["rps"] > 0 for r in results.values())
