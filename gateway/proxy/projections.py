@@ -275,35 +275,36 @@ def _record_attribution(
             task = asyncio.create_task(_record_off_loop(app, ledger, ex, trail, records), name="attribution-record")
             ledger.hold(task)
             return
-        if ledger.defer(functools.partial(_deferred_record, app, ex, trail, records, time.time()), len(ex.raw)):
+        if ledger.defer(functools.partial(_made_record, app, ex, trail, records, time.time()), len(ex.raw)):
             return
-        started = time.thread_time()
-        made = attribution_record(ex, trail, records)
+        made = _made_record(app, ex, trail, records)
         if made is not None:
             ledger.add(*made)
-            metrics = app[METRICS]
-            metrics.attribution_records.labels("queued").inc()
-            metrics.attribution_seconds.labels("record").inc(time.thread_time() - started)
     except Exception as exc:
         _failed(app, ex, exc)
 
 
-def _deferred_record(
-    app: web.Application, ex: Exchange, trail: Trail, records: list[usage.UsageRecord], ts: float
+def _made_record(
+    app: web.Application, ex: Exchange, trail: Trail, records: list[usage.UsageRecord], ts: float | None = None
 ) -> tuple[str, Record] | None:
-    """A deferred record, made by the ledger's batched write (None when the call was not an
-    input boundary, or when making it failed: logged and counted, never raised)."""
+    """A record made on the loop, now or by the ledger's batched write, and counted (None
+    when the call was not an input boundary, or when making it failed: logged and counted,
+    never raised)."""
     started = time.thread_time()
     try:
         made = attribution_record(ex, trail, records, ts)
-        if made is not None:
-            metrics = app[METRICS]
-            metrics.attribution_records.labels("queued").inc()
-            metrics.attribution_seconds.labels("record").inc(time.thread_time() - started)
-        return made
     except Exception as exc:
         _failed(app, ex, exc)
         return None
+    if made is not None:
+        _note_made(app, time.thread_time() - started)
+    return made
+
+
+def _note_made(app: web.Application, seconds: float) -> None:
+    metrics = app[METRICS]
+    metrics.attribution_records.labels("queued").inc()
+    metrics.attribution_seconds.labels("record").inc(seconds)
 
 
 def _failed(app: web.Application, ex: Exchange, exc: Exception) -> None:
@@ -320,9 +321,7 @@ async def _record_off_loop(
         made, seconds = await asyncio.to_thread(_timed_record, ex, trail, records)
         if made is not None:
             ledger.add(*made)
-            metrics = app[METRICS]
-            metrics.attribution_records.labels("queued").inc()
-            metrics.attribution_seconds.labels("record").inc(seconds)
+            _note_made(app, seconds)
     except Exception as exc:
         _failed(app, ex, exc)
 
