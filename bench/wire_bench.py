@@ -839,40 +839,43 @@ class Check:
 def target_checks(stats: dict[str, dict[str, Stats]]) -> list[Check]:
     """The speed issue's targets, per gateway listener (a workload this run did not measure
     is left out)."""
+    targets: list[tuple[str, str, Callable[[Stats], float | None], tuple[str, str], Callable[[float], bool]]] = [
+        (
+            "chat-1KB c=1",
+            f"added p50 <= {ADDED_P50_TARGET_MS:g} ms at 1 KB c=1",
+            lambda s: s.added_p50_ms,
+            ("+.3f", " ms"),
+            lambda v: v <= ADDED_P50_TARGET_MS,
+        ),
+        (
+            "chat-200KB c=1",
+            f"added p50 <= {ADDED_P50_200KB_TARGET_MS:g} ms at 200 KB c=1",
+            lambda s: s.added_p50_ms,
+            ("+.3f", " ms"),
+            lambda v: v <= ADDED_P50_200KB_TARGET_MS,
+        ),
+        (
+            "chat-1KB c=32",
+            f">= {THROUGHPUT_TARGET_RPS:,.0f} req/s at c=32, gateway on one core",
+            lambda s: s.rps,
+            (",.0f", " req/s"),
+            lambda v: v >= THROUGHPUT_TARGET_RPS,
+        ),
+        (
+            "stream-200 c=1",
+            f"stream p50 <= {STREAM_RATIO_TARGET:g}x direct's",
+            lambda s: s.p50_ratio,
+            (".2f", "x"),
+            lambda v: v <= STREAM_RATIO_TARGET,
+        ),
+    ]
     checks = []
-    for workload, title, target in (
-        ("chat-1KB c=1", f"added p50 <= {ADDED_P50_TARGET_MS:g} ms at 1 KB c=1", ADDED_P50_TARGET_MS),
-        ("chat-200KB c=1", f"added p50 <= {ADDED_P50_200KB_TARGET_MS:g} ms at 200 KB c=1", ADDED_P50_200KB_TARGET_MS),
-    ):
+    for workload, title, read, (spec, suffix), meets in targets:
         for name in ("gateway-https", "gateway-uds"):
             if name not in stats.get(workload, {}):
                 continue
-            added = stats[workload][name].added_p50_ms
-            checks.append(Check(title, name, _fmt(added, "+.3f", " ms"), added is not None and added <= target))
-    for name in ("gateway-https", "gateway-uds"):
-        if name not in stats.get("chat-1KB c=32", {}):
-            continue
-        rps = stats["chat-1KB c=32"][name].rps
-        checks.append(
-            Check(
-                f">= {THROUGHPUT_TARGET_RPS:,.0f} req/s at c=32, gateway on one core",
-                name,
-                _fmt(rps, ",.0f", " req/s"),
-                rps is not None and rps >= THROUGHPUT_TARGET_RPS,
-            )
-        )
-    for name in ("gateway-https", "gateway-uds"):
-        if name not in stats.get("stream-200 c=1", {}):
-            continue
-        ratio = stats["stream-200 c=1"][name].p50_ratio
-        checks.append(
-            Check(
-                f"stream p50 <= {STREAM_RATIO_TARGET:g}x direct's",
-                name,
-                _fmt(ratio, ".2f", "x"),
-                ratio is not None and ratio <= STREAM_RATIO_TARGET,
-            )
-        )
+            value = read(stats[workload][name])
+            checks.append(Check(title, name, _fmt(value, spec, suffix), value is not None and meets(value)))
     return checks
 
 
