@@ -170,19 +170,21 @@ async def _segment(target: wire_bench.Target, raw: bytes, calls: int, pid: int) 
     return wire_bench.tree_cpu_seconds(pid) - cpu0, statistics.median(walls)
 
 
-_COLLECT_SECONDS = re.compile(r'^wiregate_attribution_seconds_total\{part="(?:record|write)"\} (\S+)$', re.M)
+_COLLECT_SECONDS = re.compile(r'^wiregate_attribution_seconds_total\{part="(record|write)"\} (\S+)$', re.M)
+PARTS = ("record", "write")
 
 
-async def _collect_seconds(target: wire_bench.Target) -> float:
-    """The gateway's own count of the CPU seconds collection took (each call's record and the
-    ledger's batched writes, timed with the thread's CPU clock where they run)."""
+async def _collect_seconds(target: wire_bench.Target) -> dict[str, float]:
+    """The gateway's own count of the CPU seconds collection took, by part: each call's record
+    and the ledger's batched writes, timed with the thread's CPU clock where they run."""
     async with target.session.get(
         target.base_url + "/metrics", headers={"authorization": target.headers["authorization"]}
     ) as resp:
         if resp.status != 200:
             raise wire_bench.BenchError(f"metrics: HTTP {resp.status}")
         text = await resp.text()
-    return sum(float(v) for v in _COLLECT_SECONDS.findall(text))
+    found = {part: float(value) for part, value in _COLLECT_SECONDS.findall(text)}
+    return {part: found.get(part, 0.0) for part in PARTS}
 
 
 BURST = 25  # in-process collects timed after each round of the end-to-end run
@@ -222,16 +224,17 @@ async def end_to_end(quick: bool, collects: dict[str, Collect]) -> list[dict[str
                 cpu = {False: 0.0, True: 0.0}
                 walls: dict[bool, list[float]] = {False: [], True: []}
                 beside: list[float] = []  # the in-process collect, timed between the rounds
-                in_gateway = 0.0  # what the gateway counted for collection
+                in_gateway = dict.fromkeys(PARTS, 0.0)  # what the gateway counted for collection, by part
                 for n in range(rounds):
                     for on in (False, True) if n % 2 == 0 else (True, False):
                         await _switch(uds, on)
-                        counted = await _collect_seconds(uds)
+                        before = await _collect_seconds(uds)
                         seconds, wall = await _segment(uds, body.raw, calls, gateway_pid)
-                        counted = await _collect_seconds(uds) - counted
+                        after = await _collect_seconds(uds)
                         cpu[on] += seconds
                         walls[on].append(wall)
-                        in_gateway += counted  # (a batch written late, in an "off" segment, counts too)
+                        for part in PARTS:  # (a batch written late, in an "off" segment, counts too)
+                            in_gateway[part] += after[part] - before[part]
                     beside.append(_beside(collects[body.name], pinning.applied))
                 total = calls * rounds
                 off_us, on_us = cpu[False] / total * 1e6, cpu[True] / total * 1e6
@@ -246,7 +249,9 @@ async def end_to_end(quick: bool, collects: dict[str, Collect]) -> list[dict[str
                         "median_wall_ms_off": round(statistics.median(walls[False]), 3),
                         "median_wall_ms_on": round(statistics.median(walls[True]), 3),
                         "collect_us_beside": round(statistics.median(beside), 1),
-                        "collect_us_in_gateway": round(in_gateway / total * 1e6, 1),
+                        "collect_us_in_gateway": round(sum(in_gateway.values()) / total * 1e6, 1),
+                        "record_us_in_gateway": round(in_gateway["record"] / total * 1e6, 1),
+                        "write_us_in_gateway": round(in_gateway["write"] / total * 1e6, 1),
                         "cpu_tick_us": round(1e6 / wire_bench.CLOCK_TICK / total, 1),  # resolution per call
                     }
                 )
@@ -281,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
             f"   wall p50 {r['median_wall_ms_off']:.3f} / {r['median_wall_ms_on']:.3f} ms   (±{r['cpu_tick_us']} µs)"
             f"   in-process collect between rounds {r['collect_us_beside']:.1f} µs"
             f"   counted by the gateway {r['collect_us_in_gateway']:.1f} µs"
+            f" (record {r['record_us_in_gateway']:.1f}, write {r['write_us_in_gateway']:.1f})"
         )
     one = next(r for r in micro if r["body"] == "1KB")
     big = next(r for r in e2e if r["body"] == "200KB")

@@ -40,6 +40,7 @@ def test_every_benchmark_of_make_bench_runs() -> None:
         "wiregate stream benchmark",
     ):
         assert title in out, title
+    assert out.count(" (record ") >= 2  # the gateway's own count of collection, by part, per body
     assert "native encoded-run finder: full decision" in out  # the native/reference comparison ran
     assert out.count("Hyperscan alone over one decision's passes") >= 2  # the matcher's ceiling per size
     assert out.count("Targets (informational") >= 2
