@@ -287,9 +287,9 @@ def _record_attribution(
 def _made_record(
     app: web.Application, ex: Exchange, trail: Trail, records: list[usage.UsageRecord], ts: float | None = None
 ) -> tuple[str, Record] | None:
-    """A record made on the loop, now or by the ledger's batched write, and counted (None
-    when the call was not an input boundary, or when making it failed: logged and counted,
-    never raised)."""
+    """A record made and counted — on the loop, now or by the ledger's batched write, or on a
+    thread for a large body — with the CPU time of the thread that made it (None when the call
+    was not an input boundary, or when making it failed: logged and counted, never raised)."""
     started = time.thread_time()
     try:
         made = attribution_record(ex, trail, records, ts)
@@ -297,14 +297,10 @@ def _made_record(
         _failed(app, ex, exc)
         return None
     if made is not None:
-        _note_made(app, time.thread_time() - started)
+        metrics = app[METRICS]
+        metrics.attribution_records.labels("queued").inc()
+        metrics.attribution_seconds.labels("record").inc(time.thread_time() - started)
     return made
-
-
-def _note_made(app: web.Application, seconds: float) -> None:
-    metrics = app[METRICS]
-    metrics.attribution_records.labels("queued").inc()
-    metrics.attribution_seconds.labels("record").inc(seconds)
 
 
 def _failed(app: web.Application, ex: Exchange, exc: Exception) -> None:
@@ -318,21 +314,11 @@ async def _record_off_loop(
     app: web.Application, ledger: AttributionLedger, ex: Exchange, trail: Trail, records: list[usage.UsageRecord]
 ) -> None:
     try:
-        made, seconds = await asyncio.to_thread(_timed_record, ex, trail, records)
+        made = await asyncio.to_thread(_made_record, app, ex, trail, records)
         if made is not None:
             ledger.add(*made)
-            _note_made(app, seconds)
     except Exception as exc:
         _failed(app, ex, exc)
-
-
-def _timed_record(
-    ex: Exchange, trail: Trail, records: list[usage.UsageRecord]
-) -> tuple[tuple[str, Record] | None, float]:
-    """`attribution_record` and the CPU time this thread spent on it."""
-    started = time.thread_time()
-    made = attribution_record(ex, trail, records)
-    return made, time.thread_time() - started
 
 
 def access_fields(ex: Exchange, trail: Trail) -> dict[str, Any]:
