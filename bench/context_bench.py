@@ -1,11 +1,11 @@
 """Context routes over HTTP: wiregate against the real PowerContext 1.4.1 server, same run.
 
     .venv/bin/python bench/context_bench.py [--sizes 1000,10000,100000] [--pc-fill-budget 180]
-        [--no-snapshots] [--json PATH]
+        [--no-snapshots] [--corpus pc45|zipf] [--json PATH]
 
 Needs the PowerContext venv of tests/pcserver.py (built on first use, about 1-1.5 min). Both
 servers get the same deterministic synthetic atomic memories (context_store_bench's 45-word
-vocabulary, fixed seed) in one scope, through their HTTP APIs, except wiregate's memories
+vocabulary, fixed seed; `--corpus zipf`: its 10,000 words drawn by Zipf's law) in one scope, through their HTTP APIs, except wiregate's memories
 beyond 10,000, which go straight through its service layer into its SQLite file while the
 gateway is stopped (synchronous=NORMAL, write inspection skipped). PowerContext is filled past
 1,000 only when the rate measured so far says it takes at most --pc-fill-budget seconds. A
@@ -50,7 +50,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from context_store_bench import VOCAB  # noqa: E402
+import context_store_bench  # noqa: E402
 from wire_bench import _child_setup, free_port, set_https_port, tree_cpu_seconds, wait_quiet  # noqa: E402
 
 from gateway.context.service import ContextService  # noqa: E402
@@ -76,16 +76,13 @@ def memories(count: int) -> list[tuple[str, str]]:
     out = []
     for i in range(count):
         kind = rng.choice(["fact", "decision"])
-        out.append((kind, f"Memory {i}: " + " ".join(rng.choice(VOCAB) for _ in range(rng.randint(8, 20)))))
+        out.append((kind, context_store_bench.memory_text(rng, i)))
     return out
 
 
 def queries(count: int, seed: int = 7) -> list[str]:
     rng = random.Random(seed)
-    return [
-        "What do we know about " + " ".join(rng.choice(VOCAB) for _ in range(rng.randint(2, 6))) + "?"
-        for _ in range(count)
-    ]
+    return [context_store_bench.query(rng) for _ in range(count)]
 
 
 def pct(samples: list[float], p: float) -> float:
@@ -452,7 +449,8 @@ class PowerContextSide:
 
 
 def snapshot_dir(size: int) -> Path:
-    return pcserver.CACHE / "bench" / f"seed{SEED}-{size}"
+    corpus = context_store_bench.CORPUS.kind
+    return pcserver.CACHE / "bench" / (f"seed{SEED}-{size}" if corpus == "pc45" else f"{corpus}-seed{SEED}-{size}")
 
 
 async def run(sizes: list[int], pc_fill_budget: float, http_fill_max: int, snapshots: bool) -> list[dict[str, Any]]:
@@ -509,6 +507,7 @@ async def run(sizes: list[int], pc_fill_budget: float, http_fill_max: int, snaps
                 active = [s for s in (wg, pc) if s is not None]
                 print(f"{size:,}: filled ({', '.join(f'{s.name} {s.fill_s:.0f} s' for s in active)})", flush=True)
                 await measure(active, size, wn)
+                notes["corpus"] = context_store_bench.CORPUS.kind
                 result = summarize(size, {"wiregate": wg, "powercontext": pc}, notes)
                 results.append(result)
                 print(markdown(result), flush=True)
@@ -528,8 +527,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--no-snapshots", action="store_true", help="neither reuse nor keep filled PowerContext stores in .cache/"
     )
+    ap.add_argument("--corpus", choices=("pc45", "zipf"), default="pc45", help="see context_store_bench.Corpus")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
+    context_store_bench.CORPUS = context_store_bench.Corpus(args.corpus)
+    print(f"corpus: {args.corpus}", flush=True)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop both servers on the way out
     t = time.perf_counter()
     try:

@@ -1,9 +1,11 @@
 """Context store benchmark: prepare p50/p99 (with and without receipt), write p50, search p50 per mode.
 
     .venv/bin/python bench/context_store_bench.py [--sizes 1000,10000,100000] [--backends sqlite,postgres]
+        [--corpus pc45|zipf]
 
 In-process (no HTTP). Memories are generated from a fixed-seed 45-word vocabulary like PowerContext's
-own pc_bench.py; queries are "What do we know about <2–6 words>?". Vector and hybrid searches use a
+own pc_bench.py (`--corpus zipf`: a 10,000-word vocabulary drawn by Zipf's law instead, where the
+bag-of-words embedder sees none of the words); queries are "What do we know about <2–6 words>?". Vector and hybrid searches use a
 deterministic bag-of-words embedder (a stand-in for a provider, zero latency). Prints a table; no asserts.
 The population phase uses synchronous=NORMAL on SQLite to save time; write p50 is measured separately
 with the default synchronous=FULL. On PostgreSQL the tables are analysed after each fill (as autovacuum
@@ -96,12 +98,47 @@ def yes(scope_id: str) -> bool:
     return True
 
 
+ZIPF_WORDS = 10_000  # `--corpus zipf`: distinct words, drawn with probability ~ 1/rank (natural text's shape)
+
+
+def zipf_vocabulary(n: int = ZIPF_WORDS) -> tuple[list[str], list[float]]:
+    """`n` distinct pronounceable made-up words (fixed seed) and their cumulative Zipf weights."""
+    rng = random.Random(2086)
+    syllables = [c + v for c in "bdfghklmnprstvz" for v in "aeiou"]
+    words: dict[str, None] = {}
+    while len(words) < n:
+        words["".join(rng.choice(syllables) for _ in range(rng.randint(2, 4)))] = None
+    cum, total = [], 0.0
+    for rank in range(1, n + 1):
+        total += 1.0 / rank
+        cum.append(total)
+    return list(words), cum
+
+
+class Corpus:
+    """What memories and queries are made of: PowerContext's 45 words drawn uniformly (every
+    memory holds a third of any query's words, so a search ranks most of the store), or a
+    10,000-word vocabulary drawn by Zipf's law, which is closer to what people write."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.words, self.cum = zipf_vocabulary() if kind == "zipf" else (VOCAB, None)
+
+    def draw(self, rng: random.Random, k: int) -> str:
+        if self.cum is None:
+            return " ".join(rng.choice(self.words) for _ in range(k))
+        return " ".join(rng.choices(self.words, cum_weights=self.cum, k=k))
+
+
+CORPUS = Corpus("pc45")
+
+
 def memory_text(rng: random.Random, i: int) -> str:
-    return f"Memory {i}: " + " ".join(rng.choice(VOCAB) for _ in range(rng.randint(8, 20)))
+    return f"Memory {i}: " + CORPUS.draw(rng, rng.randint(8, 20))
 
 
 def query(rng: random.Random) -> str:
-    return "What do we know about " + " ".join(rng.choice(VOCAB) for _ in range(rng.randint(2, 6))) + "?"
+    return "What do we know about " + CORPUS.draw(rng, rng.randint(2, 6)) + "?"
 
 
 def pct(samples: list[float], p: float) -> float:
@@ -213,7 +250,11 @@ async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="1000,10000,100000")
     ap.add_argument("--backends", default="sqlite,postgres")
+    ap.add_argument("--corpus", choices=("pc45", "zipf"), default="pc45")
     args = ap.parse_args()
+    global CORPUS
+    CORPUS = Corpus(args.corpus)
+    print(f"corpus: {args.corpus}", flush=True)
     sizes = [int(s) for s in args.sizes.split(",")]
     rows: list[list[str]] = []
     for kind in args.backends.split(","):
