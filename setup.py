@@ -1,9 +1,10 @@
 """The native modules: the strict JSON reader's fast path (gateway/carriers/jsonraw.py, with
-the attribution identity's message builder beside it) and the encoded-run finder's
-(gateway/inspection/decoders.py).
+the attribution identity's message builder beside it), the encoded-run finder's
+(gateway/inspection/decoders.py) and the SQLite store's exact vector scoring
+(gateway/context/store/common.py).
 
 Everything else is in pyproject.toml. `optional=True`: where no C compiler or Python headers
-are present the install still succeeds and jsonraw and decoders use their pure-Python references
+are present the install still succeeds and jsonraw, decoders and the store use their pure-Python references
 (CI sets WIREGATE_REQUIRE_NATIVE=1 so a missing module fails a test there).
 """
 
@@ -24,6 +25,12 @@ setup(
         Extension(
             "gateway.inspection._decode_native",
             sources=["gateway/inspection/_decode_native.c"],
+            extra_compile_args=[] if sys.platform == "win32" else GCC_FLAGS,
+            optional=True,
+        ),
+        Extension(
+            "gateway.context.store._vector_native",
+            sources=["gateway/context/store/_vector_native.c"],
             extra_compile_args=[] if sys.platform == "win32" else GCC_FLAGS,
             optional=True,
         ),

@@ -10,7 +10,6 @@ Must not: do I/O, call an embedding provider, read a clock, or know about SQL.
 from __future__ import annotations
 
 import math
-import operator
 import re
 import unicodedata
 from collections.abc import Iterable, Sequence
@@ -127,11 +126,6 @@ def unit(vector: Sequence[float]) -> tuple[float, ...] | None:
     if norm == 0.0 or not math.isfinite(norm):
         return None
     return tuple(v / norm for v in values)
-
-
-def cosine_unit(a: Sequence[float], b: Sequence[float]) -> float:
-    """Cosine of two unit vectors (their dot product)."""
-    return float(sum(map(operator.mul, a, b)))
 
 
 @dataclass(frozen=True, slots=True)

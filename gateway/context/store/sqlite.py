@@ -19,6 +19,7 @@ import json
 import sqlite3
 import threading
 import time
+from array import array
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -34,7 +35,6 @@ from gateway.context.errors import (
     ScopeNotFound,
 )
 from gateway.context.model import SEARCHABLE_FAMILIES, ArtifactRef, AtomicMemoryInput, Family, MemoryState, etag_for
-from gateway.context.search import cosine_unit
 from gateway.context.store.base import (
     ArtifactRevision,
     AtomicMemoryRecord,
@@ -51,6 +51,7 @@ from gateway.context.store.common import (
     MAX_QUERY_TERMS,
     REVISION_COLUMNS,
     PresentTerms,
+    admitted,
     at_least,
     floor_cut,
     floor_groups,
@@ -58,7 +59,6 @@ from gateway.context.store.common import (
     pack_vector,
     revision_from_row,
     transition,
-    unpack_vector,
 )
 from gateway.context.store.migrations import LEDGER_TABLE, Migration, plan
 
@@ -776,7 +776,7 @@ class SqliteContextStore:
         min_cosine: float,
         kind: str | None = None,
     ) -> list[SearchRow]:
-        query = list(vector)
+        query = array("d", vector).tobytes()
 
         def run(conn: sqlite3.Connection) -> list[SearchRow]:
             sql = (
@@ -787,14 +787,7 @@ class SqliteContextStore:
             if kind is not None:
                 sql += "AND kind = ?"
                 args.append(kind)
-            scored: list[tuple[float, str]] = []
-            for artifact_id, blob in conn.execute(sql, args):
-                vec = unpack_vector(blob)
-                if vec is None or len(vec) != len(query):
-                    continue
-                cos = cosine_unit(vec, query)
-                if cos >= min_cosine:
-                    scored.append((cos, artifact_id))
+            scored = admitted(query, conn.execute(sql, args).fetchall(), min_cosine)
             best = heapq.nsmallest(limit, scored, key=lambda x: (-x[0], x[1]))
             out: list[SearchRow] = []
             for cos, artifact_id in best:
