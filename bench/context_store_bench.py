@@ -122,7 +122,10 @@ class Corpus:
 
     def __init__(self, kind: str) -> None:
         self.kind = kind
-        self.words, self.cum = zipf_vocabulary() if kind == "zipf" else (VOCAB, None)
+        self.words: list[str] = VOCAB
+        self.cum: list[float] | None = None
+        if kind == "zipf":
+            self.words, self.cum = zipf_vocabulary()
 
     def draw(self, rng: random.Random, k: int) -> str:
         if self.cum is None:

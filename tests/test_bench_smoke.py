@@ -46,12 +46,13 @@ def test_every_benchmark_of_make_bench_runs() -> None:
     assert out.count("Targets (informational") >= 2
 
 
-@pytest.mark.parametrize("backends", ["sqlite", "postgres"])
-def test_context_store_benchmark_runs(backends: str) -> None:
+@pytest.mark.parametrize(("backends", "corpus"), [("sqlite", "pc45"), ("sqlite", "zipf"), ("postgres", "pc45")])
+def test_context_store_benchmark_runs(backends: str, corpus: str) -> None:
     if backends == "postgres":
         require_pg()
-    out = _run("bench/context_store_bench.py", "--sizes", "300", "--backends", backends, timeout=600)
-    assert f"{backends}: write p50" in out
+    args = ("--sizes", "300", "--backends", backends, "--corpus", corpus)
+    out = _run("bench/context_store_bench.py", *args, timeout=600)
+    assert f"corpus: {corpus}" in out and f"{backends}: write p50" in out
 
 
 def test_floor_benchmark_runs() -> None:
