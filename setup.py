@@ -4,8 +4,8 @@ the attribution identity's message builder beside it), the encoded-run finder's
 (gateway/context/store/common.py).
 
 Everything else is in pyproject.toml. `optional=True`: where no C compiler or Python headers
-are present the install still succeeds and jsonraw, decoders and the store use their pure-Python references
-(CI sets WIREGATE_REQUIRE_NATIVE=1 so a missing module fails a test there).
+are present the install still succeeds and jsonraw, decoders and the store use their
+pure-Python references (CI sets WIREGATE_REQUIRE_NATIVE=1 so a missing module fails a test there).
 """
 
 import sys
@@ -14,25 +14,21 @@ from setuptools import Extension, setup
 
 GCC_FLAGS = ["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Wno-missing-field-initializers"]
 
+# (module, its one C source), all built the same way
+NATIVE = [
+    ("gateway.carriers._jsonraw_native", "gateway/carriers/_jsonraw_native.c"),
+    ("gateway.inspection._decode_native", "gateway/inspection/_decode_native.c"),
+    ("gateway.context.store._vector_native", "gateway/context/store/_vector_native.c"),
+]
+
 setup(
     ext_modules=[
         Extension(
-            "gateway.carriers._jsonraw_native",
-            sources=["gateway/carriers/_jsonraw_native.c"],
+            name,
+            sources=[source],
             extra_compile_args=[] if sys.platform == "win32" else GCC_FLAGS,
             optional=True,
-        ),
-        Extension(
-            "gateway.inspection._decode_native",
-            sources=["gateway/inspection/_decode_native.c"],
-            extra_compile_args=[] if sys.platform == "win32" else GCC_FLAGS,
-            optional=True,
-        ),
-        Extension(
-            "gateway.context.store._vector_native",
-            sources=["gateway/context/store/_vector_native.c"],
-            extra_compile_args=[] if sys.platform == "win32" else GCC_FLAGS,
-            optional=True,
-        ),
+        )
+        for name, source in NATIVE
     ]
 )
