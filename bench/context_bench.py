@@ -5,11 +5,12 @@
 
 Needs the PowerContext venv of tests/pcserver.py (built on first use, about 1-1.5 min). Both
 servers get the same deterministic synthetic atomic memories (context_store_bench's 45-word
-vocabulary, fixed seed; `--corpus zipf`: its 10,000 words drawn by Zipf's law) in one scope, through their HTTP APIs, except wiregate's memories
-beyond 10,000, which go straight through its service layer into its SQLite file while the
-gateway is stopped (synchronous=NORMAL, write inspection skipped). PowerContext is filled past
-1,000 only when the rate measured so far says it takes at most --pc-fill-budget seconds. A
-PowerContext store filled to a size is kept in .cache/powercontext-1.4.1/bench/seed<S>-<size>/
+vocabulary, fixed seed; `--corpus zipf`: its 10,000 words drawn by Zipf's law) in one scope,
+through their HTTP APIs, except wiregate's memories beyond 10,000, which go straight through
+its service layer into its SQLite file while the gateway is stopped (synchronous=NORMAL, write
+inspection skipped). PowerContext is filled past 1,000 only when the rate measured so far says
+it takes at most --pc-fill-budget seconds. A PowerContext store filled to a size is kept in
+.cache/powercontext-1.4.1/bench/[zipf-]seed<S>-<size>/
 and restored by later runs instead of being filled again (--no-snapshots: neither).
 
 Per store size and server, sequential requests on one keep-alive connection, in rounds that
@@ -531,11 +532,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--no-snapshots", action="store_true", help="neither reuse nor keep filled PowerContext stores in .cache/"
     )
-    ap.add_argument("--corpus", choices=("pc45", "zipf"), default="pc45", help="see context_store_bench.Corpus")
+    ap.add_argument(
+        "--corpus", choices=context_store_bench.CORPORA, default="pc45", help="see context_store_bench.Corpus"
+    )
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
-    context_store_bench.CORPUS = context_store_bench.Corpus(args.corpus)
-    print(f"corpus: {args.corpus}", flush=True)
+    context_store_bench.use_corpus(args.corpus)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop both servers on the way out
     t = time.perf_counter()
     try:

@@ -5,8 +5,9 @@
 
 In-process (no HTTP). Memories are generated from a fixed-seed 45-word vocabulary like PowerContext's
 own pc_bench.py (`--corpus zipf`: a 10,000-word vocabulary drawn by Zipf's law instead, where the
-bag-of-words embedder sees none of the words); queries are "What do we know about <2–6 words>?". Vector and hybrid searches use a
-deterministic bag-of-words embedder (a stand-in for a provider, zero latency). Prints a table; no asserts.
+bag-of-words embedder sees none of the words); queries are "What do we know about <2–6 words>?".
+Vector and hybrid searches use a deterministic bag-of-words embedder (a stand-in for a provider,
+zero latency). Prints a table; no asserts.
 The population phase uses synchronous=NORMAL on SQLite to save time; write p50 is measured separately
 with the default synchronous=FULL. On PostgreSQL the tables are analysed after each fill (as autovacuum
 would be soon after a load that size) so the planner has statistics.
@@ -133,7 +134,15 @@ class Corpus:
         return " ".join(rng.choices(self.words, cum_weights=self.cum, k=k))
 
 
+CORPORA = ("pc45", "zipf")
 CORPUS = Corpus("pc45")
+
+
+def use_corpus(kind: str) -> None:
+    """What `memory_text` and `query` draw from from now on (both benchmarks' `--corpus`)."""
+    global CORPUS
+    CORPUS = Corpus(kind)
+    print(f"corpus: {kind}", flush=True)
 
 
 def memory_text(rng: random.Random, i: int) -> str:
@@ -253,11 +262,9 @@ async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="1000,10000,100000")
     ap.add_argument("--backends", default="sqlite,postgres")
-    ap.add_argument("--corpus", choices=("pc45", "zipf"), default="pc45")
+    ap.add_argument("--corpus", choices=CORPORA, default="pc45")
     args = ap.parse_args()
-    global CORPUS
-    CORPUS = Corpus(args.corpus)
-    print(f"corpus: {args.corpus}", flush=True)
+    use_corpus(args.corpus)
     sizes = [int(s) for s in args.sizes.split(",")]
     rows: list[list[str]] = []
     for kind in args.backends.split(","):

@@ -2,8 +2,9 @@
 the pure-Python reference in store/common.py: the same (cosine, id) pairs, bit for bit and in
 the same order, on generated vectors of every small dimension (subnormals, signed zeros,
 infinities and NaNs included), on rows with a missing vector or one of another dimension,
-and at every threshold; malformed input is refused the same clear way; and a real store
-searches the same with either path."""
+and at every threshold; the native module refuses malformed input with a clear error (rows
+from the store never are: the reference need not); and a real store searches the same with
+either path."""
 
 from __future__ import annotations
 
@@ -111,7 +112,7 @@ def test_unit_vectors_rank_and_admit_the_same() -> None:
 
 
 @needs_native
-def test_malformed_input_is_refused_the_same_way() -> None:
+def test_native_refuses_malformed_input() -> None:
     from gateway.context.store import _vector_native
 
     one = array("d", [1.0]).tobytes()

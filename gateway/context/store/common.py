@@ -163,7 +163,8 @@ def admitted_reference(
 
 # gateway/context/store/_vector_native.c, built by the package's install (setup.py; optional:
 # without a C compiler the reference above runs). tests/test_vector_native.py checks the two.
-_scorer: Callable[[bytes, list[tuple[str, bytes | None]], float], list[tuple[float, str]]] = admitted_reference
+Scorer = Callable[[bytes, list[tuple[str, bytes | None]], float], list[tuple[float, str]]]
+_scorer: Scorer = admitted_reference
 try:
     from gateway.context.store import _vector_native
 except ImportError:  # pragma: no cover - a machine without a C compiler
