@@ -14,6 +14,7 @@ from aiohttp import web
 from gateway import __version__, auth
 from gateway.carriers import CARRIERS, ROUTES, SHORT_NAMES
 from gateway.config.runtime import Runtime
+from gateway.context.rerank import POLICY_ID as RERANK_POLICY_ID
 from gateway.devmock import MOCK_PROVIDER
 from gateway.proxy import models as catalogue
 from gateway.proxy.upstream import UPSTREAM
@@ -124,6 +125,16 @@ def context_capabilities(runtime: Runtime) -> dict[str, Any]:
         ],
         "families": ["atomic-memory", "topic-memory", "experience", "profile"],
         "lifecycle_states": ["active", "forgotten", "merged", "retired"],
+        # the prepare reranker in force (recorded in every receipt it shapes), or null
+        "rerank": (
+            {
+                "policy_id": RERANK_POLICY_ID,
+                "candidate_limit": cfg.rerank_candidate_limit,
+                "min_share": cfg.rerank_min_share,
+            }
+            if cfg.rerank == "coverage"
+            else None
+        ),
         "replay": {
             "header": "x-wiregate-prepared-context",
             "location_schema": "powercontext.model-json-text-location.v1",

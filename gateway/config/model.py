@@ -152,6 +152,11 @@ class ContextConfig(_Strict):
     # Vector size to ask for (OpenAI's `dimensions`); none: the model's own.
     embeddings_dimensions: int | None = Field(None, ge=1, le=8192)
     embed_timeout_s: float = Field(10.0, gt=0, le=120)
+    # The deterministic reranker of prepare's candidate pools (context/rerank.py), recorded in
+    # the receipt: "off" (default) or "coverage".
+    rerank: Literal["off", "coverage"] = "off"
+    rerank_candidate_limit: int = Field(30, ge=1, le=100)
+    rerank_min_share: float = Field(0.5, gt=0, le=1)
     # Largest memory request body (PowerContext 1.4.1: 16 MiB).
     request_bytes: int = Field(16 * 1024 * 1024, ge=1024)
 

@@ -177,12 +177,25 @@ def _interleave(lists: Sequence[Sequence[Candidate]]) -> list[Candidate]:
     return out
 
 
-def build(current_scope_id: str, groups: Sequence[ScopeGroup], max_bytes: int) -> BuildResult:
-    """Select, truncate and render. Raises BuilderInvariantError on a pool-ceiling or budget breach."""
+def build(
+    current_scope_id: str,
+    groups: Sequence[ScopeGroup],
+    max_bytes: int,
+    rerank_removed: Mapping[str, int] | None = None,
+) -> BuildResult:
+    """Select, truncate and render. Raises BuilderInvariantError on a pool-ceiling or budget breach.
+    `rerank_removed` counts, per family, the candidates a reranker took out of the pools before
+    they reached the builder (omitted as `rerank_not_selected`)."""
     counts: dict[tuple[str, str], int] = {}
 
     def omit(family: str, reason: str, n: int = 1) -> None:
         counts[(family, reason)] = counts.get((family, reason), 0) + n
+
+    for family, n in (rerank_removed or {}).items():
+        if family not in POOL_CEILINGS or n < 0:
+            raise BuilderInvariantError("builder_rerank_count")
+        if n:
+            omit(family, "rerank_not_selected", n)
 
     per_family: dict[str, list[Candidate]] = {MEMORY: [], TOPIC: [], EXPERIENCE: []}
     for group in groups:

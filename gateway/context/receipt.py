@@ -55,6 +55,7 @@ STAGES = frozenset(
 # Versioned allow-list of rerank settings a receipt may disclose, per rerank policy.
 RERANK_SETTINGS_ALLOWED: Mapping[str, frozenset[str]] = {
     "powercontext.memory.rerank.listwise.v1": frozenset({"temperature", "candidate_limit", "max_output_tokens"}),
+    "wiregate.memory.rerank.coverage.v1": frozenset({"candidate_limit", "min_share"}),  # context/rerank.py
 }
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 

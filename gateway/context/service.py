@@ -3,7 +3,8 @@ search and prepare.
 
 Owns: the order of each operation — validate, run the injected write check, embed, store; authorise
 every scope a prepare reads before reading it, search each scope group and family (fts / vector /
-hybrid / auto with fallback), build, and make the receipt — plus cursors, limits, id generation
+hybrid / auto with fallback), rerank the pools when a reranker is configured, build, and make
+the receipt — plus cursors, limits, id generation
 and dependency eligibility for replay verification.
 Must not: render HTTP, parse headers, seal bindings, touch a database directly (only through the
 ContextStore), log content, or turn a backend or search failure into an `empty` prepare.
@@ -57,6 +58,8 @@ from gateway.context.model import (
     SearchMode,
     valid_scope_id,
 )
+from gateway.context.rerank import RerankSettings
+from gateway.context.rerank import rerank as rerank_pool
 from gateway.context.store.base import (
     ArtifactRevision,
     AtomicMemoryRecord,
@@ -165,6 +168,16 @@ class _Trace:
         entry = self.stages.setdefault(name, [0.0, 0])
         entry[0] += ms
         entry[1] += 1
+
+
+@dataclass(frozen=True, slots=True)
+class _Reranks:
+    """What a prepare's rerank did: the config it ran under, its outcome groups, and how many
+    candidates it removed per family."""
+
+    config: receipt.RerankConfig
+    groups: tuple[receipt.RerankGroup, ...]
+    removed: dict[str, int]
 
 
 def _now_iso(clock: Callable[[], float]) -> str:
@@ -698,8 +711,10 @@ class ContextService:
         *,
         principal_may_read: MayRead,
         receipt_id: str | None = None,
+        rerank: RerankSettings | None = None,
     ) -> PrepareResult:
-        """Prepare context for `query` in `scope_id` and its context references.
+        """Prepare context for `query` in `scope_id` and its context references, the pools
+        reranked by `rerank` when given (context/rerank.py).
 
         Every scope read is authorised through `principal_may_read` before it is read, and again
         before assembly; any denial raises ScopeAccessDenied with nothing partial.
@@ -756,6 +771,7 @@ class ContextService:
                         pool.append(Candidate(address, hit.head.content))
             rounds.append(receipt.RecallRound(rnd, "completed", sum(len(p) for p in pools.values())))
 
+        reranks = None if rerank is None else self._rerank(scope_id, terms, pools, len(rounds) - 1, trace, rerank)
         await self._authorise(order, principal_may_read)  # a read revoked meanwhile fails the whole call
         t = self._mono()
         groups = [
@@ -767,7 +783,7 @@ class ContextService:
             )
             for sid in order
         ]
-        built = builder.build(scope_id, groups, max_bytes)
+        built = builder.build(scope_id, groups, max_bytes, reranks.removed if reranks is not None else None)
         trace.stage("context.build", (self._mono() - t) * 1000)
         deps = tuple(item.address for item in built.items)
 
@@ -775,9 +791,38 @@ class ContextService:
         diagnostic: str | None = None
         if include_receipt:
             made, diagnostic = self._receipt(
-                receipt_id or self.new_receipt_id(), text, max_bytes, built, deps, rounds, trace
+                receipt_id or self.new_receipt_id(), text, max_bytes, built, deps, rounds, trace, reranks
             )
         return PrepareResult(built.to_context(), made, diagnostic, deps)
+
+    def _rerank(
+        self,
+        scope_id: str,
+        terms: Sequence[str],
+        pools: dict[tuple[str, Family], list[Candidate]],
+        rnd: int,
+        trace: _Trace,
+        settings: RerankSettings,
+    ) -> _Reranks:
+        """Rerank every non-empty pool in place: what it removed per family, and its config
+        and outcomes for the receipt."""
+        t = self._mono()
+        config = settings.config(scope_id)
+        config_id = str(config.record()["config_id"])
+        removed: dict[str, int] = {}
+        outcomes: dict[tuple[str, str], int] = {}
+        for (_sid, fam), pool in pools.items():
+            if not pool:
+                continue
+            texts = [search_text(fam, c.content) or "" for c in pool]
+            done = rerank_pool(terms, pool, texts, settings)
+            pool[:] = done.kept
+            removed[fam.value] = removed.get(fam.value, 0) + done.removed
+            key = (done.outcome, done.fallback_reason)
+            outcomes[key] = outcomes.get(key, 0) + 1
+        trace.stage("rerank", (self._mono() - t) * 1000)
+        groups = tuple(receipt.RerankGroup(rnd, config_id, o, f, n) for (o, f), n in outcomes.items())
+        return _Reranks(config, groups, removed)
 
     @staticmethod
     def _receipt(
@@ -788,6 +833,7 @@ class ContextService:
         deps: tuple[ArtifactAddress, ...],
         rounds: list[receipt.RecallRound],
         trace: _Trace,
+        reranks: _Reranks | None,
     ) -> tuple[dict[str, Any] | None, str | None]:
         searches = [receipt.SearchGroup(*key, count) for key, count in trace.searches.items()]
         stages = [receipt.StageTiming(name, ms, int(n)) for name, (ms, n) in trace.stages.items()]
@@ -801,6 +847,8 @@ class ContextService:
                 rounds=rounds,
                 searches=searches,
                 stages=stages,
+                rerank_configs=(reranks.config,) if reranks is not None else (),
+                reranks=reranks.groups if reranks is not None else (),
             )
         )
         return outcome.receipt, outcome.diagnostic

@@ -9,7 +9,16 @@ import pytest
 from tests.test_purity import FORBIDDEN, _imports
 
 CONTEXT = Path(__file__).resolve().parents[2] / "gateway" / "context"
-PURE = ["model.py", "errors.py", "content.py", "search.py", "builder.py", "receipt.py", "store/migrations.py"]
+PURE = [
+    "model.py",
+    "errors.py",
+    "content.py",
+    "search.py",
+    "builder.py",
+    "receipt.py",
+    "rerank.py",
+    "store/migrations.py",
+]
 ALSO_FORBIDDEN = {
     "psycopg",
     "psycopg_pool",

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from gateway.context import builder, receipt
 from gateway.context.builder import Candidate, ScopeGroup
 from gateway.context.model import ArtifactAddress, ArtifactRef
+from gateway.context.rerank import RerankSettings
 from gateway.context.store.sqlite import SqliteContextStore, SqliteDatabase
 from tests.context.conftest import make_service, yes
 
@@ -83,9 +84,19 @@ def check_receipt(
     exps=st.lists(text_st, max_size=4),
     query=st.lists(st.sampled_from(WORDS), min_size=1, max_size=5).map(" ".join).map(lambda q: f"  {q}\u0301 "),
     max_bytes=st.integers(min_value=512, max_value=32768),
+    reranker=st.one_of(
+        st.none(),
+        st.builds(RerankSettings, st.integers(min_value=1, max_value=20), st.sampled_from([0.25, 0.5, 1.0])),
+    ),
 )
 def test_prepare_receipts_hold_every_invariant(
-    current: list[str], referenced: list[str], topics: list[str], exps: list[str], query: str, max_bytes: int
+    current: list[str],
+    referenced: list[str],
+    topics: list[str],
+    exps: list[str],
+    query: str,
+    max_bytes: int,
+    reranker: RerankSettings | None,
 ) -> None:
     async def run() -> None:
         with tempfile.TemporaryDirectory() as d:
@@ -112,10 +123,13 @@ def test_prepare_receipts_hold_every_invariant(
                     await svc.create_artifact(
                         ref.scope_id, "experience", {"situation": t, "action": t, "outcome": t, "lesson": t}
                     )
-                out = await svc.prepare(cur.scope_id, query, max_bytes, True, principal_may_read=yes)
+                out = await svc.prepare(cur.scope_id, query, max_bytes, True, principal_may_read=yes, rerank=reranker)
                 assert out.receipt is not None, out.receipt_diagnostic
                 check_receipt(out.receipt, out.context, list(out.dependencies), query, max_bytes)
-                again = await svc.prepare(cur.scope_id, query, max_bytes, principal_may_read=yes)
+                reranks = out.receipt["retrieval"]["reranks"]
+                assert len(out.receipt["retrieval"]["rerank_configs"]) == (reranker is not None)
+                assert reranker is not None or not reranks
+                again = await svc.prepare(cur.scope_id, query, max_bytes, principal_may_read=yes, rerank=reranker)
                 assert again.context == out.context and again.dependencies == out.dependencies
             finally:
                 await store.close()
