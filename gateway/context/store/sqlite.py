@@ -332,6 +332,11 @@ class SqliteContextStore:
         self._merge_timer = None
         if self._merging is None or self._merging.done():
             self._merging = asyncio.create_task(self.merge_index(), name="context-fts-merge")
+        else:
+            # A pass armed by an earlier pause is still in its last step (the write that armed
+            # this timer ends it): try again after another idle interval, or the writes since
+            # would stay unmerged until the next write.
+            self._arm_merge()
 
     async def merge_index(self) -> int:
         """Merge the FTS index's segments, one bounded step per write transaction, until one segment
