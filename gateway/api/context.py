@@ -39,7 +39,6 @@ from gateway.checks.store import refusal_reasons, write_verdict
 from gateway.config.runtime import Principal, Runtime
 from gateway.context import errors as cx
 from gateway.context.model import ArtifactRef, AtomicMemoryInput, MemoryState
-from gateway.context.rerank import RerankSettings
 from gateway.context.service import ContextService, ContextSettings, SearchResult
 from gateway.context.store.base import ScopeRecord
 from gateway.context.store.database import Database
@@ -78,14 +77,6 @@ def service(app: web.Application, db: Database) -> ContextService:
         embed=embed if cfg.embeddings_profile is not None else None,
         settings=ContextSettings(embed_timeout_s=cfg.embed_timeout_s),
     )
-
-
-def reranker(runtime: Runtime) -> RerankSettings | None:
-    """The prepare reranker `[context] rerank` names under this runtime (it follows a reload)."""
-    cfg = runtime.config.context
-    if cfg.rerank == "coverage":
-        return RerankSettings(cfg.rerank_candidate_limit, cfg.rerank_min_share)
-    return None
 
 
 # --- request schemas (1.4.1, closed and strict) ----------------------------------------------
@@ -778,7 +769,7 @@ async def prepare(ctx: Ctx, dto: Prepare, raw: bytes) -> web.Response:
         dto.max_bytes,
         bool(dto.include_receipt),
         principal_may_read=ctx.may_read,
-        rerank=reranker(ctx.runtime),
+        rerank=ctx.runtime.rerank,
     )
     if dto.include_receipt and result.receipt is None:
         log.warning("receipt_omitted", request_id=call.request_id, diagnostic=result.receipt_diagnostic)

@@ -127,12 +127,8 @@ def context_capabilities(runtime: Runtime) -> dict[str, Any]:
         "lifecycle_states": ["active", "forgotten", "merged", "retired"],
         # the prepare reranker in force (recorded in every receipt it shapes), or null
         "rerank": (
-            {
-                "policy_id": RERANK_POLICY_ID,
-                "candidate_limit": cfg.rerank_candidate_limit,
-                "min_share": cfg.rerank_min_share,
-            }
-            if cfg.rerank == "coverage"
+            {"policy_id": RERANK_POLICY_ID, **runtime.rerank.effective_settings()}
+            if runtime.rerank is not None
             else None
         ),
         "replay": {

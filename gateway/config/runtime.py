@@ -18,6 +18,7 @@ from pathlib import Path
 
 from gateway.carriers.base import CarrierLimits
 from gateway.config.model import GatewayConfig, PrincipalEntry
+from gateway.context.rerank import RerankSettings
 from gateway.inspection.engine import Engine
 from gateway.inspection.window import DEFAULT_CAP, StreamWindow
 from gateway.keyring import KeyRing
@@ -122,6 +123,14 @@ class Runtime:
             *sorted(f"{k.id}:{k.state}:{hashlib.sha256(k.secret).hexdigest()}" for k in self.keyring.keys.values()),
         ]
         return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()
+
+    @functools.cached_property
+    def rerank(self) -> RerankSettings | None:
+        """The prepare reranker `[context] rerank` names (None: off); a reload brings its own."""
+        cfg = self.config.context
+        if cfg.rerank == "coverage":
+            return RerankSettings(cfg.rerank_candidate_limit, cfg.rerank_min_share)
+        return None
 
     def log_digest(self, value: str) -> str:
         from gateway.obs.logging import digest

@@ -46,12 +46,16 @@ class RerankSettings:
         if not 1 <= self.candidate_limit <= 100 or not 0.0 < self.min_share <= 1.0:
             raise ValueError("rerank settings out of range")
 
+    def effective_settings(self) -> dict[str, int | float]:
+        """The settings a receipt and the capabilities disclose (on the receipt's allow-list)."""
+        return {"candidate_limit": self.candidate_limit, "min_share": self.min_share}
+
     def config(self, scope_id: str) -> RerankConfig:
         """The record a receipt discloses (its digest is the config id)."""
         return RerankConfig(
             policy_id=POLICY_ID,
             model="none",
-            effective_settings={"candidate_limit": self.candidate_limit, "min_share": self.min_share},
+            effective_settings=self.effective_settings(),
             timeout_seconds=0.0,
             max_requests=0,
             prompt={
@@ -82,12 +86,12 @@ def rerank(
     """Rerank one pool; `texts[i]` is the searchable text of `pool[i]`."""
     if len(texts) != len(pool):
         raise ValueError("one text per candidate")
-    judged = len(pool) if len(pool) < settings.candidate_limit else settings.candidate_limit
+    judged = min(len(pool), settings.candidate_limit)
     held = [search.matched_terms(query_terms, texts[i]) for i in range(judged)]
     best = max(held, default=0)
     if best == 0:
         return Reranked(tuple(pool), 0, "fallback", "empty_selection")
-    need = max(1, math.ceil(settings.min_share * best))
+    need = math.ceil(settings.min_share * best)  # >= 1: best >= 1 and min_share > 0
     chosen = sorted((i for i in range(judged) if held[i] >= need), key=lambda i: (-held[i], i))
     kept = tuple(pool[i] for i in chosen) + tuple(pool[judged:])
     return Reranked(kept, judged - len(chosen), "selected", "none")

@@ -175,9 +175,12 @@ class _Reranks:
     """What a prepare's rerank did: the config it ran under, its outcome groups, and how many
     candidates it removed per family."""
 
-    config: receipt.RerankConfig
+    configs: tuple[receipt.RerankConfig, ...]  # () when no reranker ran
     groups: tuple[receipt.RerankGroup, ...]
     removed: dict[str, int]
+
+
+_NOT_RERANKED = _Reranks((), (), {})
 
 
 def _now_iso(clock: Callable[[], float]) -> str:
@@ -771,7 +774,7 @@ class ContextService:
                         pool.append(Candidate(address, hit.head.content))
             rounds.append(receipt.RecallRound(rnd, "completed", sum(len(p) for p in pools.values())))
 
-        reranks = None if rerank is None else self._rerank(scope_id, terms, pools, len(rounds) - 1, trace, rerank)
+        reranks = self._rerank(scope_id, terms, pools, len(rounds) - 1, trace, rerank)
         await self._authorise(order, principal_may_read)  # a read revoked meanwhile fails the whole call
         t = self._mono()
         groups = [
@@ -783,7 +786,7 @@ class ContextService:
             )
             for sid in order
         ]
-        built = builder.build(scope_id, groups, max_bytes, reranks.removed if reranks is not None else None)
+        built = builder.build(scope_id, groups, max_bytes, reranks.removed)
         trace.stage("context.build", (self._mono() - t) * 1000)
         deps = tuple(item.address for item in built.items)
 
@@ -802,10 +805,12 @@ class ContextService:
         pools: dict[tuple[str, Family], list[Candidate]],
         rnd: int,
         trace: _Trace,
-        settings: RerankSettings,
+        settings: RerankSettings | None,
     ) -> _Reranks:
-        """Rerank every non-empty pool in place: what it removed per family, and its config
-        and outcomes for the receipt."""
+        """Rerank every non-empty pool in place (when a reranker is given): what it removed
+        per family, and its config and outcomes for the receipt."""
+        if settings is None:
+            return _NOT_RERANKED
         t = self._mono()
         config = settings.config(scope_id)
         config_id = str(config.record()["config_id"])
@@ -822,7 +827,7 @@ class ContextService:
             outcomes[key] = outcomes.get(key, 0) + 1
         trace.stage("rerank", (self._mono() - t) * 1000)
         groups = tuple(receipt.RerankGroup(rnd, config_id, o, f, n) for (o, f), n in outcomes.items())
-        return _Reranks(config, groups, removed)
+        return _Reranks((config,), groups, removed)
 
     @staticmethod
     def _receipt(
@@ -833,7 +838,7 @@ class ContextService:
         deps: tuple[ArtifactAddress, ...],
         rounds: list[receipt.RecallRound],
         trace: _Trace,
-        reranks: _Reranks | None,
+        reranks: _Reranks,
     ) -> tuple[dict[str, Any] | None, str | None]:
         searches = [receipt.SearchGroup(*key, count) for key, count in trace.searches.items()]
         stages = [receipt.StageTiming(name, ms, int(n)) for name, (ms, n) in trace.stages.items()]
@@ -847,8 +852,8 @@ class ContextService:
                 rounds=rounds,
                 searches=searches,
                 stages=stages,
-                rerank_configs=(reranks.config,) if reranks is not None else (),
-                reranks=reranks.groups if reranks is not None else (),
+                rerank_configs=reranks.configs,
+                reranks=reranks.groups,
             )
         )
         return outcome.receipt, outcome.diagnostic
