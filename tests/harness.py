@@ -288,3 +288,9 @@ def raw_client(gw: GatewayThread, env: Env, *, uds: bool = False) -> httpx2.Clie
     if uds:
         return httpx2.Client(transport=httpx2.HTTPTransport(uds=str(gw.uds)), base_url="http://localhost", timeout=30)
     return httpx2.Client(verify=_tls(env.ca), base_url=gw.https_url, timeout=30)
+
+
+def post_json(gw: GatewayThread, env: Env, path: str, body: Any, **headers: str) -> httpx2.Response:
+    """POST `body` as JSON over HTTPS with the environment's gateway key (and `headers`)."""
+    auth = {"authorization": f"Bearer {env.gateway_key}", **headers}
+    return raw_client(gw, env).post(path, json=body, headers=auth)

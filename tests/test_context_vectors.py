@@ -13,7 +13,7 @@ import pytest
 
 from gateway.mockprovider import MockProviderServer
 from tests.conftest import GatewayFactory
-from tests.harness import Env, GatewayThread, raw_client
+from tests.harness import Env, GatewayThread, post_json
 
 TEXT = "The ledger service stores amounts in integer cents."
 
@@ -25,18 +25,14 @@ def gw(gateways: GatewayFactory) -> Iterator[tuple[Env, GatewayThread]]:
         yield started
 
 
-def _post(env: Env, gateway: GatewayThread, path: str, body: Any) -> Any:
-    return raw_client(gateway, env).post(path, json=body, headers={"authorization": f"Bearer {env.gateway_key}"})
-
-
 def _scope_with_memories(env: Env, gateway: GatewayThread, texts: list[str]) -> str:
-    sid = _post(env, gateway, "/v1/scopes", {"title": "v", "summary": "v", "idempotency_key": uuid.uuid4().hex}).json()[
-        "scope_id"
-    ]
+    sid = post_json(
+        gateway, env, "/v1/scopes", {"title": "v", "summary": "v", "idempotency_key": uuid.uuid4().hex}
+    ).json()["scope_id"]
     for text in texts:
-        r = _post(
-            env,
+        r = post_json(
             gateway,
+            env,
             f"/v1/scopes/{sid}/artifacts",
             {"family": "atomic-memory", "content": {"kind": "fact", "text": text}},
         )
@@ -56,13 +52,17 @@ def test_vector_and_hybrid_search(gw: tuple[Env, GatewayThread], mock: MockProvi
     assert len(writes) == 2  # one embedding per write, sent through the profile
     assert json.loads(writes[0].body)["input"] == [TEXT]
 
-    vector = _post(env, gateway, "/v1/atomic-memory/search", {"scope_id": sid, "query": TEXT, "mode": "vector"}).json()
+    vector = post_json(
+        gateway, env, "/v1/atomic-memory/search", {"scope_id": sid, "query": TEXT, "mode": "vector"}
+    ).json()
     assert vector["mode"] == "vector"
     assert [h["memory"]["text"] for h in vector["hits"]] == [TEXT]
     assert vector["hits"][0]["matched_by"] == ["vector"]
-    hybrid = _post(env, gateway, "/v1/atomic-memory/search", {"scope_id": sid, "query": TEXT, "mode": "hybrid"}).json()
+    hybrid = post_json(
+        gateway, env, "/v1/atomic-memory/search", {"scope_id": sid, "query": TEXT, "mode": "hybrid"}
+    ).json()
     assert hybrid["mode"] == "hybrid" and sorted(hybrid["hits"][0]["matched_by"]) == ["text", "vector"]
-    auto = _post(env, gateway, "/v1/memory/search", {"scope_id": sid, "query": TEXT, "mode": "auto"}).json()
+    auto = post_json(gateway, env, "/v1/memory/search", {"scope_id": sid, "query": TEXT, "mode": "auto"}).json()
     assert auto["mode"] == "hybrid"
 
 
@@ -75,11 +75,11 @@ def test_auto_falls_back_to_fts_and_the_receipt_says_why(
     mock.state.add_scenario(scenario, [{"status": 503, "error_message": "overloaded"}] * 6)
     query = f"invoices archived mock-scenario:{scenario}"
     body = {"scope_id": sid, "query": query, "include_receipt": True}
-    prepared = _post(env, gateway, "/v1/context/prepare", body).json()
+    prepared = post_json(gateway, env, "/v1/context/prepare", body).json()
     assert prepared["status"] == "ready" and "seven years" in prepared["content"]
     searches = prepared["receipt"]["retrieval"]["searches"]
     memory = [s for s in searches if s["family"] == "atomic-memory"]
     assert memory and memory[0]["mode"] == "fts" and memory[0]["fallback_reason"] == "inference_unavailable"
     # an explicit vector search cannot fall back: it says the provider is unavailable
-    r = _post(env, gateway, "/v1/atomic-memory/search", {"scope_id": sid, "query": query, "mode": "vector"})
+    r = post_json(gateway, env, "/v1/atomic-memory/search", {"scope_id": sid, "query": query, "mode": "vector"})
     assert r.status_code == 503 and r.json()["error"]["code"] == "inference_unavailable"

@@ -13,7 +13,7 @@ import pytest
 from gateway.carriers import sse
 from gateway.mockprovider import MockProviderServer
 from tests.conftest import GatewayFactory
-from tests.harness import Env, GatewayThread, mock_profile, raw_client
+from tests.harness import Env, GatewayThread, mock_profile, post_json, raw_client
 
 SECRET = "sk-usage-SECRET-value-31"
 SYSTEM = "You are a careful assistant who follows the policy below. " * 120  # > 1024 tokens
@@ -41,12 +41,6 @@ def _sid(mock: MockProviderServer, *steps: dict[str, Any]) -> str:
     sid = "u" + uuid.uuid4().hex[:12]
     mock.state.add_scenario(sid, list(steps) or [{}])
     return sid
-
-
-def _post(env: Env, gateway: GatewayThread, path: str, body: dict[str, Any], **headers: str) -> Any:
-    return raw_client(gateway, env).post(
-        path, json=body, headers={"authorization": f"Bearer {env.gateway_key}", **headers}
-    )
 
 
 def _records(env: Env, gateway: GatewayThread, request_id: str) -> list[dict[str, Any]]:
@@ -106,7 +100,7 @@ def test_records_match_the_providers_figures(
     payload = {**body, "stream": stream}
     if route == "/v1/chat/completions" and stream:
         payload["stream_options"] = {"include_usage": True}  # the client asks: it sees the same figures
-    r = _post(env, gateway, route, payload)
+    r = post_json(gateway, env, route, payload)
     assert r.status_code == 200
     seen = _client_usage(route, stream, r)
     [record] = _records(env, gateway, r.headers["x-powercontext-request-id"])
@@ -142,7 +136,7 @@ def test_records_match_the_providers_figures(
 
 def test_embeddings_record(gw: tuple[Env, GatewayThread]) -> None:
     env, gateway = gw
-    r = _post(env, gateway, "/v1/embeddings", {"model": "text-embedding-3-small", "input": ["a b c", "d e"]})
+    r = post_json(gateway, env, "/v1/embeddings", {"model": "text-embedding-3-small", "input": ["a b c", "d e"]})
     [record] = _records(env, gateway, r.headers["x-powercontext-request-id"])
     assert _values(record)["input_total"] == r.json()["usage"]["prompt_tokens"]
 
@@ -151,7 +145,7 @@ def test_chat_stream_usage_the_client_did_not_ask_for(gw: tuple[Env, GatewayThre
     env, gateway = gw
     sid = _sid(mock, {"text": "an answer in pieces", "chunk_size": 3})
     body = {"model": "gpt-4.1", "stream": True, "messages": [{"role": "user", "content": f"go mock-scenario:{sid}"}]}
-    r = _post(env, gateway, "/v1/chat/completions", body)
+    r = post_json(gateway, env, "/v1/chat/completions", body)
     upstream = [x for x in mock.state.records() if x.scenario == sid][-1].json
     assert upstream["stream_options"] == {"include_usage": True}  # asked for upstream...
     events, _ = sse.parse_all(r.content)
@@ -175,9 +169,9 @@ def test_missing_usage_is_unknown_never_zero(gw: tuple[Env, GatewayThread], mock
     env, gateway = gw
     for profile, expected in (("mock-openai", "unknown"), ("estimating", "estimated")):
         sid = _sid(mock, {"text": "no usage reported here", "omit_usage": True})
-        r = _post(
-            env,
+        r = post_json(
             gateway,
+            env,
             "/v1/chat/completions",
             {"model": "gpt-4.1", "messages": [{"role": "user", "content": f"mock-scenario:{sid}"}]},
             **{"x-wiregate-profile": profile},
@@ -196,9 +190,9 @@ def test_missing_usage_is_unknown_never_zero(gw: tuple[Env, GatewayThread], mock
 def test_retry_yields_two_attempt_records(gw: tuple[Env, GatewayThread], mock: MockProviderServer) -> None:
     env, gateway = gw
     sid = _sid(mock, {"status": 429, "headers": {"retry-after-ms": "10"}}, {"text": "ok"})
-    r = _post(
-        env,
+    r = post_json(
         gateway,
+        env,
         "/v1/chat/completions",
         {"model": "gpt-4.1", "messages": [{"role": "user", "content": f"mock-scenario:{sid}"}]},
     )
@@ -212,9 +206,9 @@ def test_retry_yields_two_attempt_records(gw: tuple[Env, GatewayThread], mock: M
 def test_withheld_response_is_recorded(gw: tuple[Env, GatewayThread], mock: MockProviderServer) -> None:
     env, gateway = gw
     sid = _sid(mock, {"text": f"leak {SECRET}"})
-    r = _post(
-        env,
+    r = post_json(
         gateway,
+        env,
         "/v1/chat/completions",
         {"model": "gpt-4.1", "messages": [{"role": "user", "content": f"mock-scenario:{sid}"}]},
     )
@@ -226,26 +220,26 @@ def test_withheld_response_is_recorded(gw: tuple[Env, GatewayThread], mock: Mock
 def test_window_exceeded_reaches_no_upstream(gw: tuple[Env, GatewayThread], mock: MockProviderServer) -> None:
     env, gateway = gw
     before = len(mock.state.records())
-    r = _post(
-        env,
+    r = post_json(
         gateway,
+        env,
         "/v1/chat/completions",
         {"model": "gpt-4.1", "messages": [{"role": "user", "content": "word " * 400}]},
         **{"x-wiregate-profile": "small-window"},
     )
     assert r.status_code == 422 and r.json()["error"]["reason_codes"] == ["window_exceeded"]
     assert len(mock.state.records()) == before
-    r = _post(
-        env,
+    r = post_json(
         gateway,
+        env,
         "/v1/chat/completions",
         {"model": "gpt-4.1", "max_completion_tokens": 280, "messages": [{"role": "user", "content": "short"}]},
         **{"x-wiregate-profile": "small-window"},
     )
     assert r.status_code == 422  # the requested output counts too
-    r = _post(
-        env,
+    r = post_json(
         gateway,
+        env,
         "/v1/chat/completions",
         {"model": "gpt-4.1", "max_completion_tokens": 50, "messages": [{"role": "user", "content": "short"}]},
         **{"x-wiregate-profile": "small-window"},
@@ -262,9 +256,9 @@ def test_planned_body_is_what_gets_checked(gw: tuple[Env, GatewayThread], mock: 
         "system": SYSTEM + SECRET,
         "messages": [{"role": "user", "content": "hi"}],
     }
-    r = _post(env, gateway, "/v1/messages", body)
+    r = post_json(gateway, env, "/v1/messages", body)
     assert r.status_code == 403 and len(mock.state.records()) == before
-    ok = _post(env, gateway, "/v1/messages", {**body, "system": SYSTEM})
+    ok = post_json(gateway, env, "/v1/messages", {**body, "system": SYSTEM})
     assert ok.status_code == 200
     sent = mock.state.records()[-1].json
     assert sent["system"][0]["cache_control"] == {"type": "ephemeral"}  # planned and sent
@@ -279,7 +273,7 @@ def test_fallback_is_replanned_for_its_profile(gw: tuple[Env, GatewayThread], mo
         "system": SYSTEM,
         "messages": [{"role": "user", "content": f"hi mock-scenario:{sid}"}],
     }
-    r = _post(env, gateway, "/v1/messages", body)
+    r = post_json(gateway, env, "/v1/messages", body)
     assert r.status_code == 200
     sent = [x.json for x in mock.state.records() if x.scenario == sid]
     assert [s["system"][0]["cache_control"] for s in sent] == [{"type": "ephemeral"}] * 3 + [
@@ -318,7 +312,7 @@ def test_client_markers_are_forwarded_exactly(gw: tuple[Env, GatewayThread], moc
             {"role": "user", "content": "second"},
         ],
     }
-    r = _post(env, gateway, "/v1/messages", two)
+    r = post_json(gateway, env, "/v1/messages", two)
     assert r.status_code == 200
     sent = mock.state.records()[-1].json
     count = sum(1 for b in sent["system"] if "cache_control" in b) + sum(

@@ -19,7 +19,7 @@ from gateway.context.service import ContextService
 from gateway.context.store.base import ContextStore
 from tests.conftest import GatewayFactory
 from tests.context.conftest import make_service, yes
-from tests.harness import Env, GatewayThread, raw_client
+from tests.harness import Env, GatewayThread, post_json, raw_client
 
 QUERY = "postgres failover runbook staging"  # four terms: the lexical floor is 2
 
@@ -138,18 +138,14 @@ def gw(gateways: GatewayFactory) -> Iterator[tuple[Env, GatewayThread]]:
         yield started
 
 
-def _post(env: Env, gateway: GatewayThread, path: str, body: Any) -> Any:
-    return raw_client(gateway, env).post(path, json=body, headers={"authorization": f"Bearer {env.gateway_key}"})
-
-
 def test_the_gateway_setting_runs_the_reranker(gw: tuple[Env, GatewayThread]) -> None:
     env, gateway = gw
-    made = _post(env, gateway, "/v1/scopes", {"title": "r", "summary": "r", "idempotency_key": uuid.uuid4().hex})
+    made = post_json(gateway, env, "/v1/scopes", {"title": "r", "summary": "r", "idempotency_key": uuid.uuid4().hex})
     sid = made.json()["scope_id"]
     for text in MEMORIES:
         body = {"family": "atomic-memory", "content": {"kind": "fact", "text": text}}
-        assert _post(env, gateway, f"/v1/scopes/{sid}/artifacts", body).status_code == 201
-    out = _post(env, gateway, "/v1/context/prepare", {"scope_id": sid, "query": QUERY, "include_receipt": True})
+        assert post_json(gateway, env, f"/v1/scopes/{sid}/artifacts", body).status_code == 201
+    out = post_json(gateway, env, "/v1/context/prepare", {"scope_id": sid, "query": QUERY, "include_receipt": True})
     assert out.status_code == 200
     body = out.json()
     assert "ops wiki" in body["content"] and "drills" not in body["content"]
@@ -159,12 +155,12 @@ def test_the_gateway_setting_runs_the_reranker(gw: tuple[Env, GatewayThread]) ->
     caps = raw_client(gateway, env).get("/v1/capabilities", headers={"authorization": f"Bearer {env.gateway_key}"})
     declared = caps.json()["context"]["rerank"]
     assert declared == {"policy_id": rerank.POLICY_ID, "candidate_limit": 20, "min_share": 0.75}
-    plain = _post(env, gateway, "/v1/context/prepare", {"scope_id": sid, "query": QUERY})
+    plain = post_json(gateway, env, "/v1/context/prepare", {"scope_id": sid, "query": QUERY})
     assert set(plain.json()) == {"schema", "status", "content", "content_bytes"}  # no opt-in, the four fields
     # the setting follows a reload: off, the weaker memories are prepared again
     env.config.write_text(env.config.read_text().replace('rerank = "coverage"', 'rerank = "off"'))
     assert gateway.reload() is True
-    after = _post(env, gateway, "/v1/context/prepare", {"scope_id": sid, "query": QUERY, "include_receipt": True})
+    after = post_json(gateway, env, "/v1/context/prepare", {"scope_id": sid, "query": QUERY, "include_receipt": True})
     assert "drills" in after.json()["content"] and after.json()["receipt"]["retrieval"]["rerank_configs"] == []
 
 
