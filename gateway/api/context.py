@@ -38,6 +38,7 @@ from gateway.checks import claims as claims_
 from gateway.checks.store import refusal_reasons, write_verdict
 from gateway.config.runtime import Principal, Runtime
 from gateway.context import errors as cx
+from gateway.context.content import compact_json
 from gateway.context.model import ArtifactRef, AtomicMemoryInput, MemoryState
 from gateway.context.service import ContextService, ContextSettings, SearchResult
 from gateway.context.store.base import ScopeRecord
@@ -440,7 +441,7 @@ def _checked(ctx: Ctx, raw: bytes) -> None:
 
 def _json(body: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> web.Response:
     return web.Response(
-        body=json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode(),
+        body=compact_json(body),
         status=status,
         headers=dict(headers or {}),
         content_type="application/json",

@@ -12,11 +12,11 @@ Must not: do I/O, read clocks or randomness, search, or authorise; the same inpu
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.context.content import compact_json
 from gateway.context.errors import BuilderInvariantError
 from gateway.context.model import ArtifactAddress
 
@@ -122,7 +122,7 @@ class BuildResult:
 
 def dumps(value: Any) -> str:
     """Compact JSON, non-ASCII unescaped, with U+0085/U+2028/U+2029 escaped as 1.4.1 does."""
-    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    text = compact_json(value).decode("utf-8")
     return text.replace("\u0085", "\\u0085").replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
 
 

@@ -12,7 +12,6 @@ content, the query or ids into a diagnostic. It never changes the prepared conte
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -22,7 +21,7 @@ import rfc8785
 
 from gateway.context import builder
 from gateway.context.builder import BuildResult
-from gateway.context.content import normalize_text
+from gateway.context.content import compact_json, normalize_text
 from gateway.context.model import ArtifactAddress
 
 SCHEMA = "powercontext.prepared-context-receipt.v1"
@@ -288,4 +287,4 @@ def _build(inp: ReceiptInput) -> dict[str, Any]:
 
 def serialize(receipt: Mapping[str, Any]) -> bytes:
     """The receipt as compact JSON bytes — the form its size limit is measured on."""
-    return json.dumps(receipt, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    return compact_json(receipt)

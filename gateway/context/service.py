@@ -32,7 +32,14 @@ import rfc8785
 
 from gateway.context import builder, receipt, search
 from gateway.context.builder import BuildResult, Candidate, ScopeGroup
-from gateway.context.content import content_digest, normalize_text, search_text, stored_content, write_texts
+from gateway.context.content import (
+    compact_json,
+    content_digest,
+    normalize_text,
+    search_text,
+    stored_content,
+    write_texts,
+)
 from gateway.context.errors import (
     ArtifactNotFound,
     ArtifactSearchNotSupported,
@@ -304,7 +311,7 @@ class ContextService:
         return NewRevision(
             content=content,
             content_digest=content_digest(content),
-            content_json=json.dumps(content, ensure_ascii=False, separators=(",", ":")),
+            content_json=compact_json(content).decode("utf-8"),
             kind=str(content["kind"]) if family is Family.ATOMIC_MEMORY else None,
             search_text=text,
             search_tokens=tuple(search.tokens(text)) if text is not None else (),
