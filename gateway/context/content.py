@@ -132,9 +132,11 @@ def compact_json(value: Any) -> bytes:
     context layer renders, sizes and answers with. Written by pydantic-core's serializer,
     five to eight times as fast here (a 3 KB receipt: 11 against 56-90 µs) and byte for byte
     the same for what these documents hold (str, int, bool, None, lists, tuples, str-keyed
-    dicts, str enums). A float below 1e-4 is written `1e-7` where Python writes `1e-07`
-    (the same number; no rendered context or receipt holds one). A value it refuses (a lone
-    surrogate) goes the reference way, which raises what it always raised."""
+    dicts, str enums). A float below 1e-4 may be spelled otherwise (`0.00001`, `1e-7` where
+    Python writes `1e-05`, `1e-07`): the same number, and only a client's own JSON holds one
+    (an experience's `failure` object, echoed in responses), never a rendered context, a
+    receipt or a digest's input. A value it refuses (a lone surrogate) goes the reference way,
+    which raises what it always raised."""
     try:
         return pydantic_core.to_json(value)
     except pydantic_core.PydanticSerializationError:

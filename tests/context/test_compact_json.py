@@ -48,6 +48,13 @@ def test_controls_separators_quotes_and_tuples_are_written_as_the_reference_writ
     assert compact_json(value) == reference(value)
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.floats(allow_nan=False))
+def test_a_float_reads_back_as_the_same_number(value: float) -> None:
+    """Below 1e-4 the spelling may differ from Python's (`1e-7` for `1e-07`), never the number."""
+    assert json.loads(compact_json([value])) == [value]
+
+
 @pytest.mark.parametrize("value", [{"x": "\ud800"}, {"\udfff": 1}])
 def test_a_lone_surrogate_is_refused_as_the_reference_refuses_it(value: Any) -> None:
     with pytest.raises(UnicodeEncodeError):
