@@ -267,14 +267,17 @@ def others_cpu(others: list[Server]) -> float:
     return sum(tree_cpu_seconds(o.pid) for o in others if o.pid is not None)
 
 
+SETTLE_S = MERGE_IDLE_S + 0.25  # past a gateway's idle-merge timer, before its rest is judged
+
+
 async def at_rest(servers: list[Server]) -> float:
     """Wait until every process of `servers` is at rest; returns the seconds waited. A gateway
     merges its FTS index once its writes pause (MERGE_IDLE_S after the last one): that merge,
     after a fill or after the previous segment's writes, must land neither in its own timed
     requests nor in its neighbours' (it did, on a 10,000-memory store: a write p50 of 3.3 ms
     on the gateway and 2.6 ms on the sync=normal one beside it, against 2.0 and 1.5 at 1,000)."""
-    await asyncio.sleep(MERGE_IDLE_S + 0.25)
-    return MERGE_IDLE_S + 0.25 + await wait_quiet(*(s.pid for s in servers if s.pid is not None))
+    await asyncio.sleep(SETTLE_S)
+    return SETTLE_S + await wait_quiet(*(s.pid for s in servers if s.pid is not None))
 
 
 @contextlib.asynccontextmanager
