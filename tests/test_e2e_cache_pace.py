@@ -159,16 +159,23 @@ def test_replicas_on_one_postgresql_plan_a_session_from_one_record(monkeypatch: 
                     assert gw.running is not None
                     gw.running.app[PACE_LEDGER].clock = clock
                 session = replay.build_session(4, seed=9)
-                usages = []
+                usages, request_ids = [], []
                 for turn, gw in enumerate((a, b, a, b)):
                     clock.t += 400.0 if turn else 0.0
                     client = anthropic_client(gw, env, uds=True)
                     body = replay.anthropic_request(session, turn)
-                    usages.append(client.messages.create(**body, extra_headers={"x-wiregate-session": "shared"}).usage)
+                    raw = client.messages.with_raw_response.create(
+                        **body, extra_headers={"x-wiregate-session": "shared"}
+                    )
+                    usages.append(raw.parse().usage)
+                    request_ids.append(raw.headers["x-powercontext-request-id"])
                 auth = {"authorization": f"Bearer {env.gateway_key}"}
                 raw_client(a, env).get("/v1/usage/report", headers=auth)  # a writes what it has queued
                 report = raw_client(b, env).get("/v1/usage/report", headers=auth)
-                plans = [r["cache_plan"] for r in report.json()["recent"] if r["profile"] == "mock-anthropic"]
+                # The shared table holds each replica's batch in the order it was flushed, not
+                # the order of the turns: match records to turns by request id.
+                by_id = {r["request_id"]: r["cache_plan"] for r in report.json()["recent"]}
+                plans = [by_id.get(rid) for rid in request_ids]
         assert plans == [["no_history", "ttl_5m"], ["ttl_1h"], ["ttl_1h"], ["ttl_1h"]]
         assert usages[1].cache_creation.ephemeral_5m_input_tokens == 0
         assert all(u.cache_read_input_tokens > 0 for u in usages[2:])
