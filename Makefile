@@ -10,7 +10,7 @@ STAMP   = $(VENV)/.installed
 
 .PHONY: run test demo bench lint clean
 
-$(STAMP): pyproject.toml setup.py constraints.txt gateway/carriers/_jsonraw_native.c gateway/inspection/_decode_native.c gateway/context/store/_vector_native.c
+$(STAMP): pyproject.toml setup.py constraints.txt gateway/carriers/_jsonraw_native.c gateway/inspection/_decode_native.c gateway/context/store/_vector_native.c gateway/context/store/_fts_native.c
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test,dev]'

@@ -1,11 +1,13 @@
 """The native modules: the strict JSON reader's fast path (gateway/carriers/jsonraw.py, with
 the attribution identity's message builder beside it), the encoded-run finder's
-(gateway/inspection/decoders.py) and the SQLite store's exact vector scoring
-(gateway/context/store/common.py).
+(gateway/inspection/decoders.py), the SQLite store's exact vector scoring
+(gateway/context/store/common.py) and its BM25 ranking with one IDF per distinct term
+(gateway/context/store/sqlite.py).
 
 Everything else is in pyproject.toml. `optional=True`: where no C compiler or Python headers
 are present the install still succeeds and jsonraw, decoders and the store use their
-pure-Python references (CI sets WIREGATE_REQUIRE_NATIVE=1 so a missing module fails a test there).
+pure-Python references, and the store FTS5's own bm25() (CI sets WIREGATE_REQUIRE_NATIVE=1 so a
+missing module fails a test there).
 """
 
 import sys
@@ -19,6 +21,7 @@ NATIVE = [
     ("gateway.carriers._jsonraw_native", "gateway/carriers/_jsonraw_native.c"),
     ("gateway.inspection._decode_native", "gateway/inspection/_decode_native.c"),
     ("gateway.context.store._vector_native", "gateway/context/store/_vector_native.c"),
+    ("gateway.context.store._fts_native", "gateway/context/store/_fts_native.c"),
 ]
 
 setup(

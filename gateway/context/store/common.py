@@ -73,6 +73,22 @@ def at_least(terms: Sequence[str], k: int, phrase: Callable[[str], str]) -> str:
     return f"(({head} AND {at_least(rest, k - 1, phrase)}) OR ({at_least(rest, k, phrase)} NOT {head}))"
 
 
+def at_least_terms(terms: Sequence[str], k: int) -> list[str]:
+    """The term of each phrase of `at_least(terms, k, …)`, in the order the expression names them
+    (the order FTS5 numbers its phrases in)."""
+    if k == 1 or len(terms) == k:
+        return list(terms)
+    head, rest = terms[0], terms[1:]
+    return [head, *at_least_terms(rest, k - 1), *at_least_terms(rest, k), head]
+
+
+def phrase_map(terms: Sequence[str], k: int) -> str:
+    """`at_least_terms` as the SQLite store's native ranking takes it: one letter per phrase, 'A' +
+    the index of its term in `terms` (at most 64 terms)."""
+    index = {t: i for i, t in enumerate(terms)}
+    return "".join(chr(65 + index[t]) for t in at_least_terms(terms, k))
+
+
 def transition(current: MemoryState, target: MemoryState) -> str:
     """'noop' (already there), 'ok', or 'invalid'."""
     if current is target:

@@ -7,7 +7,8 @@ and applying registered migrations — and `SqliteContextStore`, the ContextStor
 Blocking sqlite3 calls never run on the event loop: every call is submitted to a thread the
 database owns, opened by `open()` and joined by `close()`.
 Must not: validate content, generate ids, read clocks or decide policy; it stores what the service
-computed. Cosine similarity is computed in Python on a reader thread (brute force over the scope).
+computed. Cosine similarity is computed on a reader thread (brute force over the scope); text search ranks
+with FTS5's bm25(), or with the same scores by `wg_bm25` where `install_ranking` could register it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import contextlib
 import heapq
 import json
 import sqlite3
+import sys
 import threading
 import time
 from array import array
@@ -57,10 +59,16 @@ from gateway.context.store.common import (
     floor_groups,
     fts_key,
     pack_vector,
+    phrase_map,
     revision_from_row,
     transition,
 )
 from gateway.context.store.migrations import LEDGER_TABLE, Migration, plan
+
+try:
+    from gateway.context.store import _fts_native
+except ImportError:  # built without a C compiler: FTS5's own bm25() ranks, with the same scores
+    _fts_native = None  # type: ignore[assignment]
 
 T = TypeVar("T")
 _IN_CHUNK = 500  # ids per IN (...) list, well below SQLite's bound on parameters
@@ -112,6 +120,28 @@ CONTEXT_MIGRATIONS: tuple[Migration, ...] = (
 )
 
 
+_RANKING_PYTHONS = ((3, 11), (3, 14))  # CPython releases whose sqlite3.Connection holds its handle first
+_PROBE = 12_347  # a LIKE-pattern length limit set through Python and read back through the handle
+
+
+def install_ranking(conn: sqlite3.Connection) -> bool:
+    """Register `wg_bm25` (gateway/context/store/_fts_native.c: bm25() with one IDF walk per distinct
+    term) on a connection. False where it cannot be — no native module, another interpreter or
+    connection type, a SQLite the module cannot prove is the interpreter's own — and then the store
+    ranks with FTS5's bm25(), which gives the same scores."""
+    if _fts_native is None or type(conn) is not sqlite3.Connection:
+        return False
+    if not _RANKING_PYTHONS[0] <= sys.version_info[:2] <= _RANKING_PYTHONS[1]:
+        return False
+    limit = sqlite3.SQLITE_LIMIT_LIKE_PATTERN_LENGTH
+    kept = conn.getlimit(limit)
+    conn.setlimit(limit, _PROBE)
+    try:
+        return bool(_fts_native.install(conn, sqlite3.sqlite_version, _PROBE))
+    finally:
+        conn.setlimit(limit, kept)
+
+
 class DatabaseClosed(RuntimeError):
     """The database was closed (or is closing) when work for it was submitted."""
 
@@ -140,6 +170,7 @@ class SqliteDatabase:
         self._write_conn: sqlite3.Connection | None = None
         self._local = threading.local()
         self._read_conns: list[sqlite3.Connection] = []
+        self._ranking: set[int] = set()  # id() of the open connections that have wg_bm25
         self._lock = threading.Lock()
 
     def _connect(self, *, read_only: bool) -> sqlite3.Connection:
@@ -151,7 +182,14 @@ class SqliteDatabase:
         else:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute(f"PRAGMA synchronous={self._synchronous}")
+        if install_ranking(conn):
+            with self._lock:
+                self._ranking.add(id(conn))
         return conn
+
+    def ranks_natively(self, conn: sqlite3.Connection) -> bool:
+        """Does this open connection have `wg_bm25`?"""
+        return id(conn) in self._ranking
 
     async def open(self) -> None:
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ctx-sqlite-w")
@@ -196,6 +234,7 @@ class SqliteDatabase:
             for conn in self._read_conns:
                 conn.close()
             self._read_conns.clear()
+            self._ranking.clear()
 
     def _reader_conn(self) -> sqlite3.Connection:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
@@ -739,10 +778,15 @@ class SqliteContextStore:
             return []
         # BM25 scores each present term a row holds once (PowerContext's plain OR); `at_least` pushes the
         # floor into the match without scoring a term once per k-term group.
+        # The floor names a term in several phrases, and bm25() walks each phrase's postings for its IDF;
+        # `wg_bm25` walks each term's once, with the same scores (its map says which phrase holds which).
+        rank, rank_args = "bm25(ctx_terms)", []
         if groups is None:
             match = " OR ".join(f'"{key}{t}"' for t in present)
         else:
             match = at_least(present, min_match, lambda t: f'"{key}{t}"')
+            if len(present) <= 64 and self._db.ranks_natively(conn):
+                rank, rank_args = "wg_bm25(ctx_terms, ?)", [phrase_map(present, min_match)]
         wanted = floor_cut(limit, enough, groups, min_match)
         # Score every match once, in the FTS table alone; join the artifacts rows only of matches that can
         # still be in the top `limit` by (score, artifact_id) — every row scoring no worse than the
@@ -756,7 +800,7 @@ class SqliteContextStore:
             cut, cut_args = "AND a.kind = ? ", [kind]
         sql = (
             "WITH m AS MATERIALIZED "
-            "(SELECT rowid AS rid, bm25(ctx_terms) AS s FROM ctx_terms WHERE ctx_terms MATCH ?), "
+            f"(SELECT rowid AS rid, {rank} AS s FROM ctx_terms WHERE ctx_terms MATCH ?), "
             "top AS (SELECT a.rid, a.artifact_id, m.s FROM m JOIN ctx_artifacts a ON a.rid = m.rid "
             f"WHERE a.searchable = 1 AND a.scope_id = ? AND a.family = ? {cut}"
             "ORDER BY m.s, a.artifact_id LIMIT ?) "
@@ -766,7 +810,7 @@ class SqliteContextStore:
             "ON r.scope_id = a.scope_id AND r.family = a.family AND r.artifact_id = a.artifact_id "
             "AND r.revision = a.head_revision ORDER BY top.s, top.artifact_id"
         )
-        args: list[Any] = [match, scope_id, family, *cut_args, wanted]
+        args: list[Any] = [*rank_args, match, scope_id, family, *cut_args, wanted]
         return [
             SearchRow(_head_from_row(scope_id, family, r[:10]), float(r[10]), r[11])
             for r in conn.execute(sql, args).fetchall()

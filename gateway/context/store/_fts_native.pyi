@@ -1,0 +1,3 @@
+import sqlite3
+
+def install(conn: sqlite3.Connection, sqlite_version: str, probe: int, /) -> bool: ...

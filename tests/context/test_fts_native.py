@@ -1,0 +1,178 @@
+"""The SQLite store's native ranking (gateway/context/store/_fts_native.c: `wg_bm25`, FTS5's
+bm25() with one IDF walk per distinct term of the lexical floor) against FTS5's own bm25():
+the same score for every row, bit for bit, on random corpora, term sets and floors; a map that
+does not fit falls back to bm25()'s walks (same scores) while a wrong map that fits is seen
+(so the comparison can fail); the module refuses a connection it cannot vouch for; and a real
+store, whose connections get the function, returns exactly what it returns without it."""
+
+from __future__ import annotations
+
+import random
+import re
+import sqlite3
+import sys
+from pathlib import Path
+from unittest.mock import patch
+
+import pytest
+
+from gateway.context import search
+from gateway.context.store import common
+from gateway.context.store import sqlite as sqlite_store
+from gateway.context.store.common import at_least, at_least_terms, phrase_map
+from gateway.context.store.sqlite import SqliteContextStore, SqliteDatabase, install_ranking
+from tests import native_build
+from tests.context.test_search import make_service
+
+AVAILABLE = sqlite_store._fts_native is not None
+needs_native = native_build.needs(AVAILABLE, "native FTS5 ranking")
+TOKENIZER = "tokenize=\"unicode61 remove_diacritics 0 categories 'L* N* M* Co'\""
+
+
+def test_native_module_is_built_and_installs_when_required() -> None:
+    native_build.assert_built(AVAILABLE, "gateway.context.store._fts_native", "native FTS5 ranking")
+    conn = sqlite3.connect(":memory:")
+    limit = sqlite3.SQLITE_LIMIT_LIKE_PATTERN_LENGTH
+    before = conn.getlimit(limit)
+    assert install_ranking(conn)  # on this interpreter (3.11+, its libsqlite3 shared): it must install
+    assert conn.getlimit(limit) == before  # the probe's limit is restored
+
+
+@pytest.mark.parametrize("n", range(1, 9))
+def test_phrase_order_is_the_expressions(n: int) -> None:
+    """`at_least_terms` lists the phrases in the order `at_least` writes them (FTS5 numbers them so)."""
+    terms = [f"t{i}" for i in range(n)]
+    for k in range(1, n + 1):
+        written = re.findall(r'"([^"]*)"', at_least(terms, k, lambda t: f'"{t}"'))
+        assert at_least_terms(terms, k) == written
+        assert phrase_map(terms, k) == "".join(chr(65 + terms.index(t)) for t in written)
+    if n == 5:
+        assert len(at_least_terms(terms, 3)) == 24  # the case the native ranking is for
+
+
+def _corpus(rng: random.Random, words: list[str], rows: int) -> sqlite3.Connection:
+    conn = sqlite3.connect(":memory:")
+    conn.execute(f"CREATE VIRTUAL TABLE d USING fts5(t, {TOKENIZER})")
+    conn.executemany(
+        "INSERT INTO d(rowid, t) VALUES (?, ?)",
+        [(r, " ".join(rng.choice(words) for _ in range(rng.randint(1, 14)))) for r in range(1, rows + 1)],
+    )
+    return conn
+
+
+@needs_native
+def test_scores_equal_bm25_bit_for_bit() -> None:
+    """Every row of every match: `wg_bm25` == bm25(), compared as floats (==, not approximately)."""
+    rng = random.Random(2086)
+    words = [f"w{i}" for i in range(12)] + ["é", "日本", "x1"]
+    conn = _corpus(rng, words, 600)
+    assert install_ranking(conn)
+    checked = differing_idf = 0
+    for _ in range(80):
+        terms = rng.sample(words, rng.randint(2, 8))
+        k = rng.randint(2, len(terms))
+        match = at_least(terms, k, lambda t: f'"{t}"')
+        ref = conn.execute("SELECT rowid, bm25(d) FROM d WHERE d MATCH ? ORDER BY rowid", (match,)).fetchall()
+        got = conn.execute(
+            "SELECT rowid, wg_bm25(d, ?) FROM d WHERE d MATCH ? ORDER BY rowid", (phrase_map(terms, k), match)
+        ).fetchall()
+        assert got == ref
+        checked += len(ref)
+        hits = {t: conn.execute("SELECT count(*) FROM d WHERE d MATCH ?", (f'"{t}"',)).fetchone()[0] for t in terms}
+        differing_idf += len(set(hits.values())) > 1
+    assert checked > 3000 and differing_idf > 40  # the maps mattered: the terms' IDFs differ
+
+
+@needs_native
+def test_a_map_that_does_not_fit_falls_back_and_a_wrong_one_is_seen() -> None:
+    rng = random.Random(1)
+    words = [f"w{i}" for i in range(30)]  # each in well under half the rows: IDFs positive and different
+    conn = _corpus(rng, words, 800)
+    assert install_ranking(conn)
+    terms = ["w1", "w2", "w3", "w4", "w5"]
+    match = at_least(terms, 3, lambda t: f'"{t}"')
+    sql_ref = "SELECT rowid, bm25(d) FROM d WHERE d MATCH ? ORDER BY rowid"
+    sql = "SELECT rowid, wg_bm25(d, ?) FROM d WHERE d MATCH ? ORDER BY rowid"
+    ref = conn.execute(sql_ref, (match,)).fetchall()
+    assert len(ref) > 20 and all(score < -0.5 for _, score in ref)
+    good = phrase_map(terms, 3)
+    for unfit in ("", "A", good + "A", good[:-1] + "~", None):  # wrong length or a byte out of range
+        assert conn.execute(sql, (unfit, match)).fetchall() == ref
+    assert conn.execute("SELECT rowid, wg_bm25(d) FROM d WHERE d MATCH ? ORDER BY rowid", (match,)).fetchall() == ref
+    assert conn.execute(sql, (good.translate(str.maketrans("AB", "BA")), match)).fetchall() == ref  # a relabelling
+    wrong = good.replace("B", "A")  # fits, but gives w2's phrases w1's IDF
+    assert conn.execute(sql, (wrong, match)).fetchall() != ref
+
+
+@needs_native
+def test_refuses_what_it_cannot_vouch_for() -> None:
+    from gateway.context.store import _fts_native
+
+    conn = sqlite3.connect(":memory:")
+    limit = sqlite3.SQLITE_LIMIT_LIKE_PATTERN_LENGTH
+    conn.setlimit(limit, 4321)
+    assert not _fts_native.install(conn, "0.0.1", 4321)  # not the interpreter's SQLite version
+    assert not _fts_native.install(conn, sqlite3.sqlite_version, 4322)  # the handle does not read back
+    assert _fts_native.install(conn, sqlite3.sqlite_version, 4321)
+
+    class NotAConnection(sqlite3.Connection):
+        pass
+
+    assert not install_ranking(sqlite3.connect(":memory:", factory=NotAConnection))
+    for wrong in (sqlite3.connect(":memory:", factory=NotAConnection), object(), b"x" * 64):
+        assert not _fts_native.install(wrong, sqlite3.sqlite_version, 4321)  # never read as a connection
+    other = sqlite3.connect(":memory:")
+    other.execute("CREATE VIRTUAL TABLE d USING fts5(t)")
+    with pytest.raises(sqlite3.OperationalError):  # never installed there: the name is unknown
+        other.execute("SELECT wg_bm25(d, 'A') FROM d WHERE d MATCH 'x'").fetchall()
+
+
+def test_other_interpreters_rank_with_bm25(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "version_info", (3, 15, 0, "final", 0))
+    assert not install_ranking(sqlite3.connect(":memory:"))
+    monkeypatch.setattr(sqlite_store, "_fts_native", None)
+    monkeypatch.setattr(sys, "version_info", (3, 11, 7, "final", 0))
+    assert not install_ranking(sqlite3.connect(":memory:"))
+
+
+@needs_native
+@pytest.mark.asyncio
+async def test_a_store_searches_the_same_with_and_without_it(tmp_path: Path) -> None:
+    """One store, the same floors searched with its connections' `wg_bm25` and with bm25(): the same
+    rows, order and scores; the native ranking was the one used."""
+    path = str(tmp_path / "rank.db")
+    db = SqliteDatabase(path)
+    store = SqliteContextStore(db)
+    await store.open()
+    try:
+        svc = make_service(store)
+        await svc.start()
+        sid = (await svc.create_scope(title="t", summary="s", idempotency_key="k", principal=None))[0].scope_id
+        rng = random.Random(45)
+        words = [f"word{i}" for i in range(20)]
+        for _ in range(300):
+            text = " ".join(rng.choice(words) for _ in range(rng.randint(3, 12)))
+            await svc.create_artifact(sid, "atomic-memory", {"kind": "fact", "text": text})
+        used: list[str] = []
+        real = common.phrase_map
+
+        def recorded(terms: list[str], k: int) -> str:
+            used.append(real(terms, k))
+            return real(terms, k)
+
+        compared = 0
+        for _ in range(25):
+            terms = search.terms(" ".join(rng.sample(words, rng.randint(3, 7))))
+            floor = rng.randint(2, min(4, len(terms)))
+            sqlite_store.phrase_map = recorded  # type: ignore[assignment]
+            try:
+                native = await store.search_text(sid, "atomic-memory", terms, 30, min_match=floor)
+            finally:
+                sqlite_store.phrase_map = real  # type: ignore[assignment]
+            with patch.object(db, "ranks_natively", lambda conn: False):
+                plain = await store.search_text(sid, "atomic-memory", terms, 30, min_match=floor)
+            assert [(r.head.artifact_id, r.score) for r in native] == [(r.head.artifact_id, r.score) for r in plain]
+            compared += len(native)
+        assert compared > 200 and len(used) == 25
+    finally:
+        await store.close()
