@@ -131,7 +131,8 @@ static int count_row(const Fts5ExtensionApi *api, Fts5Context *fts, void *user) 
     return SQ_OK;
 }
 
-/* The term index of each phrase from the map argument, or NULL to walk every phrase. */
+/* The map argument, when it fits the expression (one letter 'A'..'A'+63 per phrase); else *out = NULL:
+ * every phrase walks its own posting list. */
 static int map_fits(sqlite3_value **args, int nArgs, int nPhrase, const unsigned char **out) {
     *out = NULL;
     if (nArgs < 1) return 0;
@@ -181,11 +182,12 @@ static int ranking_make(const Fts5ExtensionApi *api, Fts5Context *fts, int nArgs
             have[term] = 1;
         }
     }
-    if (rc == SQ_OK) rc = api->xSetAuxdata(fts, r, ranking_free);
     if (rc != SQ_OK) {
         ranking_free(r);
         return rc;
     }
+    rc = api->xSetAuxdata(fts, r, ranking_free); /* on failure SQLite has already called ranking_free */
+    if (rc != SQ_OK) return rc;
     *out = r;
     return SQ_OK;
 }
