@@ -164,11 +164,8 @@ async def test_a_store_searches_the_same_with_and_without_it(tmp_path: Path) -> 
         for _ in range(25):
             terms = search.terms(" ".join(rng.sample(words, rng.randint(3, 7))))
             floor = rng.randint(2, min(4, len(terms)))
-            sqlite_store.phrase_map = recorded  # type: ignore[assignment]
-            try:
+            with patch.object(sqlite_store, "phrase_map", recorded):
                 native = await store.search_text(sid, "atomic-memory", terms, 30, min_match=floor)
-            finally:
-                sqlite_store.phrase_map = real  # type: ignore[assignment]
             with patch.object(db, "ranks_natively", lambda conn: False):
                 plain = await store.search_text(sid, "atomic-memory", terms, 30, min_match=floor)
             assert [(r.head.artifact_id, r.score) for r in native] == [(r.head.artifact_id, r.score) for r in plain]

@@ -7,14 +7,14 @@
  * takes, as its one argument, one byte per phrase naming the distinct term it holds ('A' + the
  * term's index); phrases with the same byte share one walk. Everything else is bm25() as SQLite
  * documents it (k1 = 1.2, b = 0.75, no column weights): the same figures, in the same order of
- * operations, so the score is bm25()'s to the bit (tests/test_fts_native.py compares them row by
- * row). A map that does not fit the expression (wrong length, a byte out of range) falls back to
+ * operations, so the score is bm25()'s to the bit (tests/context/test_fts_native.py compares them
+ * row by row). A map that does not fit the expression (wrong length, a byte out of range) falls back to
  * one walk per phrase: never a different score.
  *
  * Python's sqlite3 offers no way to register an FTS5 auxiliary function, and this interpreter's
- * is built without extension loading. install(conn, version) reaches the connection's
- * `sqlite3 *` as the first field after PyObject_HEAD of CPython's `pysqlite_Connection` (so in
- * 3.8 to 3.13), and calls SQLite through the shared library the interpreter's `_sqlite3`
+ * is built without extension loading. install(conn, version, probe) reaches the connection's
+ * `sqlite3 *` as the first field after PyObject_HEAD of CPython's `pysqlite_Connection` (the
+ * caller admits 3.11 to 3.14), and calls SQLite through the shared library the interpreter's `_sqlite3`
  * already loaded (dlopen with RTLD_NOLOAD: never a second copy). It refuses (returns False)
  * unless that library is loaded, reports the version the interpreter's module reports, and reads
  * back from the handle a limit the caller has just set through the Python API (the caller
@@ -68,7 +68,6 @@ typedef struct fts5_api {
 #define SQ_OK 0
 #define SQ_NOMEM 7
 #define SQ_ROW 100
-#define SQ_DONE 101
 #define SQ_LIMIT_LIKE_PATTERN_LENGTH 8
 
 /* The SQLite functions used, resolved once from the loaded library. */
