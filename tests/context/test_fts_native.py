@@ -39,15 +39,18 @@ def test_native_module_is_built_and_installs_when_required() -> None:
 
 
 @pytest.mark.parametrize("n", range(1, 9))
-def test_phrase_order_is_the_expressions(n: int) -> None:
+@pytest.mark.parametrize("exclusive", [True, False])
+def test_phrase_order_is_the_expressions(n: int, exclusive: bool) -> None:
     """`at_least_terms` lists the phrases in the order `at_least` writes them (FTS5 numbers them so)."""
     terms = [f"t{i}" for i in range(n)]
     for k in range(1, n + 1):
-        written = re.findall(r'"([^"]*)"', at_least(terms, k, lambda t: f'"{t}"'))
-        assert at_least_terms(terms, k) == written
-        assert phrase_map(terms, k) == "".join(chr(65 + terms.index(t)) for t in written)
+        expression = at_least(terms, k, lambda t: f'"{t}"', exclusive=exclusive)
+        assert ("NOT" in expression) == (exclusive and 1 < k < n)
+        written = re.findall(r'"([^"]*)"', expression)
+        assert at_least_terms(terms, k, exclusive=exclusive) == written
+        assert phrase_map(terms, k, exclusive=exclusive) == "".join(chr(65 + terms.index(t)) for t in written)
     if n == 5:
-        assert len(at_least_terms(terms, 3)) == 24  # the case the native ranking is for
+        assert len(at_least_terms(terms, 3, exclusive=exclusive)) == (24 if exclusive else 19)
 
 
 def _corpus(rng: random.Random, words: list[str], rows: int) -> sqlite3.Connection:
@@ -81,6 +84,72 @@ def test_scores_equal_bm25_bit_for_bit() -> None:
         hits = {t: conn.execute("SELECT count(*) FROM d WHERE d MATCH ?", (f'"{t}"',)).fetchone()[0] for t in terms}
         differing_idf += len(set(hits.values())) > 1
     assert checked > 3000 and differing_idf > 40  # the maps mattered: the terms' IDFs differ
+
+
+@needs_native
+def test_both_forms_match_the_same_rows_and_wg_bm25_scores_them_as_bm25_the_exclusive_one() -> None:
+    """The form without NOT names a held term in several matching branches: it matches exactly the
+    rows of the exclusive form, and `wg_bm25` (counting each term once) gives each of them bm25()'s
+    score of the exclusive form, bit for bit; bm25() itself would count such a term twice."""
+    rng = random.Random(1435)
+    words = [f"w{i}" for i in range(10)]
+    conn = _corpus(rng, words, 700)
+    assert install_ranking(conn)
+    checked = overcounted = 0
+    for _ in range(60):
+        terms = rng.sample(words, rng.randint(3, 7))
+        k = rng.randint(2, len(terms) - 1)
+        exclusive = at_least(terms, k, lambda t: f'"{t}"')
+        loose = at_least(terms, k, lambda t: f'"{t}"', exclusive=False)
+        ref = conn.execute("SELECT rowid, bm25(d) FROM d WHERE d MATCH ? ORDER BY rowid", (exclusive,)).fetchall()
+        got = conn.execute(
+            "SELECT rowid, wg_bm25(d, ?) FROM d WHERE d MATCH ? ORDER BY rowid",
+            (phrase_map(terms, k, exclusive=False), loose),
+        ).fetchall()
+        assert got == ref
+        doubled = conn.execute("SELECT rowid, bm25(d) FROM d WHERE d MATCH ? ORDER BY rowid", (loose,)).fetchall()
+        overcounted += doubled != ref
+        checked += len(ref)
+    assert checked > 5000 and overcounted > 30  # the loose form needs the per-term count
+
+
+def _best(rows: list[tuple[int, float]], want: int) -> list[tuple[int, float]]:
+    """What the store's cut keeps: every row scoring no worse than the want-th best, ties included."""
+    ordered = sorted(rows, key=lambda r: (r[1], r[0]))
+    if len(ordered) < want:
+        return ordered
+    return [r for r in ordered if r[1] <= ordered[want - 1][1]]
+
+
+@needs_native
+def test_pruning_keeps_every_row_the_cut_keeps() -> None:
+    """With `want`, a row whose score cannot reach the want-th best so far is not measured and scores
+    0.0: the rows no worse than the want-th best (ties included) are exactly bm25()'s, with its scores,
+    and every other row is either scored exactly or pruned. Small vocabularies make many ties."""
+    rng = random.Random(2086)
+    pruned = checked = 0
+    for vocabulary, rows in ((6, 900), (14, 1500)):
+        words = [f"w{i}" for i in range(vocabulary)]
+        conn = _corpus(rng, words, rows)
+        assert install_ranking(conn)
+        for _ in range(40):
+            terms = rng.sample(words, rng.randint(2, min(6, vocabulary)))
+            k = rng.randint(1, len(terms))
+            want = rng.choice([1, 2, 5, 8, 24, 64, 5000])
+            ref = conn.execute(
+                "SELECT rowid, bm25(d) FROM d WHERE d MATCH ?", (at_least(terms, k, lambda t: f'"{t}"'),)
+            ).fetchall()
+            got = conn.execute(
+                "SELECT rowid, wg_bm25(d, ?, ?) FROM d WHERE d MATCH ?",
+                (phrase_map(terms, k, exclusive=False), want, at_least(terms, k, lambda t: f'"{t}"', exclusive=False)),
+            ).fetchall()
+            assert _best(got, want) == _best(ref, want)
+            exact = dict(ref)
+            assert all(score == 0.0 or score == exact[rowid] for rowid, score in got)
+            assert sorted(rowid for rowid, _ in got) == sorted(exact)
+            pruned += sum(1 for _, score in got if score == 0.0)
+            checked += len(_best(ref, want))
+    assert pruned > 1000 and checked > 1000  # pruning happened, and the kept rows were compared
 
 
 @needs_native
@@ -156,9 +225,9 @@ async def test_a_store_searches_the_same_with_and_without_it(tmp_path: Path) -> 
         used: list[str] = []
         real = common.phrase_map
 
-        def recorded(terms: list[str], k: int) -> str:
-            used.append(real(terms, k))
-            return real(terms, k)
+        def recorded(terms: list[str], k: int, *, exclusive: bool = True) -> str:
+            used.append(real(terms, k, exclusive=exclusive))
+            return used[-1]
 
         compared = 0
         for _ in range(25):

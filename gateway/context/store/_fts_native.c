@@ -1,15 +1,28 @@
-/* wg_bm25: FTS5's bm25() ranking with each distinct term's IDF computed once per statement.
+/* wg_bm25: FTS5's bm25() ranking with each distinct term's IDF computed once per statement, each
+ * term counted once per row, and the rows that cannot reach the caller's cut left unmeasured.
  *
  * The store's lexical floor (`common.at_least`) names each query term in several phrases of
- * its MATCH expression (24 phrases for five terms and a floor of three). FTS5's own bm25()
+ * its MATCH expression (19 phrases for five terms and a floor of three). FTS5's own bm25()
  * computes every phrase's IDF on a statement's first row by walking that phrase's whole
- * posting list, so a term named four times has its list walked four times. wg_bm25(tbl, map)
- * takes, as its one argument, one byte per phrase naming the distinct term it holds ('A' + the
- * term's index); phrases with the same byte share one walk. Everything else is bm25() as SQLite
- * documents it (k1 = 1.2, b = 0.75, no column weights): the same figures, in the same order of
- * operations, so the score is bm25()'s to the bit (tests/context/test_fts_native.py compares them
- * row by row). A map that does not fit the expression (wrong length, a byte out of range) falls back to
- * one walk per phrase: never a different score.
+ * posting list, and scores every phrase that reports the row. wg_bm25(tbl, map [, want]) takes
+ * one byte per phrase naming the distinct term it holds ('A' + the term's index): phrases with
+ * the same byte share one walk, and a row's count of a term is the largest any of its phrases
+ * reports (a phrase reports either all of the row's instances or, in a branch that did not
+ * match, none), so a term counts once however many matching branches name it. The terms are
+ * summed in the order the map first names them. Everything else is bm25() as SQLite documents
+ * it (k1 = 1.2, b = 0.75, no column weights), in the same order of operations: over the exclusive
+ * form of the floor, or the plain OR, the score is bm25()'s to the bit, and over the form
+ * without NOT (cheaper to match, the same rows) it is the exclusive form's bm25()
+ * (tests/context/test_fts_native.py compares them row by row). A map that does not fit the
+ * expression (wrong length, a byte out of range) falls back to bm25() itself: one walk and one
+ * part per phrase.
+ *
+ * want > 0 (with a map that fits): the caller keeps only the rows scoring no worse than the
+ * want-th best (ties included). A row holds at least as many tokens as the query instances it
+ * holds, and each term's part falls as the row grows, so its parts at that length bound its
+ * score; when the bound is below the want-th best score so far, the row cannot be kept, its
+ * length (a lookup in FTS5's docsize table, the largest per-row cost) is never read, and it
+ * scores PRUNED (0.0, worse than every scored row: those hold a term, so score below zero).
  *
  * Python's sqlite3 offers no way to register an FTS5 auxiliary function, and this interpreter's
  * is built without extension loading. install(conn, version, probe) reaches the connection's
@@ -69,6 +82,8 @@ typedef struct fts5_api {
 #define SQ_NOMEM 7
 #define SQ_ROW 100
 #define SQ_LIMIT_LIKE_PATTERN_LENGTH 8
+#define MAX_WANT 100000 /* more rows wanted than this: no pruning */
+#define PRUNED 0.0         /* a pruned row's score: worse than any scored row's (those are negative) */
 
 /* The SQLite functions used, resolved once from the loaded library. */
 static struct {
@@ -82,6 +97,7 @@ static struct {
     void (*result_double)(sqlite3_context *, double);
     void (*result_error_code)(sqlite3_context *, int);
     const unsigned char *(*value_text)(sqlite3_value *);
+    sq_int64 (*value_int64)(sqlite3_value *);
     int (*value_bytes)(sqlite3_value *);
 } sq;
 
@@ -101,6 +117,7 @@ static int resolve(void) {
     FIND(result_double, "sqlite3_result_double")
     FIND(result_error_code, "sqlite3_result_error_code")
     FIND(value_text, "sqlite3_value_text")
+    FIND(value_int64, "sqlite3_value_int64")
     FIND(value_bytes, "sqlite3_value_bytes")
 #undef FIND
     sq.ready = 1; /* the library stays loaded: _sqlite3 holds it, and so does our handle */
@@ -113,12 +130,23 @@ typedef struct {
     double avgdl;
     double *idf;  /* per phrase */
     double *freq; /* per phrase, reset each row */
+    /* With a map that fits: the distinct terms in the order the map first names them (slots). */
+    int nTerm;    /* 0 without a map that fits */
+    int *slot;    /* per phrase: its term's slot */
+    double tidf[64];
+    double tf[64]; /* per slot, each row: the term's count in the row */
+    /* Pruning (want > 0): the magnitudes of the `want` best scores so far, a min-heap. */
+    int want;
+    int nHeap;
+    double *heap;
 } Ranking;
 
 static void ranking_free(void *p) {
     Ranking *r = (Ranking *)p;
     if (r != NULL) {
         free(r->idf);
+        free(r->slot);
+        free(r->heap);
         free(r);
     }
 }
@@ -131,10 +159,10 @@ static int count_row(const Fts5ExtensionApi *api, Fts5Context *fts, void *user) 
 }
 
 /* The map argument, when it fits the expression (one letter 'A'..'A'+63 per phrase); else *out = NULL:
- * every phrase walks its own posting list. */
+ * every phrase walks its own posting list and is scored on its own. */
 static int map_fits(sqlite3_value **args, int nArgs, int nPhrase, const unsigned char **out) {
     *out = NULL;
-    if (nArgs < 1) return 0;
+    if (nArgs < 1 || nPhrase < 1) return 0;
     const unsigned char *map = sq.value_text(args[0]);
     if (map == NULL || sq.value_bytes(args[0]) != nPhrase) return 0;
     for (int i = 0; i < nPhrase; i++) {
@@ -152,22 +180,27 @@ static int ranking_make(const Fts5ExtensionApi *api, Fts5Context *fts, int nArgs
     if (r == NULL) return SQ_NOMEM;
     r->nPhrase = nPhrase;
     r->idf = calloc((size_t)(nPhrase > 0 ? nPhrase : 1) * 2, sizeof(double));
-    if (r->idf == NULL) {
-        free(r);
-        return SQ_NOMEM;
+    int rc = r->idf == NULL ? SQ_NOMEM : SQ_OK;
+    const unsigned char *map = NULL;
+    if (rc == SQ_OK) {
+        r->freq = r->idf + nPhrase;
+        rc = api->xRowCount(fts, &nRow);
     }
-    r->freq = r->idf + nPhrase;
-    int rc = api->xRowCount(fts, &nRow);
     if (rc == SQ_OK) rc = api->xColumnTotalSize(fts, -1, &nToken);
-    if (rc == SQ_OK) r->avgdl = (double)nToken / (double)nRow;
-    const unsigned char *map;
-    map_fits(args, nArgs, nPhrase, &map);
-    double known[64];
-    int have[64] = {0};
+    if (rc == SQ_OK) {
+        r->avgdl = (double)nToken / (double)nRow;
+        if (map_fits(args, nArgs, nPhrase, &map)) {
+            r->slot = calloc((size_t)nPhrase, sizeof(int));
+            if (r->slot == NULL) rc = SQ_NOMEM;
+        }
+    }
+    int first[64]; /* each term letter's slot, -1 until the map names it */
+    for (int t = 0; t < 64; t++) first[t] = -1;
     for (int i = 0; rc == SQ_OK && i < nPhrase; i++) {
         int term = map != NULL ? map[i] - 'A' : -1;
-        if (term >= 0 && have[term]) {
-            r->idf[i] = known[term];
+        if (term >= 0 && first[term] >= 0) {
+            r->slot[i] = first[term];
+            r->idf[i] = r->tidf[first[term]];
             continue;
         }
         sq_int64 nHit = 0;
@@ -177,8 +210,16 @@ static int ranking_make(const Fts5ExtensionApi *api, Fts5Context *fts, int nArgs
         if (idf <= 0.0) idf = 1e-6;
         r->idf[i] = idf;
         if (term >= 0) {
-            known[term] = idf;
-            have[term] = 1;
+            first[term] = r->slot[i] = r->nTerm;
+            r->tidf[r->nTerm++] = idf;
+        }
+    }
+    if (rc == SQ_OK && map != NULL && nArgs >= 2) {
+        sq_int64 want = sq.value_int64(args[1]);
+        if (want > 0 && want <= MAX_WANT) {
+            r->heap = calloc((size_t)want, sizeof(double));
+            if (r->heap == NULL) rc = SQ_NOMEM;
+            r->want = (int)want;
         }
     }
     if (rc != SQ_OK) {
@@ -191,10 +232,41 @@ static int ranking_make(const Fts5ExtensionApi *api, Fts5Context *fts, int nArgs
     return SQ_OK;
 }
 
-static void wg_bm25(const Fts5ExtensionApi *api, Fts5Context *fts, sqlite3_context *ctx, int nArgs,
-                    sqlite3_value **args) {
+/* One term's (or phrase's) part of the score: bm25()'s expression, in its order of operations. */
+static inline double part(double idf, double f, double D, double avgdl) {
     const double k1 = 1.2;
     const double b = 0.75;
+    return idf * ((f * (k1 + 1.0)) / (f + k1 * (1 - b + b * D / avgdl)));
+}
+
+/* Keep `mag` among the `want` best magnitudes (a min-heap: heap[0] is the want-th best once full). */
+static void heap_offer(Ranking *r, double mag) {
+    double *h = r->heap;
+    int i;
+    if (r->nHeap < r->want) {
+        i = r->nHeap++;
+        while (i > 0 && h[(i - 1) / 2] > mag) {
+            h[i] = h[(i - 1) / 2];
+            i = (i - 1) / 2;
+        }
+        h[i] = mag;
+        return;
+    }
+    if (mag <= h[0]) return;
+    i = 0;
+    for (;;) {
+        int c = 2 * i + 1;
+        if (c >= r->nHeap) break;
+        if (c + 1 < r->nHeap && h[c + 1] < h[c]) c++;
+        if (h[c] >= mag) break;
+        h[i] = h[c];
+        i = c;
+    }
+    h[i] = mag;
+}
+
+static void wg_bm25(const Fts5ExtensionApi *api, Fts5Context *fts, sqlite3_context *ctx, int nArgs,
+                    sqlite3_value **args) {
     Ranking *r = (Ranking *)api->xGetAuxdata(fts, 0);
     int rc = SQ_OK;
     if (r == NULL) rc = ranking_make(api, fts, nArgs, args, &r);
@@ -208,19 +280,49 @@ static void wg_bm25(const Fts5ExtensionApi *api, Fts5Context *fts, sqlite3_conte
         rc = api->xInst(fts, i, &ip, &ic, &io);
         if (rc == SQ_OK) r->freq[ip] += 1.0;
     }
-    double D = 0.0;
-    if (rc == SQ_OK) {
-        int nTok;
-        rc = api->xColumnSize(fts, -1, &nTok);
-        D = (double)nTok;
-    }
     if (rc != SQ_OK) {
         sq.result_error_code(ctx, rc);
         return;
     }
     double score = 0.0;
-    for (int i = 0; i < r->nPhrase; i++) {
-        score += r->idf[i] * ((r->freq[i] * (k1 + 1.0)) / (r->freq[i] + k1 * (1 - b + b * D / r->avgdl)));
+    if (r->nTerm > 0) {
+        /* A term's count is the same in every phrase that reports it; a phrase in a branch that did
+         * not match reports none. So each term counts once, whichever phrases name it. */
+        memset(r->tf, 0, sizeof(double) * (size_t)r->nTerm);
+        double held = 0.0;
+        for (int i = 0; i < r->nPhrase; i++) {
+            if (r->freq[i] > r->tf[r->slot[i]]) r->tf[r->slot[i]] = r->freq[i];
+        }
+        for (int t = 0; t < r->nTerm; t++) held += r->tf[t];
+        if (r->want > 0 && r->nHeap == r->want) {
+            /* The row holds `held` tokens of the query at least, and each part falls as the row
+             * grows: its parts at that length bound its score (the same operations, each monotone,
+             * so the bound holds in floating point too). A bound below the want-th best score so far
+             * is below the statement's final one: the row cannot be among the best, and its length
+             * is never read. */
+            double bound = 0.0;
+            for (int t = 0; t < r->nTerm; t++) bound += part(r->tidf[t], r->tf[t], held, r->avgdl);
+            if (bound < r->heap[0]) {
+                sq.result_double(ctx, PRUNED);
+                return;
+            }
+        }
+        int nTok;
+        rc = api->xColumnSize(fts, -1, &nTok);
+        if (rc != SQ_OK) {
+            sq.result_error_code(ctx, rc);
+            return;
+        }
+        for (int t = 0; t < r->nTerm; t++) score += part(r->tidf[t], r->tf[t], (double)nTok, r->avgdl);
+        if (r->want > 0) heap_offer(r, score);
+    } else {
+        int nTok;
+        rc = api->xColumnSize(fts, -1, &nTok);
+        if (rc != SQ_OK) {
+            sq.result_error_code(ctx, rc);
+            return;
+        }
+        for (int i = 0; i < r->nPhrase; i++) score += part(r->idf[i], r->freq[i], (double)nTok, r->avgdl);
     }
     sq.result_double(ctx, -1.0 * score);
 }

@@ -56,37 +56,42 @@ def floor_cut(limit: int, enough: int | None, groups: list[tuple[str, ...]] | No
     return limit
 
 
-def at_least(terms: Sequence[str], k: int, phrase: Callable[[str], str]) -> str:
-    """An FTS5 MATCH expression for "holds at least `k` of `terms`" (1 <= k <= len(terms)) in which
-    each term a matching row holds is a phrase of exactly one matching branch:
-    (t AND at least k-1 of the rest) OR (at least k of the rest NOT t). FTS5 scores only the phrases
-    of the branches that match a row, so BM25 over it counts every held term once — the score of the
-    plain OR of the terms, bit for bit (PowerContext's ranking) — while the index visits only rows
-    that reach the floor. (An OR of the k-term groups counts a term once per matching group: a row
-    holding m terms would score C(m-1, k-1) times over.) Used where `floor_groups` allows groups;
-    never more phrases than they have."""
+def at_least(terms: Sequence[str], k: int, phrase: Callable[[str], str], *, exclusive: bool = True) -> str:
+    """An FTS5 MATCH expression for "holds at least `k` of `terms`" (1 <= k <= len(terms)).
+    Exclusive (for bm25()): each term a matching row holds is a phrase of exactly one matching
+    branch, (t AND at least k-1 of the rest) OR (at least k of the rest NOT t). FTS5 scores only the
+    phrases of the branches that match a row, so BM25 over it counts every held term once — the score
+    of the plain OR of the terms, bit for bit (PowerContext's ranking) — while the index visits only
+    rows that reach the floor. (An OR of the k-term groups counts a term once per matching group: a
+    row holding m terms would score C(m-1, k-1) times over.) Not exclusive (for `wg_bm25`, which
+    counts each term once whichever phrases report it): the same without `NOT t`, the same rows,
+    matched with less work. Used where `floor_groups` allows groups; never more phrases than they have."""
     if k == 1:
         return "(" + " OR ".join(phrase(t) for t in terms) + ")"
     if len(terms) == k:
         return "(" + " AND ".join(phrase(t) for t in terms) + ")"
     head, rest = phrase(terms[0]), terms[1:]
-    return f"(({head} AND {at_least(rest, k - 1, phrase)}) OR ({at_least(rest, k, phrase)} NOT {head}))"
+    held = f"({head} AND {at_least(rest, k - 1, phrase, exclusive=exclusive)})"
+    if not exclusive:
+        return f"({held} OR {at_least(rest, k, phrase, exclusive=False)})"
+    return f"({held} OR ({at_least(rest, k, phrase)} NOT {head}))"
 
 
-def at_least_terms(terms: Sequence[str], k: int) -> list[str]:
+def at_least_terms(terms: Sequence[str], k: int, *, exclusive: bool = True) -> list[str]:
     """The term of each phrase of `at_least(terms, k, …)`, in the order the expression names them
     (the order FTS5 numbers its phrases in)."""
     if k == 1 or len(terms) == k:
         return list(terms)
     head, rest = terms[0], terms[1:]
-    return [head, *at_least_terms(rest, k - 1), *at_least_terms(rest, k), head]
+    named = [head, *at_least_terms(rest, k - 1, exclusive=exclusive), *at_least_terms(rest, k, exclusive=exclusive)]
+    return [*named, head] if exclusive else named
 
 
-def phrase_map(terms: Sequence[str], k: int) -> str:
+def phrase_map(terms: Sequence[str], k: int, *, exclusive: bool = True) -> str:
     """`at_least_terms` as the SQLite store's native ranking takes it: one letter per phrase, 'A' +
     the index of its term in `terms` (at most 64 terms)."""
     index = {t: i for i, t in enumerate(terms)}
-    return "".join(chr(65 + index[t]) for t in at_least_terms(terms, k))
+    return "".join(chr(65 + index[t]) for t in at_least_terms(terms, k, exclusive=exclusive))
 
 
 def transition(current: MemoryState, target: MemoryState) -> str:

@@ -8,7 +8,8 @@ Blocking sqlite3 calls never run on the event loop: every call is submitted to a
 database owns, opened by `open()` and joined by `close()`.
 Must not: validate content, generate ids, read clocks or decide policy; it stores what the service
 computed. Cosine similarity is computed on a reader thread (brute force over the scope); text search ranks
-with FTS5's bm25(), or with the same scores by `wg_bm25` where `install_ranking` could register it.
+with FTS5's bm25(), or with the same scores by `wg_bm25` where `install_ranking` could register it (which
+then also leaves unmeasured the rows that provably cannot reach the search's cut).
 """
 
 from __future__ import annotations
@@ -780,14 +781,16 @@ class SqliteContextStore:
         # floor into the match without scoring a term once per k-term group.
         # The floor names a term in several phrases, and bm25() walks each phrase's postings for its IDF;
         # `wg_bm25` walks each term's once, with the same scores (its map says which phrase holds which).
-        rank, rank_args = "bm25(ctx_terms)", []
-        if groups is None:
-            match = " OR ".join(f'"{key}{t}"' for t in present)
-        else:
-            match = at_least(present, min_match, lambda t: f'"{key}{t}"')
-            if len(present) <= 64 and self._db.ranks_natively(conn):
-                rank, rank_args = "wg_bm25(ctx_terms, ?)", [phrase_map(present, min_match)]
         wanted = floor_cut(limit, enough, groups, min_match)
+        native = len(present) <= 64 and self._db.ranks_natively(conn)
+        k = 1 if groups is None else min_match
+        match = at_least(present, k, lambda t: f'"{key}{t}"', exclusive=not native)
+        rank, rank_args = "bm25(ctx_terms)", []
+        if native:
+            # `wg_bm25` skips the length read (and scores 0.0) for a row that cannot reach the cut below.
+            rank, rank_args = "wg_bm25(ctx_terms, ?, ?)", [phrase_map(present, k, exclusive=False), wanted]
+            if kind is not None:
+                rank_args[1] = 0  # no cut before the kind filter: every row scored
         # Score every match once, in the FTS table alone; join the artifacts rows only of matches that can
         # still be in the top `limit` by (score, artifact_id) — every row scoring no worse than the
         # limit-th best, ties included — and read revision bodies only for the final rows. The index holds
