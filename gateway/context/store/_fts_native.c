@@ -284,7 +284,6 @@ static void wg_bm25(const Fts5ExtensionApi *api, Fts5Context *fts, sqlite3_conte
         sq.result_error_code(ctx, rc);
         return;
     }
-    double score = 0.0;
     if (r->nTerm > 0) {
         /* A term's count is the same in every phrase that reports it; a phrase in a branch that did
          * not match reports none. So each term counts once, whichever phrases name it. */
@@ -307,22 +306,20 @@ static void wg_bm25(const Fts5ExtensionApi *api, Fts5Context *fts, sqlite3_conte
                 return;
             }
         }
-        int nTok;
-        rc = api->xColumnSize(fts, -1, &nTok);
-        if (rc != SQ_OK) {
-            sq.result_error_code(ctx, rc);
-            return;
-        }
-        for (int t = 0; t < r->nTerm; t++) score += part(r->tidf[t], r->tf[t], (double)nTok, r->avgdl);
+    }
+    int nTok;
+    rc = api->xColumnSize(fts, -1, &nTok);
+    if (rc != SQ_OK) {
+        sq.result_error_code(ctx, rc);
+        return;
+    }
+    const double D = (double)nTok;
+    double score = 0.0;
+    if (r->nTerm > 0) {
+        for (int t = 0; t < r->nTerm; t++) score += part(r->tidf[t], r->tf[t], D, r->avgdl);
         if (r->want > 0) heap_offer(r, score);
     } else {
-        int nTok;
-        rc = api->xColumnSize(fts, -1, &nTok);
-        if (rc != SQ_OK) {
-            sq.result_error_code(ctx, rc);
-            return;
-        }
-        for (int i = 0; i < r->nPhrase; i++) score += part(r->idf[i], r->freq[i], (double)nTok, r->avgdl);
+        for (int i = 0; i < r->nPhrase; i++) score += part(r->idf[i], r->freq[i], D, r->avgdl);
     }
     sq.result_double(ctx, -1.0 * score);
 }

@@ -787,10 +787,10 @@ class SqliteContextStore:
         match = at_least(present, k, lambda t: f'"{key}{t}"', exclusive=not native)
         rank, rank_args = "bm25(ctx_terms)", []
         if native:
-            # `wg_bm25` skips the length read (and scores 0.0) for a row that cannot reach the cut below.
-            rank, rank_args = "wg_bm25(ctx_terms, ?, ?)", [phrase_map(present, k, exclusive=False), wanted]
-            if kind is not None:
-                rank_args[1] = 0  # no cut before the kind filter: every row scored
+            # `wg_bm25` skips the length read (and scores 0.0) for a row that cannot reach the cut below;
+            # with a kind filter there is no cut before it (0: every row scored).
+            prune = wanted if kind is None else 0
+            rank, rank_args = "wg_bm25(ctx_terms, ?, ?)", [phrase_map(present, k, exclusive=False), prune]
         # Score every match once, in the FTS table alone; join the artifacts rows only of matches that can
         # still be in the top `limit` by (score, artifact_id) — every row scoring no worse than the
         # limit-th best, ties included — and read revision bodies only for the final rows. The index holds
