@@ -6,9 +6,10 @@
  * computes every phrase's IDF on a statement's first row by walking that phrase's whole
  * posting list, and scores every phrase that reports the row. wg_bm25(tbl, map [, want]) takes
  * one byte per phrase naming the distinct term it holds ('A' + the term's index): phrases with
- * the same byte share one walk, and a row's count of a term is the largest any of its phrases
- * reports (a phrase reports either all of the row's instances or, in a branch that did not
- * match, none), so a term counts once however many matching branches name it. The terms are
+ * the same byte share one walk, and a row's count of a term is the first non-zero count its
+ * phrases report (a phrase reports either all of the row's instances or, in a branch that did
+ * not match, none; the rest of its phrases are not read), so a term counts once however many
+ * matching branches name it. The terms are
  * summed in the order the map first names them. Everything else is bm25() as SQLite documents
  * it (k1 = 1.2, b = 0.75, no column weights), in the same order of operations: over the exclusive
  * form of the floor, or the plain OR, the score is bm25()'s to the bit, and over the form
@@ -48,6 +49,10 @@ typedef struct sqlite3_context sqlite3_context;
 typedef struct sqlite3_value sqlite3_value;
 typedef struct Fts5Context Fts5Context;
 typedef struct Fts5ExtensionApi Fts5ExtensionApi;
+typedef struct Fts5PhraseIter {
+    const unsigned char *a;
+    const unsigned char *b;
+} Fts5PhraseIter;
 typedef void (*fts5_extension_function)(const Fts5ExtensionApi *, Fts5Context *, sqlite3_context *, int,
                                         sqlite3_value **);
 
@@ -68,6 +73,8 @@ struct Fts5ExtensionApi {
     int (*xQueryPhrase)(Fts5Context *, int, void *, int (*)(const Fts5ExtensionApi *, Fts5Context *, void *));
     int (*xSetAuxdata)(Fts5Context *, void *, void (*)(void *));
     void *(*xGetAuxdata)(Fts5Context *, int);
+    int (*xPhraseFirst)(Fts5Context *, int, Fts5PhraseIter *, int *, int *);
+    void (*xPhraseNext)(Fts5Context *, Fts5PhraseIter *, int *, int *);
     /* later members are not used */
 };
 
@@ -270,28 +277,31 @@ static void wg_bm25(const Fts5ExtensionApi *api, Fts5Context *fts, sqlite3_conte
     Ranking *r = (Ranking *)api->xGetAuxdata(fts, 0);
     int rc = SQ_OK;
     if (r == NULL) rc = ranking_make(api, fts, nArgs, args, &r);
-    int nInst = 0;
-    if (rc == SQ_OK) {
-        memset(r->freq, 0, sizeof(double) * (size_t)r->nPhrase);
-        rc = api->xInstCount(fts, &nInst);
+    if (rc != SQ_OK) {
+        sq.result_error_code(ctx, rc);
+        return;
     }
-    for (int i = 0; rc == SQ_OK && i < nInst; i++) {
-        int ip, ic, io;
-        rc = api->xInst(fts, i, &ip, &ic, &io);
-        if (rc == SQ_OK) r->freq[ip] += 1.0;
+    /* The row's count of each phrase, read from that phrase's own position list (the lists
+     * xInstCount/xInst would merge into one sorted array, which nothing here needs). With a map,
+     * one count per term: a phrase reports either all of the row's instances of its term or, in a
+     * branch that did not match, none, so a term's count is the first non-zero one its phrases
+     * report, and its other phrases are not read. */
+    double *count = r->nTerm > 0 ? r->tf : r->freq;
+    memset(count, 0, sizeof(double) * (size_t)(r->nTerm > 0 ? r->nTerm : r->nPhrase));
+    for (int i = 0; rc == SQ_OK && i < r->nPhrase; i++) {
+        double *n = r->nTerm > 0 ? &count[r->slot[i]] : &count[i];
+        if (*n > 0.0) continue; /* this term is counted (without a map each phrase is read once) */
+        Fts5PhraseIter it;
+        int ic = -1, io = 0;
+        rc = api->xPhraseFirst(fts, i, &it, &ic, &io);
+        for (; rc == SQ_OK && ic >= 0; api->xPhraseNext(fts, &it, &ic, &io)) *n += 1.0;
     }
     if (rc != SQ_OK) {
         sq.result_error_code(ctx, rc);
         return;
     }
     if (r->nTerm > 0) {
-        /* A term's count is the same in every phrase that reports it; a phrase in a branch that did
-         * not match reports none. So each term counts once, whichever phrases name it. */
-        memset(r->tf, 0, sizeof(double) * (size_t)r->nTerm);
         double held = 0.0;
-        for (int i = 0; i < r->nPhrase; i++) {
-            if (r->freq[i] > r->tf[r->slot[i]]) r->tf[r->slot[i]] = r->freq[i];
-        }
         for (int t = 0; t < r->nTerm; t++) held += r->tf[t];
         if (r->want > 0 && r->nHeap == r->want) {
             /* The row holds `held` tokens of the query at least, and each part falls as the row
