@@ -242,3 +242,87 @@ async def test_a_store_searches_the_same_with_and_without_it(tmp_path: Path) -> 
         assert compared > 200 and len(used) == 25
     finally:
         await store.close()
+
+
+@needs_native
+def test_known_counts_replace_the_walks_and_only_when_they_fit() -> None:
+    """`wg_df` counts the rows holding each phrase (what count(*) says); those counts given to
+    `wg_bm25` give bm25()'s scores to the bit; counts that do not fit are ignored (the same scores),
+    while wrong counts that fit are used (so the comparison can fail)."""
+    rng = random.Random(7)
+    words = [f"w{i}" for i in range(30)]
+    conn = _corpus(rng, words, 800)
+    assert install_ranking(conn)
+    terms = ["w1", "w2", "w3", "w4", "w5"]
+    counts = [conn.execute("SELECT count(*) FROM d WHERE d MATCH ?", (f'"{t}"',)).fetchone()[0] for t in terms]
+    assert all(0 < n < 400 for n in counts) and len(set(counts)) > 1
+    either = " OR ".join(f'"{t}"' for t in terms)
+    df = conn.execute("SELECT wg_df(d) FROM d WHERE d MATCH ? LIMIT 1", (either,)).fetchone()[0]
+    assert df == ",".join(map(str, counts))
+    assert conn.execute("SELECT wg_df(d) FROM d WHERE d MATCH '\"absent\"'").fetchall() == []
+    match = at_least(terms, 3, lambda t: f'"{t}"', exclusive=False)
+    good = phrase_map(terms, 3, exclusive=False)
+    ref = conn.execute(
+        "SELECT rowid, bm25(d) FROM d WHERE d MATCH ? ORDER BY rowid", (at_least(terms, 3, lambda t: f'"{t}"'),)
+    ).fetchall()
+    sql = "SELECT rowid, wg_bm25(d, ?, 0, ?) FROM d WHERE d MATCH ? ORDER BY rowid"
+    assert len(ref) > 20
+    assert conn.execute(sql, (good, df, match)).fetchall() == ref
+    too_many = ",".join(map(str, [*counts, 1]))
+    unfit = ("", "1,2", df + ",", "," + df, df.replace(",", ";"), too_many, "1" * 19 + df[1:], "9999," + df[2:], None)
+    for known in unfit:  # short, long, malformed, overlong digits, above the row count, absent
+        assert conn.execute(sql, (good, known, match)).fetchall() == ref, known
+    wrong = ",".join(map(str, [counts[1], counts[0], *counts[2:]]))  # fits, but swaps two terms' counts
+    assert conn.execute(sql, (good, wrong, match)).fetchall() != ref
+
+
+@needs_native
+@pytest.mark.asyncio
+async def test_a_store_keeps_term_counts_per_snapshot(tmp_path: Path) -> None:
+    """The store counts each term's rows once per reader snapshot: a search repeated without a write
+    asks `wg_df` nothing more, and after a write (a new snapshot) its scores are again bm25()'s, the
+    counts taken afresh."""
+    db = SqliteDatabase(str(tmp_path / "counts.db"))
+    store = SqliteContextStore(db)
+    await store.open()
+    try:
+        svc = make_service(store)
+        await svc.start()
+        sid = (await svc.create_scope(title="t", summary="s", idempotency_key="k", principal=None))[0].scope_id
+        rng = random.Random(46)
+        words = [f"word{i}" for i in range(12)]
+
+        async def write(n: int) -> None:
+            for _ in range(n):
+                text = " ".join(rng.choice(words) for _ in range(rng.randint(3, 10)))
+                await svc.create_artifact(sid, "atomic-memory", {"kind": "fact", "text": text})
+
+        counted: list[int] = []
+        real = SqliteContextStore._rows_holding
+
+        def spy(self: SqliteContextStore, conn: sqlite3.Connection, phrases: list[str]) -> list[int]:
+            before = sum(len(held[2]) for held in self._doc_counts.values())
+            out = real(self, conn, phrases)
+            counted.append(sum(len(held[2]) for held in self._doc_counts.values()) - before)
+            return out
+
+        terms = search.terms("word1 word2 word3 word4")
+        await write(150)
+        for _ in range(3):
+            with patch.object(SqliteContextStore, "_rows_holding", spy):
+                native = await store.search_text(sid, "atomic-memory", terms, 40, min_match=2)
+            with patch.object(db, "ranks_natively", lambda conn: False):
+                plain = await store.search_text(sid, "atomic-memory", terms, 40, min_match=2)
+            assert [(r.head.artifact_id, r.score) for r in native] == [(r.head.artifact_id, r.score) for r in plain]
+            assert len(native) > 20
+            await write(20)  # a new snapshot: every count changes or may
+        assert counted[0] == 4  # the first search counted its four terms
+        # Repeated without a write in between: nothing counted again (both readers may have served it).
+        again = []
+        for _ in range(4):
+            with patch.object(SqliteContextStore, "_rows_holding", spy):
+                await store.search_text(sid, "atomic-memory", terms, 40, min_match=2)
+            again.append(counted[-1])
+        assert again.count(0) >= 2 and set(again) <= {0, 4}
+    finally:
+        await store.close()

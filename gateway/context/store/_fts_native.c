@@ -4,19 +4,23 @@
  * The store's lexical floor (`common.at_least`) names each query term in several phrases of
  * its MATCH expression (19 phrases for five terms and a floor of three). FTS5's own bm25()
  * computes every phrase's IDF on a statement's first row by walking that phrase's whole
- * posting list, and scores every phrase that reports the row. wg_bm25(tbl, map [, want]) takes
- * one byte per phrase naming the distinct term it holds ('A' + the term's index): phrases with
- * the same byte share one walk, and a row's count of a term is the first non-zero count its
+ * posting list, and scores every phrase that reports the row. wg_bm25(tbl, map [, want [, known]])
+ * takes one byte per phrase naming the distinct term it holds ('A' + the term's index): phrases
+ * with the same byte share one walk, and a row's count of a term is the first non-zero count its
  * phrases report (a phrase reports either all of the row's instances or, in a branch that did
  * not match, none; the rest of its phrases are not read), so a term counts once however many
- * matching branches name it. The terms are
- * summed in the order the map first names them. Everything else is bm25() as SQLite documents
+ * matching branches name it. The terms are summed in the order the map first names them. Everything else is bm25() as SQLite documents
  * it (k1 = 1.2, b = 0.75, no column weights), in the same order of operations: over the exclusive
  * form of the floor, or the plain OR, the score is bm25()'s to the bit, and over the form
  * without NOT (cheaper to match, the same rows) it is the exclusive form's bm25()
  * (tests/context/test_fts_native.py compares them row by row). A map that does not fit the
  * expression (wrong length, a byte out of range) falls back to bm25() itself: one walk and one
  * part per phrase.
+ *
+ * known (with a map that fits): "n0,n1,...", how many rows hold each term ('A' + i), for a caller
+ * that holds them for the statement's snapshot (the store asks wg_df once per snapshot and keeps
+ * them): those terms' posting lists are not walked. One that does not fit (see known_counts) is
+ * ignored: every term is walked.
  *
  * want > 0 (with a map that fits): the caller keeps only the rows scoring no worse than the
  * want-th best (ties included). A row holds at least as many tokens as the query instances it
@@ -39,6 +43,7 @@
 #include <Python.h>
 #include <dlfcn.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -88,6 +93,7 @@ typedef struct fts5_api {
 #define SQ_OK 0
 #define SQ_NOMEM 7
 #define SQ_ROW 100
+#define SQ_TRANSIENT ((void (*)(void *)) - 1)
 #define SQ_LIMIT_LIKE_PATTERN_LENGTH 8
 #define MAX_WANT 100000 /* more rows wanted than this: no pruning */
 #define PRUNED 0.0         /* a pruned row's score: worse than any scored row's (those are negative) */
@@ -103,6 +109,7 @@ static struct {
     int (*finalize)(sqlite3_stmt *);
     void (*result_double)(sqlite3_context *, double);
     void (*result_error_code)(sqlite3_context *, int);
+    void (*result_text)(sqlite3_context *, const char *, int, void (*)(void *));
     const unsigned char *(*value_text)(sqlite3_value *);
     sq_int64 (*value_int64)(sqlite3_value *);
     int (*value_bytes)(sqlite3_value *);
@@ -123,6 +130,7 @@ static int resolve(void) {
     FIND(finalize, "sqlite3_finalize")
     FIND(result_double, "sqlite3_result_double")
     FIND(result_error_code, "sqlite3_result_error_code")
+    FIND(result_text, "sqlite3_result_text")
     FIND(value_text, "sqlite3_value_text")
     FIND(value_int64, "sqlite3_value_int64")
     FIND(value_bytes, "sqlite3_value_bytes")
@@ -179,6 +187,36 @@ static int map_fits(sqlite3_value **args, int nArgs, int nPhrase, const unsigned
     return 1;
 }
 
+/* The known-counts argument (wg_bm25's third), when it fits: "n0,n1,...", the number of rows holding
+ * each term, one decimal per term letter ('A' + i) up to the last the map names, none above the
+ * table's row count. Returns how many it read into known[] (0 when it does not fit: every term's
+ * posting list is walked, as without it). */
+static int known_counts(sqlite3_value **args, int nArgs, const unsigned char *map, int nPhrase, sq_int64 nRow,
+                        sq_int64 known[64]) {
+    if (map == NULL || nArgs < 3) return 0;
+    const unsigned char *text = sq.value_text(args[2]);
+    if (text == NULL) return 0;
+    int need = 0;
+    for (int i = 0; i < nPhrase; i++) {
+        if (map[i] - 'A' + 1 > need) need = map[i] - 'A' + 1;
+    }
+    int n = 0;
+    const unsigned char *c = text;
+    while (n < 64) {
+        if (*c < '0' || *c > '9') return 0;
+        sq_int64 v = 0;
+        for (int digits = 0; *c >= '0' && *c <= '9'; c++, digits++) {
+            if (digits >= 18) return 0;
+            v = v * 10 + (*c - '0');
+        }
+        if (v > nRow) return 0;
+        known[n++] = v;
+        if (*c == '\0') break;
+        if (*c++ != ',') return 0;
+    }
+    return n == need && *c == '\0' ? n : 0;
+}
+
 static int ranking_make(const Fts5ExtensionApi *api, Fts5Context *fts, int nArgs, sqlite3_value **args,
                         Ranking **out) {
     sq_int64 nRow = 0, nToken = 0;
@@ -203,6 +241,8 @@ static int ranking_make(const Fts5ExtensionApi *api, Fts5Context *fts, int nArgs
     }
     int first[64]; /* each term letter's slot, -1 until the map names it */
     for (int t = 0; t < 64; t++) first[t] = -1;
+    sq_int64 known[64];
+    int nKnown = rc == SQ_OK ? known_counts(args, nArgs, map, nPhrase, nRow, known) : 0;
     for (int i = 0; rc == SQ_OK && i < nPhrase; i++) {
         int term = map != NULL ? map[i] - 'A' : -1;
         if (term >= 0 && first[term] >= 0) {
@@ -211,8 +251,12 @@ static int ranking_make(const Fts5ExtensionApi *api, Fts5Context *fts, int nArgs
             continue;
         }
         sq_int64 nHit = 0;
-        rc = api->xQueryPhrase(fts, i, (void *)&nHit, count_row);
-        if (rc != SQ_OK) break;
+        if (term >= 0 && term < nKnown) {
+            nHit = known[term]; /* the caller's count for this snapshot: the walk below would find it */
+        } else {
+            rc = api->xQueryPhrase(fts, i, (void *)&nHit, count_row);
+            if (rc != SQ_OK) break;
+        }
         double idf = log((nRow - nHit + 0.5) / (nHit + 0.5));
         if (idf <= 0.0) idf = 1e-6;
         r->idf[i] = idf;
@@ -334,6 +378,42 @@ static void wg_bm25(const Fts5ExtensionApi *api, Fts5Context *fts, sqlite3_conte
     sq.result_double(ctx, -1.0 * score);
 }
 
+/* wg_df(tbl): "n0,n1,...", the number of rows holding each phrase of the expression (the walk
+ * wg_bm25 makes for a term it is not told the count of), computed once per statement. The store
+ * asks it for the terms whose counts it does not hold for the current snapshot, and passes the
+ * counts to wg_bm25 afterwards. */
+static void df_free(void *p) { free(p); }
+
+static void wg_df(const Fts5ExtensionApi *api, Fts5Context *fts, sqlite3_context *ctx, int nArgs,
+                  sqlite3_value **args) {
+    (void)nArgs;
+    (void)args;
+    char *text = (char *)api->xGetAuxdata(fts, 0);
+    int rc = SQ_OK;
+    if (text == NULL) {
+        int nPhrase = api->xPhraseCount(fts);
+        text = malloc((size_t)(nPhrase > 0 ? nPhrase : 1) * 21 + 1);
+        if (text == NULL) rc = SQ_NOMEM;
+        size_t at = 0;
+        if (text != NULL) text[0] = '\0';
+        for (int i = 0; rc == SQ_OK && i < nPhrase; i++) {
+            sq_int64 nHit = 0;
+            rc = api->xQueryPhrase(fts, i, (void *)&nHit, count_row);
+            if (rc == SQ_OK) at += (size_t)snprintf(text + at, 22, i ? ",%lld" : "%lld", (long long)nHit);
+        }
+        if (rc == SQ_OK) {
+            rc = api->xSetAuxdata(fts, text, df_free); /* on failure SQLite has already freed it */
+        } else {
+            free(text);
+        }
+        if (rc != SQ_OK) {
+            sq.result_error_code(ctx, rc);
+            return;
+        }
+    }
+    sq.result_text(ctx, text, -1, SQ_TRANSIENT);
+}
+
 static PyObject *install(PyObject *self, PyObject *args) {
     PyObject *conn;
     const char *version;
@@ -350,7 +430,8 @@ static PyObject *install(PyObject *self, PyObject *args) {
     if (sq.prepare_v2(db, "SELECT fts5(?1)", -1, &stmt, NULL) == SQ_OK) {
         if (sq.bind_pointer(stmt, 1, (void *)&api, "fts5_api_ptr", NULL) == SQ_OK && sq.step(stmt) == SQ_ROW &&
             api != NULL && api->iVersion >= 2) {
-            ok = api->xCreateFunction(api, "wg_bm25", NULL, wg_bm25, NULL) == SQ_OK;
+            ok = api->xCreateFunction(api, "wg_bm25", NULL, wg_bm25, NULL) == SQ_OK &&
+                 api->xCreateFunction(api, "wg_df", NULL, wg_df, NULL) == SQ_OK;
         }
         sq.finalize(stmt);
     }

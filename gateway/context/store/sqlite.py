@@ -320,6 +320,9 @@ def _merge_step(conn: sqlite3.Connection) -> bool:
     return conn.total_changes - before >= 2
 
 
+DOC_COUNTS_KEPT = 4096  # term counts a reader connection keeps for its current snapshot
+
+
 class SqliteContextStore:
     """ContextStore over a SqliteDatabase (which the caller opens and closes, possibly shared).
 
@@ -339,6 +342,8 @@ class SqliteContextStore:
         self._merge_timer: asyncio.TimerHandle | None = None
         self._merging: asyncio.Task[int] | None = None
         self._index_writes = 0
+        # Per reader connection: (the connection, its snapshot's data version, phrase -> rows holding it).
+        self._doc_counts: dict[int, tuple[sqlite3.Connection, int, dict[str, int]]] = {}
 
     async def open(self) -> None:
         await self._db.open()
@@ -790,7 +795,9 @@ class SqliteContextStore:
             # `wg_bm25` skips the length read (and scores 0.0) for a row that cannot reach the cut below;
             # with a kind filter there is no cut before it (0: every row scored).
             prune = wanted if kind is None else 0
-            rank, rank_args = "wg_bm25(ctx_terms, ?, ?)", [phrase_map(present, k, exclusive=False), prune]
+            known = ",".join(str(n) for n in self._rows_holding(conn, [f'"{key}{t}"' for t in present]))
+            rank = "wg_bm25(ctx_terms, ?, ?, ?)"
+            rank_args = [phrase_map(present, k, exclusive=False), prune, known]
         # Score every match once, in the FTS table alone; join the artifacts rows only of matches that can
         # still be in the top `limit` by (score, artifact_id) — every row scoring no worse than the
         # limit-th best, ties included — and read revision bodies only for the final rows. The index holds
@@ -818,6 +825,29 @@ class SqliteContextStore:
             SearchRow(_head_from_row(scope_id, family, r[:10]), float(r[10]), r[11])
             for r in conn.execute(sql, args).fetchall()
         ]
+
+    def _rows_holding(self, conn: sqlite3.Connection, phrases: Sequence[str]) -> list[int]:
+        """How many rows of the index hold each one-token phrase, in this read transaction's snapshot:
+        what `wg_bm25` would otherwise count by walking each term's whole posting list on every
+        statement (a fifth of a 100,000-memory search). Kept per reader connection while its
+        snapshot's `PRAGMA data_version` stays the same (a reader never writes; any commit by another
+        connection, process or replica on the file changes it); the missing ones are counted by
+        `wg_df` in one statement, the same walk."""
+        version = conn.execute("PRAGMA data_version").fetchone()[0]
+        held = self._doc_counts.get(id(conn))
+        if held is None or held[0] is not conn or held[1] != version:
+            held = (conn, version, {})
+            self._doc_counts[id(conn)] = held  # one reader thread per connection: no other writer of this entry
+        counts = held[2]
+        missing = list(dict.fromkeys(p for p in phrases if p not in counts))
+        if missing:
+            if len(counts) + len(missing) > DOC_COUNTS_KEPT:
+                counts.clear()
+            sql = "SELECT wg_df(ctx_terms) FROM ctx_terms WHERE ctx_terms MATCH ? LIMIT 1"
+            row = conn.execute(sql, (" OR ".join(missing),)).fetchone()
+            found = [int(n) for n in row[0].split(",")] if row is not None else [0] * len(missing)
+            counts.update(zip(missing, found, strict=True))
+        return [counts[p] for p in phrases]
 
     async def search_vector(
         self,
