@@ -9,7 +9,8 @@ database owns, opened by `open()` and joined by `close()`.
 Must not: validate content, generate ids, read clocks or decide policy; it stores what the service
 computed. Cosine similarity is computed on a reader thread (brute force over the scope); text search ranks
 with FTS5's bm25(), or with the same scores by `wg_bm25` where `install_ranking` could register it (which
-then also leaves unmeasured the rows that provably cannot reach the search's cut).
+then also leaves unmeasured the rows that provably cannot reach the search's cut, and is given each term's
+row count, kept per reader connection for as long as its snapshot is the same: `_rows_holding`).
 """
 
 from __future__ import annotations
