@@ -9,11 +9,11 @@
  * with the same byte share one walk, and a row's count of a term is the first non-zero count its
  * phrases report (a phrase reports either all of the row's instances or, in a branch that did
  * not match, none; the rest of its phrases are not read), so a term counts once however many
- * matching branches name it. The terms are summed in the order the map first names them. Everything else is bm25() as SQLite documents
- * it (k1 = 1.2, b = 0.75, no column weights), in the same order of operations: over the exclusive
- * form of the floor, or the plain OR, the score is bm25()'s to the bit, and over the form
- * without NOT (cheaper to match, the same rows) it is the exclusive form's bm25()
- * (tests/context/test_fts_native.py compares them row by row). A map that does not fit the
+ * matching branches name it. The terms are summed in the order the map first names them.
+ * Everything else is bm25() as SQLite documents it (k1 = 1.2, b = 0.75, no column weights), in
+ * the same order of operations: over the exclusive form of the floor, or the plain OR, the score
+ * is bm25()'s to the bit, and over the form without NOT (cheaper to match, the same rows) it is
+ * the exclusive form's bm25() (tests/context/test_fts_native.py compares them row by row). A map that does not fit the
  * expression (wrong length, a byte out of range) falls back to bm25() itself: one walk and one
  * part per phrase.
  *
@@ -389,23 +389,23 @@ static void wg_df(const Fts5ExtensionApi *api, Fts5Context *fts, sqlite3_context
     (void)nArgs;
     (void)args;
     char *text = (char *)api->xGetAuxdata(fts, 0);
-    int rc = SQ_OK;
     if (text == NULL) {
         int nPhrase = api->xPhraseCount(fts);
-        text = malloc((size_t)(nPhrase > 0 ? nPhrase : 1) * 21 + 1);
-        if (text == NULL) rc = SQ_NOMEM;
+        text = malloc((size_t)(nPhrase > 0 ? nPhrase : 1) * 21 + 1); /* a comma and 20 digits each */
+        if (text == NULL) {
+            sq.result_error_code(ctx, SQ_NOMEM);
+            return;
+        }
+        text[0] = '\0';
         size_t at = 0;
-        if (text != NULL) text[0] = '\0';
+        int rc = SQ_OK;
         for (int i = 0; rc == SQ_OK && i < nPhrase; i++) {
             sq_int64 nHit = 0;
             rc = api->xQueryPhrase(fts, i, (void *)&nHit, count_row);
             if (rc == SQ_OK) at += (size_t)snprintf(text + at, 22, i ? ",%lld" : "%lld", (long long)nHit);
         }
-        if (rc == SQ_OK) {
-            rc = api->xSetAuxdata(fts, text, df_free); /* on failure SQLite has already freed it */
-        } else {
-            free(text);
-        }
+        if (rc != SQ_OK) free(text);
+        if (rc == SQ_OK) rc = api->xSetAuxdata(fts, text, df_free); /* on failure SQLite has freed it */
         if (rc != SQ_OK) {
             sq.result_error_code(ctx, rc);
             return;
