@@ -7,10 +7,12 @@ store, whose connections get the function, returns exactly what it returns witho
 
 from __future__ import annotations
 
+import contextlib
 import random
 import re
 import sqlite3
 import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from unittest.mock import patch
 
@@ -204,24 +206,40 @@ def test_other_interpreters_rank_with_bm25(monkeypatch: pytest.MonkeyPatch) -> N
     assert not install_ranking(sqlite3.connect(":memory:"))
 
 
-@needs_native
-@pytest.mark.asyncio
-async def test_a_store_searches_the_same_with_and_without_it(tmp_path: Path) -> None:
-    """One store, the same floors searched with its connections' `wg_bm25` and with bm25(): the same
-    rows, order and scores; the native ranking was the one used."""
-    path = str(tmp_path / "rank.db")
-    db = SqliteDatabase(path)
+Write = Callable[[random.Random, list[str], int, int], Awaitable[None]]
+
+
+@contextlib.asynccontextmanager
+async def _store(path: Path) -> AsyncIterator[tuple[SqliteDatabase, SqliteContextStore, str, Write]]:
+    """An open store, its one scope's id, and `write(rng, words, n, longest)`: n atomic memories of 3 to
+    `longest` words drawn from `words`."""
+    db = SqliteDatabase(str(path))
     store = SqliteContextStore(db)
     await store.open()
     try:
         svc = make_service(store)
         await svc.start()
         sid = (await svc.create_scope(title="t", summary="s", idempotency_key="k", principal=None))[0].scope_id
+
+        async def write(rng: random.Random, words: list[str], n: int, longest: int) -> None:
+            for _ in range(n):
+                text = " ".join(rng.choice(words) for _ in range(rng.randint(3, longest)))
+                await svc.create_artifact(sid, "atomic-memory", {"kind": "fact", "text": text})
+
+        yield db, store, sid, write
+    finally:
+        await store.close()
+
+
+@needs_native
+@pytest.mark.asyncio
+async def test_a_store_searches_the_same_with_and_without_it(tmp_path: Path) -> None:
+    """One store, the same floors searched with its connections' `wg_bm25` and with bm25(): the same
+    rows, order and scores; the native ranking was the one used."""
+    async with _store(tmp_path / "rank.db") as (db, store, sid, write):
         rng = random.Random(45)
         words = [f"word{i}" for i in range(20)]
-        for _ in range(300):
-            text = " ".join(rng.choice(words) for _ in range(rng.randint(3, 12)))
-            await svc.create_artifact(sid, "atomic-memory", {"kind": "fact", "text": text})
+        await write(rng, words, 300, 12)
         used: list[str] = []
         real = common.phrase_map
 
@@ -240,8 +258,6 @@ async def test_a_store_searches_the_same_with_and_without_it(tmp_path: Path) -> 
             assert [(r.head.artifact_id, r.score) for r in native] == [(r.head.artifact_id, r.score) for r in plain]
             compared += len(native)
         assert compared > 200 and len(used) == 25
-    finally:
-        await store.close()
 
 
 @needs_native
@@ -282,32 +298,24 @@ async def test_a_store_keeps_term_counts_per_snapshot(tmp_path: Path) -> None:
     """The store counts each term's rows once per reader snapshot: a search repeated without a write
     asks `wg_df` nothing more, and after a write (a new snapshot) its scores are again bm25()'s, the
     counts taken afresh."""
-    db = SqliteDatabase(str(tmp_path / "counts.db"))
-    store = SqliteContextStore(db)
-    await store.open()
-    try:
-        svc = make_service(store)
-        await svc.start()
-        sid = (await svc.create_scope(title="t", summary="s", idempotency_key="k", principal=None))[0].scope_id
+    async with _store(tmp_path / "counts.db") as (db, store, sid, write):
         rng = random.Random(46)
         words = [f"word{i}" for i in range(12)]
-
-        async def write(n: int) -> None:
-            for _ in range(n):
-                text = " ".join(rng.choice(words) for _ in range(rng.randint(3, 10)))
-                await svc.create_artifact(sid, "atomic-memory", {"kind": "fact", "text": text})
-
         counted: list[int] = []
         real = SqliteContextStore._rows_holding
 
         def spy(self: SqliteContextStore, conn: sqlite3.Connection, phrases: list[str]) -> list[int]:
-            before = sum(len(held[2]) for held in self._doc_counts.values())
+            """How many counts this call added to its reader's (a new snapshot starts from none)."""
+            held = getattr(self._doc_counts, "held", None)
+            before = held[2] if held is not None else None
+            size = len(before) if before is not None else 0
             out = real(self, conn, phrases)
-            counted.append(sum(len(held[2]) for held in self._doc_counts.values()) - before)
+            after = self._doc_counts.held[2]
+            counted.append(len(after) - (size if after is before else 0))
             return out
 
         terms = search.terms("word1 word2 word3 word4")
-        await write(150)
+        await write(rng, words, 150, 10)
         for _ in range(3):
             with patch.object(SqliteContextStore, "_rows_holding", spy):
                 native = await store.search_text(sid, "atomic-memory", terms, 40, min_match=2)
@@ -315,7 +323,7 @@ async def test_a_store_keeps_term_counts_per_snapshot(tmp_path: Path) -> None:
                 plain = await store.search_text(sid, "atomic-memory", terms, 40, min_match=2)
             assert [(r.head.artifact_id, r.score) for r in native] == [(r.head.artifact_id, r.score) for r in plain]
             assert len(native) > 20
-            await write(20)  # a new snapshot: every count changes or may
+            await write(rng, words, 20, 10)  # a new snapshot: every count changes or may
         assert counted[0] == 4  # the first search counted its four terms
         # Repeated without a write in between: nothing counted again (both readers may have served it).
         again = []
@@ -324,5 +332,3 @@ async def test_a_store_keeps_term_counts_per_snapshot(tmp_path: Path) -> None:
                 await store.search_text(sid, "atomic-memory", terms, 40, min_match=2)
             again.append(counted[-1])
         assert again.count(0) >= 2 and set(again) <= {0, 4}
-    finally:
-        await store.close()

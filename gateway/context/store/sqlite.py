@@ -343,8 +343,9 @@ class SqliteContextStore:
         self._merge_timer: asyncio.TimerHandle | None = None
         self._merging: asyncio.Task[int] | None = None
         self._index_writes = 0
-        # Per reader connection: (the connection, its snapshot's data version, phrase -> rows holding it).
-        self._doc_counts: dict[int, tuple[sqlite3.Connection, int, dict[str, int]]] = {}
+        # Per reader thread (one connection each): (its connection, the snapshot's data version,
+        # phrase -> rows holding it), see `_rows_holding`.
+        self._doc_counts = threading.local()
 
     async def open(self) -> None:
         await self._db.open()
@@ -765,6 +766,10 @@ class SqliteContextStore:
         if not terms:
             return []
         key = fts_key(scope_id, family)
+
+        def phrase(term: str) -> str:  # a query term as its one-token phrase in this key's index
+            return f'"{key}{term}"'
+
         # Terms absent from this scope and family cannot help a document reach the floor: drop them, and
         # push the floor into the match so BM25 only scores documents admission could accept.
         # The terms not known to be present are probed together first: a query's unknown terms are
@@ -777,8 +782,8 @@ class SqliteContextStore:
             return conn.execute(probe, (expression,)).fetchone() is not None
 
         found: set[str] = set()
-        if len(unknown) == 1 or (unknown and holds(" OR ".join(f'"{key}{t}"' for t in unknown))):
-            found = {t for t in unknown if holds(f'"{key}{t}"')}
+        if len(unknown) == 1 or (unknown and holds(" OR ".join(phrase(t) for t in unknown))):
+            found = {t for t in unknown if holds(phrase(t))}
         present = self._present.settle(scope_id, family, candidates, unknown, found)
         groups = floor_groups(present, min_match)
         if not present or groups == []:
@@ -790,13 +795,13 @@ class SqliteContextStore:
         wanted = floor_cut(limit, enough, groups, min_match)
         native = len(present) <= 64 and self._db.ranks_natively(conn)
         k = 1 if groups is None else min_match
-        match = at_least(present, k, lambda t: f'"{key}{t}"', exclusive=not native)
+        match = at_least(present, k, phrase, exclusive=not native)
         rank, rank_args = "bm25(ctx_terms)", []
         if native:
             # `wg_bm25` skips the length read (and scores 0.0) for a row that cannot reach the cut below;
             # with a kind filter there is no cut before it (0: every row scored).
             prune = wanted if kind is None else 0
-            known = ",".join(str(n) for n in self._rows_holding(conn, [f'"{key}{t}"' for t in present]))
+            known = ",".join(str(n) for n in self._rows_holding(conn, [phrase(t) for t in present]))
             rank = "wg_bm25(ctx_terms, ?, ?, ?)"
             rank_args = [phrase_map(present, k, exclusive=False), prune, known]
         # Score every match once, in the FTS table alone; join the artifacts rows only of matches that can
@@ -835,10 +840,9 @@ class SqliteContextStore:
         connection, process or replica on the file changes it); the missing ones are counted by
         `wg_df` in one statement, the same walk."""
         version = conn.execute("PRAGMA data_version").fetchone()[0]
-        held = self._doc_counts.get(id(conn))
+        held: tuple[sqlite3.Connection, int, dict[str, int]] | None = getattr(self._doc_counts, "held", None)
         if held is None or held[0] is not conn or held[1] != version:
-            held = (conn, version, {})
-            self._doc_counts[id(conn)] = held  # one reader thread per connection: no other writer of this entry
+            held = self._doc_counts.held = (conn, version, {})
         counts = held[2]
         missing = list(dict.fromkeys(p for p in phrases if p not in counts))
         if missing:
