@@ -139,6 +139,42 @@ def test_the_content_type_is_ours(gw: tuple[Env, GatewayThread], mock: MockProvi
     assert r.status_code == 200 and r.headers["content-type"] == "application/json"
 
 
+def _bom_stream(first: str) -> list[str]:
+    """An OpenAI chat stream whose first bytes are UTF-8's byte order mark."""
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
+        choice = {"index": 0, "delta": delta, "finish_reason": finish}
+        return "data: " + json.dumps({"id": "c", "object": "chat.completion.chunk", "choices": [choice]}) + "\n\n"
+
+    return [
+        "\ufeff" + chunk({"role": "assistant", "content": first}),
+        chunk({"content": " and more"}),
+        chunk({}, "stop"),
+        "data: [DONE]\n\n",
+    ]
+
+
+@pytest.mark.parametrize("first", ["the first words", f"a {SECRET} first"], ids=["clean", "secret"])
+def test_a_stream_opening_with_a_byte_order_mark_is_read_from_its_first_event(
+    gw: tuple[Env, GatewayThread], mock: MockProviderServer, first: str
+) -> None:
+    """One leading byte order mark is ignored, as the event-stream standard says: the first
+    event is released (it used to be dropped, its first field read as "\ufeffdata"), and a
+    secret in it is found."""
+    env, gateway = gw
+    sid = _scenario(mock, raw_events=_bom_stream(first), split_bytes=1)
+    r = raw_client(gateway, env).post(CHAT, json=_chat(sid, stream=True), headers=_headers(env))
+    events, clean = sse.parse_all(r.content)
+    if SECRET in first:  # refused: a 403, or after heartbeats (this gateway sends them) its error event
+        assert SECRET not in r.text
+        blocked = r.json() if r.status_code == 403 else json.loads(events[-1].data)
+        assert blocked["error"]["code"] == "response_blocked"
+        return
+    assert r.status_code == 200
+    contents = [json.loads(e.data)["choices"][0]["delta"].get("content") for e in events if e.data != "[DONE]"]
+    assert clean and contents[:2] == [first, " and more"]
+
+
 # --- failures after heartbeats ----------------------------------------------------------------
 
 

@@ -400,6 +400,7 @@ SSE_PIECES = [
     b"\xff",
     b"\xc3\xa9",
     b"\xed\xa0\x80",  # an encoded surrogate: not UTF-8
+    b"\xef\xbb\xbf",  # a byte order mark: ignored once at the start, a field name's text elsewhere
     b'{"a":1}',
     b"[DONE]",
 ]
@@ -441,6 +442,11 @@ def test_sse_generated_bytes(data: bytes) -> None:
         b"data: ok\n\n: \xff\n",
         b"event: only\n\n",
         b"data: a\n",
+        b"\xef\xbb\xbfdata: a\n\n",
+        b"\xef\xbb\xbf\xef\xbb\xbfdata: a\n\n",
+        b"\xef\xbb\xbf",
+        b"\xef\xbb",
+        b"data: a\n\n\xef\xbb\xbfdata: b\n\n",
     ],
 )
 def test_sse_edge_cases(data: bytes) -> None:

@@ -130,6 +130,29 @@ def test_any_split_gives_the_same_events(cuts: list[int]) -> None:
     assert events + tail == EXPECTED and clean
 
 
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(min_value=0, max_value=len(STREAM) + 3), max_size=6))
+def test_one_leading_byte_order_mark_is_ignored(cuts: list[int]) -> None:
+    """The standard's decoder drops one leading U+FEFF: without that, the first line's field
+    would be read as "\ufeffevent" and the first event lost. Split anywhere, the mark's own
+    bytes included; a second mark, or one later in the stream, is a field name's text."""
+    data = sse.BOM + STREAM
+    assert sse.parse_all(data) == (EXPECTED, True)
+    points = sorted(set(cuts))
+    parser = sse.SSEParser()
+    events = []
+    for a, b in zip([0, *points], [*points, len(data)], strict=True):
+        events.extend(parser.feed(data[a:b]))
+    tail, clean = parser.close()
+    assert events + tail == EXPECTED and clean
+    twice, clean = sse.parse_all(sse.BOM + sse.BOM + b"data: x\n\n" + STREAM)
+    assert twice == EXPECTED and clean  # "\ufeffdata: x" is an unknown field: no event holds x
+    assert sse.parse_all(b"data: x\n\n" + sse.BOM + b"data: y\n\n") == ([sse.SSEEvent(None, "x")], True)
+    for partial in (sse.BOM[:1], sse.BOM[:2]):  # a stream cut inside its mark
+        parser = sse.SSEParser()
+        assert parser.feed(partial) == [] and parser.close() == ([], False)
+
+
 def test_cut_stream_is_not_clean() -> None:
     _, clean = sse.parse_all(b'data: {"a":1}\n\ndata: {"b"')
     assert not clean

@@ -131,6 +131,31 @@ def test_secret_split_over_deltas_is_never_partly_released(
     assert last.get("error", {}).get("code") == "response_blocked" or last.get("type") == "error"
 
 
+@pytest.mark.parametrize("first", ["the first words", f"a {SECRET_VALUE} first"], ids=["clean", "secret"])
+def test_a_byte_order_mark_before_the_first_event(
+    gw: tuple[Env, GatewayThread], mock: MockProviderServer, first: str
+) -> None:
+    """The window's incremental parser ignores one leading byte order mark, even arriving a
+    byte at a time: the first event is released, and a secret in it is never."""
+    env, gateway = gw
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
+        choice = {"index": 0, "delta": delta, "finish_reason": finish}
+        return "data: " + json.dumps({"id": "c", "object": "chat.completion.chunk", "choices": [choice]}) + "\n\n"
+
+    events = ["\ufeff" + chunk({"role": "assistant", "content": first}), chunk({"content": " " + FILLER[:300]})]
+    sid = _scenario(mock, raw_events=[*events, chunk({}, "stop"), "data: [DONE]\n\n"], split_bytes=1)
+    route = "/v1/chat/completions"
+    r = raw_client(gateway, env, uds=True).post(
+        route, json=_chat(sid), headers={"authorization": f"Bearer {env.gateway_key}"}
+    )
+    released = _text_of(route, r.content)
+    if SECRET_VALUE in first:
+        assert SECRET_VALUE not in r.text and not (_openers(SECRET_VALUE, 4) & _openers(released, 4))
+        return
+    assert r.status_code == 200 and released == first + " " + FILLER[:300]
+
+
 def test_tool_argument_deltas(gw: tuple[Env, GatewayThread], mock: MockProviderServer) -> None:
     """A secret inside a tool call's arguments, split over 3-character deltas, escaped as
     JSON: no part of it leaves."""

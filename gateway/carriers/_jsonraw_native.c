@@ -995,6 +995,10 @@ native_sse_parse_all(PyObject *self, PyObject *args)
     if (!configured()) return NULL;
     const char *buf = PyBytes_AS_STRING(raw);
     Py_ssize_t n = PyBytes_GET_SIZE(raw);
+    if (n >= 3 && memcmp(buf, "\xef\xbb\xbf", 3) == 0) { /* one leading byte order mark is ignored */
+        buf += 3;
+        n -= 3;
+    }
     SSEState st = {cls, PyList_New(0), NULL, NULL, NULL, 0};
     if (st.events == NULL) return NULL;
     /* SSEParser.feed: lines up to the last terminator (a trailing CR may start a CRLF) */

@@ -1,8 +1,9 @@
 """Server-sent events: an incremental parser and the re-framer used for release.
 
 Owns: turning bytes into `SSEEvent`s exactly as the HTML living standard's event-stream
-rules say (lines end in CRLF, LF or CR; `data:` lines join with LF; comments and unknown
-fields are dropped; an event with no data is not dispatched), and turning events back into
+rules say (one leading UTF-8 byte order mark is ignored; lines end in CRLF, LF or CR;
+`data:` lines join with LF; comments and unknown fields are dropped; an event with no data
+is not dispatched), and turning events back into
 canonical bytes. Events and multi-byte UTF-8 characters may be split anywhere across reads:
 a line is decoded only once it is complete.
 Must not: do I/O or interpret event payloads (carriers do that).
@@ -18,6 +19,8 @@ from gateway.carriers import jsonraw
 from gateway.carriers.jsonraw import JsonError
 from gateway.vocab import ReasonCode
 
+BOM = b"\xef\xbb\xbf"  # UTF-8's byte order mark: ignored once at the start of a stream
+
 
 @dataclass(frozen=True, slots=True)
 class SSEEvent:
@@ -29,10 +32,11 @@ class SSEEvent:
 class SSEParser:
     """Feed bytes as they arrive; get complete events back."""
 
-    __slots__ = ("_buf", "_event", "_data", "_id", "_pending")
+    __slots__ = ("_buf", "_event", "_data", "_id", "_pending", "_started")
 
     def __init__(self) -> None:
         self._buf = b""
+        self._started = False  # past the stream's first bytes (and the byte order mark there may be)
         self._event: str | None = None
         self._data: list[str] = []
         self._id: str | None = None
@@ -40,6 +44,13 @@ class SSEParser:
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
         buf = self._buf + chunk if self._buf else chunk
+        if not self._started:
+            if len(buf) < len(BOM) and BOM.startswith(buf):
+                self._buf = buf  # a byte order mark may still be arriving
+                return []
+            self._started = True
+            if buf.startswith(BOM):
+                buf = buf[len(BOM) :]
         # A trailing CR may be the first half of CRLF: keep it until the next byte arrives.
         cut = len(buf)
         if buf.endswith(b"\r"):
