@@ -8,7 +8,7 @@ gateway's own state: capacity, configuration, a failure of ours) — and the thr
 (OpenAI, Anthropic, context/ops API).
 Must not: put request or response content, secrets, credentials or library exception text
 into a message. Messages here are fixed strings chosen by us; reason codes are from the
-closed vocabulary in `inspection.verdict`.
+closed vocabulary in `gateway.vocab`.
 """
 
 from __future__ import annotations

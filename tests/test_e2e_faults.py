@@ -587,6 +587,13 @@ def _matrix_step(fault: str, carrier: str) -> tuple[dict[str, Any], ...]:
         "hang_mid_stream": {**text, "fault": "hang_after_headers"},
         "error_event": {"raw_events": _error_event_stream(carrier)},
         "non_json_200": {"raw_body": f"<html>{MARK}</html>", "content_type": "text/html"},
+        # A readable JSON body and a Location: neither followed nor relayed.
+        "redirect": {
+            "status": 307,
+            "headers": {"location": f"http://127.0.0.1:9/{MARK}"},
+            "raw_body": json.dumps({"moved": MARK}),
+            "content_type": "application/json",
+        },
         "wrong_content_type": {"raw_body": _plain_body(carrier, "typed wrong"), "content_type": "text/plain"},
         "wrong_content_type_stream": {"raw_events": _events_without_end(carrier), "content_type": "application/json"},
     }
@@ -596,6 +603,7 @@ def _matrix_step(fault: str, carrier: str) -> tuple[dict[str, Any], ...]:
 _FAULTS = (
     "429_retry_after", "500", "502", "503", "529", "reset_before_headers", "reset_mid_body", "truncated_json",
     "cut_sse_event", "hang_before_headers", "hang_mid_stream", "error_event", "non_json_200", "wrong_content_type",
+    "redirect",
 )  # fmt: skip
 
 
@@ -604,7 +612,10 @@ def _expected(fault: str, carrier: str, stream: bool) -> tuple[int, type[Excepti
     anthropic_ = carrier == "messages"
     if fault == "wrong_content_type" and not stream:
         return 200, None  # valid JSON, checked, released as application/json
-    statuses = {"429_retry_after": 429, "500": 500, "502": 502, "503": 503, "529": 529, "reset_before_headers": 502}
+    statuses = {
+        "429_retry_after": 429, "500": 500, "502": 502, "503": 503, "529": 529, "reset_before_headers": 502,
+        "redirect": 502,
+    }  # fmt: skip
     status = statuses.get(fault, 503)
     if status == 429:
         return status, anthropic.RateLimitError if anthropic_ else openai.RateLimitError
@@ -703,4 +714,7 @@ def test_fault_matrix(
         assert isinstance(error, (openai.APIStatusError, anthropic.APIStatusError))
         assert error.status_code == status
         assert MARK not in error.message and MARK not in json.dumps(error.body)
+        if fault == "redirect":  # not followed, not retried (by the gateway or, told so, the SDK), not relayed
+            assert [r.status for r in _records(mock, sid)] == [307]
+            assert "location" not in error.response.headers and error.response.headers["x-should-retry"] == "false"
     assert _settled(gateway, fds_before) == []
