@@ -337,11 +337,18 @@ def test_kubernetes_deployment_structure(rendered: list[dict[str, Any]]) -> None
     for probe in probes.values():
         assert probe["scheme"] == "HTTPS" and probe["port"] == "https"
 
-    # Shutdown: preStop sleep + the gateway's shutdown grace fit in the grace period.
+    # Shutdown: preStop sleep + the gateway's drain and shutdown grace fit in the grace period.
     pre_stop = container["lifecycle"]["preStop"]["exec"]["command"]
     assert pre_stop[0] == "/bin/sleep"
     grace = float(re.search(r"^shutdown_grace_s = ([0-9.]+)$", config_text, re.M).group(1))
-    assert spec["terminationGracePeriodSeconds"] > float(pre_stop[1]) + grace
+    drain = float(re.search(r"^drain_s = ([0-9.]+)$", config_text, re.M).group(1))
+    assert drain > 0, "/readyz turns 503 before the listeners close"
+    assert spec["terminationGracePeriodSeconds"] > float(pre_stop[1]) + drain + grace
+
+    # Several replicas share one PostgreSQL (one release per binding across them); its DSN
+    # is a file of the Secret, never a value in the ConfigMap.
+    assert dep["spec"]["replicas"] >= 2
+    assert re.search(r'^backend = "postgres"\ndsn = "file:../secrets/store-dsn"$', config_text, re.M)
 
     # Secrets: never world-readable (the gateway refuses it), readable through fsGroup.
     volumes = {v["name"]: v for v in spec["volumes"]}
@@ -388,6 +395,8 @@ def _overlay(tmp_path: Path, *, secret_mode: int | None = None) -> list[dict[str
         ("tls/server.key", "tls.key"),
     ):
         shutil.copy(init / src, overlay / dst)
+    # The shared database: the local PostgreSQL here (a schema of the test's own: _pod_files).
+    (overlay / "store-dsn").write_text(PG_DSN + "\n")
     # A principal for the base's profiles, added the documented way.
     (overlay / "principals.toml").write_text("")
     subprocess.run(
@@ -421,21 +430,23 @@ def _overlay(tmp_path: Path, *, secret_mode: int | None = None) -> list[dict[str
         "resources: [../base]\n"
         "secretGenerator:\n"
         "  - name: wiregate-secrets\n    behavior: replace\n"
-        "    files: [bindings-keyring.json, principals.toml, secret-values.txt]\n"
+        "    files: [bindings-keyring.json, principals.toml, secret-values.txt, store-dsn]\n"
         "  - name: wiregate-tls\n    behavior: replace\n    type: kubernetes.io/tls\n    files: [tls.crt, tls.key]\n"
         + patch
     )
     return load_manifests(kustomize(str(overlay)))
 
 
-def _pod_files(objects: list[dict[str, Any]], root: Path) -> tuple[kubelet.Pod, Path]:
+def _pod_files(objects: list[dict[str, Any]], root: Path, schema: str = "wiregate") -> tuple[kubelet.Pod, Path]:
     pod = kubelet.materialise(objects, "wiregate", root)
     config = pod.path(pod.env["WIREGATE_CONFIG"])
     text = config.read_text()
     # What differs from a cluster, and only that: loopback instead of all interfaces, an
-    # ephemeral port, and the socket's absolute path moved under the pod root.
+    # ephemeral port, the socket's absolute path moved under the pod root, and a PostgreSQL
+    # schema of the test's own.
     text = _set(text, 'host = "0.0.0.0"', 'host = "127.0.0.1"')
     text = _set(text, "port = 8443", "port = 0")
+    text = _set(text, 'dsn = "file:../secrets/store-dsn"', f'dsn = "file:../secrets/store-dsn"\npg_schema = "{schema}"')
     text = text.replace('"/run/wiregate/', f'"{root}/run/wiregate/')
     text = text.replace('"/var/lib/wiregate/', f'"{root}/var/lib/wiregate/')
     os.chmod(config, 0o644)
@@ -445,8 +456,10 @@ def _pod_files(objects: list[dict[str, Any]], root: Path) -> tuple[kubelet.Pod, 
 
 def test_kubernetes_pod_files_serve_through_the_entrypoint(tmp_path: Path) -> None:
     objects = _overlay(tmp_path)
+    require_pg()
     root = tmp_path / "pod"
-    pod, config = _pod_files(objects, root)
+    schema = f"k8s_{secrets.token_hex(4)}"
+    pod, config = _pod_files(objects, root, schema)
     secrets_dir = root / "etc/wiregate/secrets"
     assert {oct(p.stat().st_mode & 0o777) for p in secrets_dir.iterdir()} == {"0o440"}
     env = {
@@ -469,11 +482,17 @@ def test_kubernetes_pod_files_serve_through_the_entrypoint(tmp_path: Path) -> No
         # 0440 + fsGroup: loud warnings, not refusals.
         warnings = [r["reason"] for r in gw.records() if r.get("event") == "insecure_configuration"]
         assert warnings and all("readable by its group" in w or "group or others" in w for w in warnings)
-        # The store lives on the pod's writable data volume, not in the read-only config.
-        assert (root / "var/lib/wiregate/wiregate.db").is_file()
         assert gw.terminate() == 0
+        # The store and ledgers live in the shared PostgreSQL, nothing in a per-pod file.
+        with psycopg.connect(PG_DSN) as conn:
+            tables = conn.execute(
+                "SELECT count(*) FROM information_schema.tables WHERE table_schema = %s", (schema,)
+            ).fetchone()
+        assert tables is not None and tables[0] > 0, "the gateway migrated its store in PostgreSQL"
+        assert not any((root / "var/lib/wiregate").iterdir())
     finally:
         gw.close()
+        drop_schema(schema)
 
 
 def test_kubernetes_world_readable_secrets_are_refused(tmp_path: Path) -> None:
