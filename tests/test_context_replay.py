@@ -112,6 +112,68 @@ def test_openai_replay_allowed_then_stale_after_revision(
     assert len(mock.state.records()) == before  # nothing was sent
 
 
+def test_a_replay_is_stale_once_its_principal_may_no_longer_read_the_scope(
+    gateways: GatewayFactory, mock: MockProviderServer
+) -> None:
+    """The binding sealed the principal, but the dependencies are checked against what that
+    principal may do now: with its context actions taken away (a reload), the same replay of
+    its own scope is stale and nothing is sent; given back, it is allowed again."""
+    keys: dict[str, str] = {}
+    granted = '["proxy", "context.read", "context.prepare", "context.write"]'
+
+    def agent(env: Env) -> None:
+        keys["agent"] = env.add_principal(
+            "agent", ["proxy", "context.read", "context.prepare", "context.write"], ["mock-openai"]
+        )
+
+    with gateways("replay-access", prepare=agent) as (env, gateway):
+        key = keys["agent"]
+
+        def api(method: str, path: str, body: Any) -> Any:
+            r = raw_client(gateway, env).request(method, path, json=body, headers={"authorization": f"Bearer {key}"})
+            assert r.status_code in (200, 201), r.text
+            return r.json()
+
+        scope = api("POST", "/v1/scopes", {"title": "a", "summary": "a", "idempotency_key": uuid.uuid4().hex})[
+            "scope_id"
+        ]
+        api(
+            "POST",
+            f"/v1/scopes/{scope}/artifacts",
+            {"family": "atomic-memory", "content": {"kind": "decision", "text": "Invoices are numbered per tenant."}},
+        )
+        prepared = api(
+            "POST",
+            "/v1/context/prepare",
+            {"scope_id": scope, "query": "how are invoices numbered", "include_reuse": True},
+        )
+        content = prepared["context"]["content"]
+        start, end = _location(SYSTEM, content)
+        header = _header(prepared["reuse"]["binding"], "/messages/0/content", start, end)
+
+        def call() -> Any:
+            return openai_client(gateway, env, key=key).chat.completions.create(
+                model="gpt-4.1",
+                messages=[{"role": "system", "content": SYSTEM + content}, {"role": "user", "content": "Numbering?"}],
+                extra_headers={"x-wiregate-scope": scope, "x-wiregate-prepared-context": header},
+            )
+
+        assert call().choices[0].message.content
+        principals = env.dir / "principals.toml"
+        text = principals.read_text()
+        assert text.count(granted) == 1
+        principals.write_text(text.replace(granted, '["proxy"]'))
+        assert gateway.reload()
+        before = len(mock.state.records())
+        with pytest.raises(openai.UnprocessableEntityError) as caught:
+            call()
+        assert caught.value.body["reason_codes"] == ["prepared_context_stale"]  # type: ignore[index]
+        assert len(mock.state.records()) == before  # nothing was sent
+        principals.write_text(text)
+        assert gateway.reload()
+        assert call().choices[0].message.content
+
+
 def test_tampering_one_byte_is_a_mismatch(gw: tuple[Env, GatewayThread], mock: MockProviderServer) -> None:
     env, gateway = gw
     scope, _made, prepared = _setup(env, gateway)
