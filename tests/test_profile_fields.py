@@ -5,6 +5,7 @@ the check API's typed `usage` joins the usage ledger."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import uuid
 from typing import Any
@@ -76,6 +77,31 @@ def test_account_and_region_name_records_and_separate_cache_keys(
         caching.cache_key(caching.CacheContext("p", "s", "profile", account="a1", region="r"), "principal"),
     }
     assert len(keys) == 4
+
+
+def test_a_call_in_flight_during_a_reload_is_recorded_under_the_configuration_it_was_decided_by(
+    mock: MockProviderServer, make_env: Any, gateway_for: Any
+) -> None:
+    """The exchange pins the runtime for the whole call: a profile re-signed with another
+    account and reloaded while the upstream is still answering changes the next call's usage
+    record, not the one in flight."""
+    env = make_env(profiles=[mock_profile("acct", "openai", mock.url, account="acct-before")])
+    gateway = gateway_for(env)
+    sid = "p" + uuid.uuid4().hex[:10]
+    mock.state.add_scenario(sid, [{"text": "slow", "delay_ms": 1500}, {"text": "quick"}])
+    body = {"model": "gpt-4.1", "messages": [{"role": "user", "content": f"mock-scenario:{sid}"}]}
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        slow = pool.submit(raw_client(gateway, env).post, "/v1/chat/completions", headers=_headers(env), json=body)
+        assert mock.state.wait_for(lambda recs: any(r.scenario == sid for r in recs), timeout=5)
+        env.write_profile(mock_profile("acct", "openai", mock.url, account="acct-after"))
+        assert gateway.reload()
+        assert not slow.done()  # the reload landed while the upstream was still answering
+        first = slow.result(timeout=30)
+    second = raw_client(gateway, env).post("/v1/chat/completions", headers=_headers(env), json=body)
+    assert first.status_code == second.status_code == 200
+    [before] = _records(env, gateway, first.headers["x-powercontext-request-id"])
+    [after] = _records(env, gateway, second.headers["x-powercontext-request-id"])
+    assert (before["account"], after["account"]) == ("acct-before", "acct-after")
 
 
 def test_a_policy_can_require_a_retention_promise(mock: MockProviderServer, make_env: Any, gateway_for: Any) -> None:
