@@ -976,6 +976,20 @@ def test_dashboard_queries_only_metrics_the_gateway_exports(make_env, gateway_fo
             json={"model": "claude-sonnet-4-5", "max_tokens": 32, "messages": [{"role": "user", "content": "hi"}]},
         )
         assert r.status_code == 200, r.text
+        # A session whose long system prompt the planner marks for the cache, then reads: a bet settled.
+        system = " ".join(f"Rule {i}: keep the ledger consistent." for i in range(400))
+        for turn in ("first", "second"):
+            r = client.post(
+                "/v1/messages",
+                headers={**auth, "x-wiregate-session": "dashboard-bets"},
+                json={
+                    "model": "claude-sonnet-4-5",
+                    "max_tokens": 32,
+                    "system": system,
+                    "messages": [{"role": "user", "content": f"the {turn} turn"}],
+                },
+            )
+            assert r.status_code == 200, r.text
         blocked = client.post(
             "/v1/chat/completions",
             headers=auth,
