@@ -14,12 +14,14 @@ import json
 import os
 import re
 import shutil
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from gateway.mockprovider import MockProviderServer
 from tests.conftest import GatewayFactory
 from tests.harness import Env, GatewayThread, anthropic_client, openai_client, raw_client
 
@@ -45,7 +47,7 @@ def _require_browser() -> Any:
 
 
 @pytest.fixture(scope="module")
-def live(gateways: GatewayFactory) -> Iterator[tuple[Env, GatewayThread]]:
+def live(gateways: GatewayFactory, mock: MockProviderServer) -> Iterator[tuple[Env, GatewayThread]]:
     _require_browser()
     with gateways("ui-pages", secrets_=[SECRET]) as (env, gateway):
         http = raw_client(gateway, env)
@@ -66,6 +68,24 @@ def live(gateways: GatewayFactory) -> Iterator[tuple[Env, GatewayThread]]:
             system="Answer briefly. " * 30,
             messages=[{"role": "user", "content": "hello"}],
         )
+        # A reasoning model's answer: its usage names reasoning tokens (within the output).
+        thought = {
+            "id": "chatcmpl-ui-reasoning",
+            "object": "chat.completion",
+            "created": 0,
+            "model": "o4-mini",
+            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "42"}}],
+            "usage": {
+                "prompt_tokens": 12,
+                "completion_tokens": 40,
+                "total_tokens": 52,
+                "prompt_tokens_details": {"cached_tokens": 0},
+                "completion_tokens_details": {"reasoning_tokens": 37},
+            },
+        }
+        sid = "ui" + uuid.uuid4().hex[:10]
+        mock.state.add_scenario(sid, [{"raw_body": json.dumps(thought), "content_type": "application/json"}])
+        chat.chat.completions.create(model="gpt-4.1", messages=[{"role": "user", "content": f"mock-scenario:{sid}"}])
         blocked = http.post(
             "/v1/chat/completions",
             json={"model": "gpt-4.1", "messages": [{"role": "user", "content": f"key {SECRET}"}]},
@@ -129,7 +149,7 @@ def test_sign_in_context_map_equals_the_report_and_switch(live: tuple[Env, Gatew
     assert env.gateway_key not in json.dumps(context.cookies())
 
     report = _json(gateway, env, "/v1/attribution/report")
-    assert report["boundaries"] == 5
+    assert report["boundaries"] == 6  # four chat turns, the messages call and the reasoning answer
     summary = page.locator('#summary [data-field="partition.compiledMaterialized"]').inner_text()
     assert summary == str(report["partition"]["compiledMaterialized"])
     assert page.locator('#summary [data-field="boundaries"]').inner_text() == str(report["boundaries"])
@@ -204,6 +224,21 @@ def test_usage_page_equals_the_usage_report(live: tuple[Env, GatewayThread], bro
         cells = page.locator("#profiles tbody tr", has_text=pid).filter(has_text="input_total").first
         assert cells.locator("td").nth(2).inner_text() == str(entry["tokens"]["input_total"]["known"])
     assert page.locator("#timeline tbody tr").count() >= 1
+    # Every kind the chart draws, summed over its minutes, is the report's figure (this
+    # process carried all the traffic, within the timeline's day); reasoning included.
+    minutes = page.locator("#series .bar.minute")
+    assert minutes.count() >= 1
+    for kind in ("input_uncached", "cache_read", "cache_write", "output", "reasoning"):
+        attribute = "data-" + kind.replace("_", "-")  # app.js: dataset.inputUncached and so on
+        drawn = sum(int(minutes.nth(i).get_attribute(attribute) or -1) for i in range(minutes.count()))
+        reported = sum(
+            entry["tokens"][kind]["known"] + entry["tokens"][kind]["estimated"]
+            for entry in report["profiles"].values()
+            if kind in entry["tokens"]
+        )
+        assert drawn == reported, (kind, drawn, reported)
+    assert reported > 0  # reasoning tokens were carried, and are drawn
+    assert page.get_by_text("reasoning (within output)").count() == 1
     assert _fits(page)
     _shot(page, "usage-1280.png")
     page.set_viewport_size({"width": 390, "height": 844})
