@@ -290,6 +290,12 @@ def raw_client(gw: GatewayThread, env: Env, *, uds: bool = False) -> httpx2.Clie
     return httpx2.Client(verify=_tls(env.ca), base_url=gw.https_url, timeout=30)
 
 
+def chat_chunk_event(delta: dict[str, Any], finish: str | None = None) -> str:
+    """One OpenAI chat stream event (a mock scenario's `raw_events` entry) with `delta`."""
+    choice = {"index": 0, "delta": delta, "finish_reason": finish}
+    return "data: " + json.dumps({"id": "c", "object": "chat.completion.chunk", "choices": [choice]}) + "\n\n"
+
+
 def post_json(gw: GatewayThread, env: Env, path: str, body: Any, **headers: str) -> httpx2.Response:
     """POST `body` as JSON over HTTPS with the environment's gateway key (and `headers`)."""
     auth = {"authorization": f"Bearer {env.gateway_key}", **headers}

@@ -19,7 +19,7 @@ from gateway.config.load import ConfigError, load_runtime
 from gateway.keyring import KeyRing, RingKey
 from gateway.mockprovider import MockProviderServer
 from tests.conftest import GatewayFactory
-from tests.harness import UPSTREAM_KEY, Env, GatewayThread, policy_text, raw_client
+from tests.harness import UPSTREAM_KEY, Env, GatewayThread, chat_chunk_event, policy_text, raw_client
 
 SECRET = "sk-hardening-SECRET-5150"
 BEATS = "[streaming]\nheartbeat_after_s = 0.1\nheartbeat_every_s = 0.1\n"
@@ -141,15 +141,10 @@ def test_the_content_type_is_ours(gw: tuple[Env, GatewayThread], mock: MockProvi
 
 def _bom_stream(first: str) -> list[str]:
     """An OpenAI chat stream whose first bytes are UTF-8's byte order mark."""
-
-    def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
-        choice = {"index": 0, "delta": delta, "finish_reason": finish}
-        return "data: " + json.dumps({"id": "c", "object": "chat.completion.chunk", "choices": [choice]}) + "\n\n"
-
     return [
-        "\ufeff" + chunk({"role": "assistant", "content": first}),
-        chunk({"content": " and more"}),
-        chunk({}, "stop"),
+        "\ufeff" + chat_chunk_event({"role": "assistant", "content": first}),
+        chat_chunk_event({"content": " and more"}),
+        chat_chunk_event({}, "stop"),
         "data: [DONE]\n\n",
     ]
 

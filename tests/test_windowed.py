@@ -22,7 +22,15 @@ from gateway.mockprovider import MockProviderServer
 from gateway.obs.logging import JsonFormatter
 from gateway.state import METRICS
 from tests.conftest import GatewayFactory
-from tests.harness import Env, GatewayThread, anthropic_client, mock_profile, openai_client, raw_client
+from tests.harness import (
+    Env,
+    GatewayThread,
+    anthropic_client,
+    chat_chunk_event,
+    mock_profile,
+    openai_client,
+    raw_client,
+)
 
 WINDOW_CAP = 128
 SECRET_VALUE = "wg-windowed-literal-7Hq2"  # configured literal
@@ -138,13 +146,13 @@ def test_a_byte_order_mark_before_the_first_event(
     """The window's incremental parser ignores one leading byte order mark, even arriving a
     byte at a time: the first event is released, and a secret in it is never."""
     env, gateway = gw
-
-    def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
-        choice = {"index": 0, "delta": delta, "finish_reason": finish}
-        return "data: " + json.dumps({"id": "c", "object": "chat.completion.chunk", "choices": [choice]}) + "\n\n"
-
-    events = ["\ufeff" + chunk({"role": "assistant", "content": first}), chunk({"content": " " + FILLER[:300]})]
-    sid = _scenario(mock, raw_events=[*events, chunk({}, "stop"), "data: [DONE]\n\n"], split_bytes=1)
+    events = [
+        "\ufeff" + chat_chunk_event({"role": "assistant", "content": first}),
+        chat_chunk_event({"content": " " + FILLER[:300]}),
+        chat_chunk_event({}, "stop"),
+        "data: [DONE]\n\n",
+    ]
+    sid = _scenario(mock, raw_events=events, split_bytes=1)
     route = "/v1/chat/completions"
     r = raw_client(gateway, env, uds=True).post(
         route, json=_chat(sid), headers={"authorization": f"Bearer {env.gateway_key}"}
