@@ -228,16 +228,17 @@ def test_usage_page_equals_the_usage_report(live: tuple[Env, GatewayThread], bro
     # process carried all the traffic, within the timeline's day); reasoning included.
     minutes = page.locator("#series .bar.minute")
     assert minutes.count() >= 1
+    drawn: dict[str, int] = {}
     for kind in ("input_uncached", "cache_read", "cache_write", "output", "reasoning"):
         attribute = "data-" + kind.replace("_", "-")  # app.js: dataset.inputUncached and so on
-        drawn = sum(int(minutes.nth(i).get_attribute(attribute) or -1) for i in range(minutes.count()))
+        drawn[kind] = sum(int(minutes.nth(i).get_attribute(attribute) or -1) for i in range(minutes.count()))
         reported = sum(
             entry["tokens"][kind]["known"] + entry["tokens"][kind]["estimated"]
             for entry in report["profiles"].values()
             if kind in entry["tokens"]
         )
-        assert drawn == reported, (kind, drawn, reported)
-    assert reported > 0  # reasoning tokens were carried, and are drawn
+        assert drawn[kind] == reported, (kind, drawn[kind], reported)
+    assert drawn["reasoning"] == 37  # the reasoning answer's tokens, drawn
     assert page.get_by_text("reasoning (within output)").count() == 1
     assert _fits(page)
     _shot(page, "usage-1280.png")

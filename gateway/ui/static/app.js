@@ -268,16 +268,16 @@ async function usagePage() {
   // providers count it), so it is drawn on a track of its own under each minute, same scale.
   const shown = ["input_uncached", "cache_read", "cache_write", "output"];
   const max = Math.max(1, ...perBucket.map(([, k]) => shown.reduce((s, x) => s + (k[x] || 0), 0)));
-  const fill = (kind, i, n) => {
+  const segment = (kind, i, n) => {
     const f = el("div", { class: "fill kind-" + i, title: `${kind}: ${n}` });
     f.style.width = ((n / max) * 100).toFixed(2) + "%";
     return f;
   };
   for (const [start, byKind] of perBucket) {
     const track = el("div", { class: "track", role: "img", "aria-label": shown.map((k) => `${k} ${byKind[k] || 0}`).join(", ") });
-    shown.forEach((k, i) => track.append(fill(k, i, byKind[k] || 0)));
+    shown.forEach((k, i) => track.append(segment(k, i, byKind[k] || 0)));
     const reasoning = byKind.reasoning || 0;
-    const thinking = el("div", { class: "track thin", role: "img", "aria-label": `reasoning ${reasoning} (within output)` }, fill("reasoning", 4, reasoning));
+    const thinking = el("div", { class: "track thin", role: "img", "aria-label": `reasoning ${reasoning} (within output)` }, segment("reasoning", 4, reasoning));
     const bar = el("div", { class: "bar minute" }, el("span", { class: "label", text: new Date(start * 1000).toISOString().slice(11, 16) + " UTC" }), el("div", { class: "tracks" }, track, thinking));
     for (const k of [...shown, "reasoning"]) bar.dataset[k.replace(/_(\w)/g, (_, c) => c.toUpperCase())] = String(byKind[k] || 0);
     series.append(bar);
