@@ -3,9 +3,9 @@
 Owns: turning bytes into `SSEEvent`s exactly as the HTML living standard's event-stream
 rules say (one leading UTF-8 byte order mark is ignored; lines end in CRLF, LF or CR;
 `data:` lines join with LF; comments and unknown fields are dropped; an event with no data
-is not dispatched), and turning events back into
-canonical bytes. Events and multi-byte UTF-8 characters may be split anywhere across reads:
-a line is decoded only once it is complete.
+is not dispatched), and turning events back into canonical bytes. Events and multi-byte
+UTF-8 characters, and the byte order mark, may be split anywhere across reads: a line is
+decoded only once it is complete.
 Must not: do I/O or interpret event payloads (carriers do that).
 """
 
