@@ -50,6 +50,7 @@ def _cmd_init(args: argparse.Namespace) -> int:
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     from gateway.config.load import ConfigError, read_config
+    from gateway.context.store.database import StoreUnavailable
     from gateway.listeners import ListenerError
     from gateway.obs import logging as log
     from gateway.server import serve
@@ -83,6 +84,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         runner(serve(path, shared))
     except ConfigError as exc:
         log.error("config_refused", reason=str(exc))
+        print(f"wiregate serve: {exc}", file=sys.stderr)
+        return 2
+    except StoreUnavailable as exc:  # content-free by construction (the DSN never in it)
+        log.error("store_unavailable", reason=str(exc), error_class=exc.error_class)
         print(f"wiregate serve: {exc}", file=sys.stderr)
         return 2
     except (ListenerError, OSError) as exc:

@@ -191,3 +191,21 @@ def configure(level: str = "info", stream: Any = None) -> None:
         lib.handlers[:] = [handler]
         lib.setLevel(logging.WARNING)
         lib.propagate = False
+    # The PostgreSQL driver and its pool log connection failures with the driver's message,
+    # which can quote the DSN (`invalid connection option "..."`): their lines keep only a
+    # fixed event and the exception's class. (Unrouted, Python's last-resort handler would
+    # print them raw on stderr.)
+    driver = logging.StreamHandler(stream or sys.stderr)
+    driver.setFormatter(JsonFormatter())
+    driver.addFilter(_without_text)
+    lib = logging.getLogger("psycopg")  # and its children: the pool logs as "psycopg.pool"
+    lib.handlers[:] = [driver]
+    lib.setLevel(logging.WARNING)
+    lib.propagate = False
+
+
+def _without_text(record: logging.LogRecord) -> bool:
+    """A database driver's record with its text replaced by a fixed event."""
+    record.msg = "store_driver_" + record.levelname.lower()
+    record.args = ()
+    return True

@@ -7,12 +7,15 @@ plain function on the database's own threads; `PostgresDatabase.read/write(async
 runs on a pooled connection.
 
 Owns: choosing the backend from settings, the migration set per backend, opening and closing.
-Must not: hold table logic (each owner has its own), or log the DSN.
+Must not: hold table logic (each owner has its own), or log the DSN — nor let it out in an
+exception: a driver's message can quote it (`invalid connection option "..."`), so a store
+that cannot be opened is `StoreUnavailable`, which names the backend and the error's class.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +24,15 @@ from typing import Literal
 from gateway.context.store import postgres, sqlite
 from gateway.context.store.base import ContextStore
 from gateway.context.store.migrations import Migration
+
+
+class StoreUnavailable(Exception):
+    """The database could not be opened (or migrated). Content-free: the driver's own error,
+    whose text can carry the DSN, is neither the message nor chained."""
+
+    def __init__(self, backend: str, error: BaseException) -> None:
+        super().__init__(f"the {backend} store could not be opened ({type(error).__name__})")
+        self.error_class = type(error).__name__
 
 
 @dataclass(frozen=True)
@@ -74,12 +86,16 @@ async def open_database(
     if backend == "sqlite":
         if path is None:
             raise ValueError("the SQLite store needs a path")
-        await asyncio.to_thread(path.parent.mkdir, parents=True, exist_ok=True, mode=0o700)
         lite = sqlite.SqliteDatabase(
             str(path), (*sqlite.CONTEXT_MIGRATIONS, *migrations), synchronous=sqlite_sync.upper()
         )
-        await lite.open()
-        await asyncio.to_thread(_owner_only, path)
+        try:
+            await asyncio.to_thread(path.parent.mkdir, parents=True, exist_ok=True, mode=0o700)
+            await lite.open()
+            await asyncio.to_thread(_owner_only, path)
+        except Exception as exc:
+            await _close_quietly(lite)
+            raise StoreUnavailable(backend, exc) from None
         return Database("sqlite", lite, None, sqlite.SqliteContextStore(lite))
     if backend == "postgres":
         if not dsn:
@@ -87,6 +103,17 @@ async def open_database(
         pg = postgres.PostgresDatabase(
             dsn, (*postgres.CONTEXT_MIGRATIONS, *migrations), schema=schema, max_size=pool_max
         )
-        await pg.open()
+        try:
+            await pg.open()
+        except Exception as exc:
+            await _close_quietly(pg)
+            raise StoreUnavailable(backend, exc) from None
         return Database("postgres", None, pg, postgres.PostgresContextStore(pg))
     raise ValueError(f"unknown store backend {backend!r}")
+
+
+async def _close_quietly(db: sqlite.SqliteDatabase | postgres.PostgresDatabase) -> None:
+    """Whatever a failed open started (threads, a pool) is stopped; a second failure there
+    changes nothing about the first."""
+    with contextlib.suppress(Exception):  # the open already failed: that is the error reported
+        await db.close()
