@@ -199,7 +199,11 @@ async def _advise_on_retries(request: web.Request, response: web.StreamResponse)
 async def _upstream(app: web.Application) -> AsyncIterator[None]:
     connector = aiohttp.TCPConnector(limit=0, limit_per_host=256, ttl_dns_cache=300, enable_cleanup_closed=True)
     # trust_env=False: proxy settings from the environment never redirect upstream traffic.
-    session = aiohttp.ClientSession(connector=connector, trust_env=False, raise_for_status=False)
+    # No cookie jar: a provider's Set-Cookie (a CDN's bot-management cookie) would otherwise
+    # ride along on every later call, whoever makes it, linking tenants at the provider.
+    session = aiohttp.ClientSession(
+        connector=connector, trust_env=False, raise_for_status=False, cookie_jar=aiohttp.DummyCookieJar()
+    )
     app[UPSTREAM] = Upstream(session)
     try:
         yield
