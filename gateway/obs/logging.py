@@ -12,8 +12,12 @@ import functools
 import hashlib
 import json
 import logging
+import os
+import re
 import sys
+import threading
 import time
+from types import TracebackType
 from typing import Any
 
 ALLOWED_FIELDS = frozenset(
@@ -70,6 +74,8 @@ ALLOWED_FIELDS = frozenset(
         "window_capped_rules",
         "window_checks",
         "released_early",
+        "logger",
+        "where",
     }
 )
 # Fields every line of this process carries (`worker` under `wiregate serve --workers N`).
@@ -177,35 +183,97 @@ def error(event: str, **fields: Any) -> None:
 
 
 def configure(level: str = "info", stream: Any = None) -> None:
-    """Route wiregate's and aiohttp's loggers through the JSON formatter."""
-    handler = logging.StreamHandler(stream or sys.stderr)
+    """Route every log record of the process through the JSON formatter: wiregate's own
+    lines as written; every other library's (aiohttp, asyncio, the PostgreSQL driver, and
+    any not named here) with its text replaced by a fixed event; and exceptions nobody
+    caught as their class and place. Safe to call again (it replaces what it installed)."""
+    out = stream or sys.stderr
+    handler = logging.StreamHandler(out)
     handler.setFormatter(JsonFormatter())
     root = get_logger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     root.propagate = False
-    # aiohttp's own loggers can print exception text that carries request data; we keep
-    # only warnings and above, through the same allow-listing formatter.
-    for name in ("aiohttp.access", "aiohttp.server", "aiohttp.web", "aiohttp.client"):
+    # Other libraries' records reach the top logger. Their text is a library's own: it can
+    # quote what it was handed (aiohttp a cookie's name or a peer's bytes, asyncio a task's
+    # exception message, the PostgreSQL driver its DSN), and without a handler Python's
+    # last-resort one would print it raw on stderr. Each line keeps a fixed event
+    # ("library_<level>"), the logger's name and the exception's class; warnings and above.
+    library = logging.StreamHandler(out)
+    library.setFormatter(JsonFormatter())
+    library.addFilter(_TextFree("library"))
+    library.setLevel(logging.WARNING)
+    library.wiregate = True  # type: ignore[attr-defined]  # found and replaced by the next configure
+    top = logging.getLogger()
+    top.handlers[:] = [h for h in top.handlers if not getattr(h, "wiregate", False)] + [library]
+    for name in ("aiohttp.access", "aiohttp.server", "aiohttp.web", "aiohttp.client"):  # routed here before
         lib = logging.getLogger(name)
-        lib.handlers[:] = [handler]
-        lib.setLevel(logging.WARNING)
-        lib.propagate = False
+        lib.handlers[:] = []
+        lib.propagate = True
+        lib.setLevel(logging.NOTSET)
+    logging.getLogger("aiohttp").setLevel(logging.WARNING)  # its access lines are INFO: ours replace them
     # The PostgreSQL driver and its pool log connection failures with the driver's message,
-    # which can quote the DSN (`invalid connection option "..."`): their lines keep only a
-    # fixed event and the exception's class. (Unrouted, Python's last-resort handler would
-    # print them raw on stderr.)
-    driver = logging.StreamHandler(stream or sys.stderr)
+    # which can quote the DSN (`invalid connection option "..."`): their own event names them.
+    driver = logging.StreamHandler(out)
     driver.setFormatter(JsonFormatter())
-    driver.addFilter(_without_text)
+    driver.addFilter(_TextFree("store_driver"))
     lib = logging.getLogger("psycopg")  # and its children: the pool logs as "psycopg.pool"
     lib.handlers[:] = [driver]
     lib.setLevel(logging.WARNING)
     lib.propagate = False
+    # Python's warnings print their message and source line on stderr: routed through the
+    # "py.warnings" logger, they keep only the fixed event too.
+    logging.captureWarnings(True)
+    # A traceback prints the exception's message, which can carry content.
+    sys.excepthook = _unhandled
+    threading.excepthook = _unhandled_in_thread
+    sys.unraisablehook = _unraisable
 
 
-def _without_text(record: logging.LogRecord) -> bool:
-    """A database driver's record with its text replaced by a fixed event."""
-    record.msg = "store_driver_" + record.levelname.lower()
-    record.args = ()
-    return True
+_LOGGER_NAME = re.compile(r"[A-Za-z0-9_.]{1,64}")  # a module path; anything else is not shown
+
+
+class _TextFree(logging.Filter):
+    """Another library's record with its text replaced by a fixed event, `<prefix>_<level>`,
+    and its logger's name beside it."""
+
+    def __init__(self, prefix: str) -> None:
+        super().__init__()
+        self.prefix = prefix
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg = f"{self.prefix}_{record.levelname.lower()}"
+        record.args = ()
+        record.stack_info = None
+        record.wg_fields = {"logger": record.name if _LOGGER_NAME.fullmatch(record.name) else "other"}
+        return True
+
+
+def where(tb: TracebackType | None) -> str | None:
+    """The innermost frame of a traceback as `file.py:line` (code, never data)."""
+    if tb is None:
+        return None
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return f"{os.path.basename(tb.tb_frame.f_code.co_filename)}:{tb.tb_lineno}"
+
+
+def _unhandled(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+    if issubclass(kind, KeyboardInterrupt):
+        return  # an interrupted process: no line to write
+    error("unhandled_exception", error_class=kind.__name__, where=where(tb))
+
+
+def _unhandled_in_thread(args: threading.ExceptHookArgs) -> None:
+    if args.exc_type is SystemExit:
+        return  # as threading's own hook: a thread may end itself this way
+    error("unhandled_exception", error_class=args.exc_type.__name__, where=where(args.exc_traceback))
+
+
+def _unraisable(args: Any) -> None:
+    """An exception Python could not raise (in a finaliser, a closed generator's cleanup):
+    its message would print with the object's repr, which can carry content."""
+    kind = args.exc_type
+    error(
+        "unraisable_exception", error_class=kind.__name__ if kind is not None else None, where=where(args.exc_traceback)
+    )

@@ -115,6 +115,7 @@ PARENT_CHECK_S = 1.0  # how often a worker looks whether its gateway process is 
 
 def _init(config_path: str, parent: int | None = None) -> None:
     _WORKER["config"] = config_path
+    log.configure("warning")  # a spawned process starts unconfigured: no record may reach stderr raw
     if parent is not None:
         threading.Thread(target=_orphan_watch, args=(parent,), name="parent-watch", daemon=True).start()
     # Below the serving process: a worker loading a runtime (seconds of Hyperscan compiling,
