@@ -1,5 +1,5 @@
-"""A twenty-turn agent session through the proxy with the official openai SDK against the
-bundled mock: tool schemas, prepared context from the context layer, tool calls and tool
+"""A twenty-turn agent session through the proxy with the official openai and anthropic SDKs
+against the bundled mock: tool schemas, prepared context from the context layer, tool calls and tool
 results, a client retry, a compaction labelled by the host. The attribution report equals
 the figures computed here by hand from what was sent; nothing of the prompt or any raw id
 is stored; collection is off by default and switching it on does not back-fill; a failing
@@ -24,7 +24,7 @@ import pytest
 from gateway.context import builder
 from gateway.state import ATTRIBUTION
 from tests.conftest import GatewayFactory
-from tests.harness import Env, GatewayThread, openai_client, raw_client
+from tests.harness import Env, GatewayThread, anthropic_client, openai_client, raw_client
 
 SENTINEL = "QUOKKA"  # only ever in prompt text
 SESSION = "agent-session-7f3a"
@@ -177,6 +177,123 @@ def test_a_twenty_turn_session_reports_what_was_computed_by_hand(gw: tuple[Env, 
             history.append({"role": "assistant", "content": text})
             hand.append(("prompt.history.assistant_turn", text))
 
+    _verify(env, gateway, scope, expected, usage, response_ids)
+
+
+ANTHROPIC_TOOLS = [
+    {
+        "name": "read_file",
+        "description": "Read one file of the repository",
+        "input_schema": {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]},
+    }
+]
+
+
+def test_the_same_session_through_the_anthropic_sdk_reports_what_was_computed_by_hand(
+    gateways: GatewayFactory,
+) -> None:
+    """The twenty turns again with the official anthropic SDK: the system prompt (with the
+    prepared context) is top-level, tool calls are `tool_use` blocks of the assistant and
+    their results `tool_result` blocks of a user message, and wiregate puts its own cache
+    markers on the request, which the report must not count as prompt text."""
+    with gateways("attribution-e2e-anthropic") as (env, gateway):
+        scope, prepared = _prepare(env, gateway)
+        client = anthropic_client(gateway, env)
+        headers = {"x-wiregate-scope": scope, "x-wiregate-session": SESSION}
+
+        assert api(env, gateway, "GET", "/v1/attribution/collection") == {"collecting": False}
+        client.messages.create(
+            model="claude-sonnet-4-6",
+            max_tokens=64,
+            messages=[{"role": "user", "content": f"{SENTINEL} before"}],
+            extra_headers=headers,
+        )
+        assert api(env, gateway, "POST", "/v1/attribution/collection", {"collecting": True}) == {"collecting": True}
+
+        system = SYSTEM + prepared
+        history: list[dict[str, Any]] = []
+        hand: list[tuple[str, str]] = []
+        expected = Expected()
+        usage = {"input_total": 0, "output": 0, "cache_read": 0}
+        response_ids: set[str] = set()
+        labels: dict[str, str] = {}
+        for turn in range(1, TURNS + 1):
+            if turn == COMPACT_AT:
+                summary = f"Summary of turns 1-{turn - 1}: modules checked, two files read. {SENTINEL}"
+                history = [{"role": "user", "content": summary}]
+                hand = [("host.compaction_summary", summary)]
+                labels = {"/messages/0": "host.compaction_summary"}
+            user = f"Turn {turn}: check module {turn} and report. {SENTINEL}"
+            request = {
+                "model": "claude-sonnet-4-6",
+                "max_tokens": 256,
+                "system": system,
+                "tools": ANTHROPIC_TOOLS,
+                "messages": [*history, {"role": "user", "content": user}],
+                "extra_headers": {**headers, "x-wiregate-blocks": json.dumps(labels)} if labels else headers,
+            }
+            reply = client.messages.create(**request)
+            if turn == RETRY_AT:
+                assert client.messages.create(**request).id == reply.id
+            assert reply.id not in response_ids
+            response_ids.add(reply.id)
+            read = reply.usage.cache_read_input_tokens or 0
+            usage["input_total"] += reply.usage.input_tokens + read + (reply.usage.cache_creation_input_tokens or 0)
+            usage["output"] += reply.usage.output_tokens
+            usage["cache_read"] += read
+            expected.call(
+                [
+                    ("prompt.tool_schemas", "".join(compact(t) for t in ANTHROPIC_TOOLS)),
+                    ("prompt.system_instructions", SYSTEM),
+                    ("wiregate.prepared_context", prepared),
+                    *hand,
+                    ("prompt.current_user_turn", user),
+                ]
+            )
+            history.append({"role": "user", "content": user})
+            hand.append(("prompt.history.user_turn", user))
+            if turn % 4 == 0:
+                use = {
+                    "type": "tool_use",
+                    "id": f"toolu_{turn}",
+                    "name": "read_file",
+                    "input": {"name": f"m{turn}.txt"},
+                }
+                result = {
+                    "type": "tool_result",
+                    "tool_use_id": f"toolu_{turn}",
+                    "content": f"contents of module {turn}: " + "x = 1\n" * (40 + turn),
+                }
+                history += [{"role": "assistant", "content": [use]}, {"role": "user", "content": [result]}]
+                hand += [("prompt.history.assistant_turn", compact(use)), ("prompt.tool_result", compact(result))]
+            else:
+                text = "".join(block.text for block in reply.content if block.type == "text")
+                history.append({"role": "assistant", "content": text})
+                hand.append(("prompt.history.assistant_turn", text))
+        _verify(env, gateway, scope, expected, usage, response_ids)
+
+
+ELIGIBLE = {
+    "prompt.tool_schemas",
+    "prompt.system_instructions",
+    "wiregate.prepared_context",
+    "prompt.history.assistant_turn",
+    "prompt.tool_result",
+    "host.compaction_summary",
+}
+
+
+def _verify(
+    env: Env,
+    gateway: GatewayThread,
+    scope: str,
+    expected: Expected,
+    usage: dict[str, int],
+    response_ids: set[str],
+    raw_texts: tuple[str, ...] = ("read_file", "module"),
+) -> None:
+    """The report of one twenty-turn session equals the figures computed by hand, and
+    nothing of its prompt, session, scope or response ids is stored."""
     report = api(env, gateway, "GET", "/v1/attribution/report", scope=scope)
     assert report["estimator"] == {"name": "runes/4@1", "kind": "relative_attribution_only"}
     assert report["boundaries"] == TURNS == expected.calls
@@ -186,14 +303,7 @@ def test_a_twenty_turn_session_reports_what_was_computed_by_hand(gw: tuple[Env, 
 
     got = {r["blockId"]: r for r in report["ledger"]}
     assert set(got) == set(expected.rows)
-    eligible = {
-        "prompt.tool_schemas",
-        "prompt.system_instructions",
-        "wiregate.prepared_context",
-        "prompt.history.assistant_turn",
-        "prompt.tool_result",
-        "host.compaction_summary",
-    }
+    eligible = ELIGIBLE
     for block_id, want in expected.rows.items():
         row = got[block_id]
         materialized, injections = want["materialized"], want["injections"]
@@ -255,7 +365,7 @@ def test_a_twenty_turn_session_reports_what_was_computed_by_hand(gw: tuple[Env, 
         db.close()
     assert len(rows) == TURNS + 1  # the retry is stored, and counted once
     stored = json.dumps(rows)
-    for raw in (SENTINEL, SESSION, scope, "read_file", "module", *response_ids):
+    for raw in (SENTINEL, SESSION, scope, *raw_texts, *response_ids):
         assert raw not in stored
 
 
