@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import sys
 from collections.abc import Callable, Coroutine
@@ -62,6 +63,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         print(f"wiregate serve: {exc}", file=sys.stderr)
         return 2
     log.configure(config.logging.level)
+    _no_core_dumps()
     from gateway import workers
 
     inherited = workers.shared_from_env()
@@ -97,6 +99,16 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         pass
     return 0
+
+
+def _no_core_dumps() -> None:
+    """A core dump holds what the process held: the key ring, upstream credentials, every
+    body in flight. `serve` turns them off for itself and for every process it starts (they
+    inherit the limit), whatever the host's default."""
+    import resource
+
+    with contextlib.suppress(ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
 def event_loop_runner(choice: str) -> Callable[[Coroutine[Any, Any, None]], None]:
