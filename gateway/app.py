@@ -35,6 +35,7 @@ from gateway.context.store.database import open_database
 from gateway.context.store.migrations import Migration
 from gateway.devmock import embedded_mock
 from gateway.errors import ClientError, GatewayError, ServiceError
+from gateway.http.connections import SERVER_NAME
 from gateway.ledgers.attribution import ATTRIBUTION_MIGRATIONS, AttributionLedger
 from gateway.ledgers.pace import PACE_MIGRATIONS, StoredPaceLedger
 from gateway.ledgers.release import MemoryReleaseLedger
@@ -177,6 +178,7 @@ def _account(request: web.Request, call: Call, status: int) -> None:
 
 
 async def _stamp_request_id(request: web.Request, response: web.StreamResponse) -> None:
+    response.headers["Server"] = SERVER_NAME  # aiohttp would name itself and its version
     call = request.get(CALL)
     if isinstance(call, Call):
         response.headers[REQUEST_ID_HEADER] = call.request_id

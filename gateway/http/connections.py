@@ -26,6 +26,10 @@ from aiohttp.web_server import Server
 
 from gateway.config.model import Limits
 
+# What every response says in `Server`: the product, no version (aiohttp's default names
+# its own version and Python's, which tells a scanner which parser bugs to try).
+SERVER_NAME = "wiregate"
+
 
 def _raw_response(status: int, reason: str, code: str, message: str, reason_code: str) -> bytes:
     body = json.dumps(
@@ -34,7 +38,7 @@ def _raw_response(status: int, reason: str, code: str, message: str, reason_code
     ).encode()
     head = (
         f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
-        f"content-length: {len(body)}\r\nconnection: close\r\n"
+        f"content-length: {len(body)}\r\nconnection: close\r\nserver: {SERVER_NAME}\r\n"
         f"x-powercontext-request-id: {secrets.token_hex(8)}\r\n\r\n"
     )
     return head.encode() + body
@@ -181,6 +185,7 @@ class GuardedHandler(RequestHandler):
         }
         fixed = web.Response(status=status, text=json.dumps(body), content_type="application/json")
         fixed.headers["x-powercontext-request-id"] = secrets.token_hex(8)
+        fixed.headers["Server"] = SERVER_NAME
         fixed.force_close()
         del response
         return fixed
