@@ -10,6 +10,7 @@ import json
 import logging
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -94,12 +95,14 @@ def test_a_check_worker_routes_library_records_too(tmp_path: Path) -> None:
 def test_configure_twice_keeps_one_library_handler(captured_logs: LogCapture) -> None:
     root = logging.getLogger()
     before = len(root.handlers)
+    hooks = (sys.excepthook, threading.excepthook, sys.unraisablehook)
     try:
-        wlog.configure("debug", stream=LogCapture())
-        wlog.configure("debug", stream=LogCapture())
+        wlog.configure("debug", stream=LogCapture(), process_hooks=False)
+        wlog.configure("debug", stream=LogCapture(), process_hooks=False)
         assert len(root.handlers) == before
+        assert (sys.excepthook, threading.excepthook, sys.unraisablehook) == hooks  # pytest's, untouched
     finally:
-        wlog.configure("debug", stream=captured_logs)  # the session's sink again
+        wlog.configure("debug", stream=captured_logs, process_hooks=False)  # the session's sink again
 
 
 def test_a_warning_is_a_line_without_its_text() -> None:

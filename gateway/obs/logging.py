@@ -182,11 +182,12 @@ def error(event: str, **fields: Any) -> None:
     log(logging.ERROR, event, **fields)
 
 
-def configure(level: str = "info", stream: Any = None) -> None:
+def configure(level: str = "info", stream: Any = None, *, process_hooks: bool = True) -> None:
     """Route every log record of the process through the JSON formatter: wiregate's own
     lines as written; every other library's (aiohttp, asyncio, the PostgreSQL driver, and
-    any not named here) with its text replaced by a fixed event; and exceptions nobody
-    caught as their class and place. Safe to call again (it replaces what it installed)."""
+    any not named here) with its text replaced by a fixed event; and, with `process_hooks`,
+    Python's warnings and exceptions nobody caught as their class and place (a test runner
+    that reports those itself keeps its own hooks). Safe to call again."""
     out = stream or sys.stderr
     handler = logging.StreamHandler(out)
     handler.setFormatter(JsonFormatter())
@@ -221,6 +222,8 @@ def configure(level: str = "info", stream: Any = None) -> None:
     lib.handlers[:] = [driver]
     lib.setLevel(logging.WARNING)
     lib.propagate = False
+    if not process_hooks:
+        return
     # Python's warnings print their message and source line on stderr: routed through the
     # "py.warnings" logger, they keep only the fixed event too.
     logging.captureWarnings(True)
