@@ -35,7 +35,7 @@ from gateway.context.store.database import open_database
 from gateway.context.store.migrations import Migration
 from gateway.devmock import embedded_mock
 from gateway.errors import ClientError, GatewayError, ServiceError
-from gateway.http.connections import SERVER_NAME
+from gateway.http.connections import CONTINUE, EXPECT, SERVER_NAME
 from gateway.ledgers.attribution import ATTRIBUTION_MIGRATIONS, AttributionLedger
 from gateway.ledgers.pace import PACE_MIGRATIONS, StoredPaceLedger
 from gateway.ledgers.release import MemoryReleaseLedger
@@ -102,6 +102,9 @@ async def envelope(request: web.Request, handler: Handler) -> web.StreamResponse
     request[CALL] = call
     status = 500
     try:
+        expect = request.get(EXPECT)
+        if expect is not None and expect.strip().lower() != CONTINUE:
+            raise ClientError(417, "expectation_failed", (ReasonCode.INVALID_REQUEST,))
         response = await handler(request)
         status = response.status
         if call.outcome is None:

@@ -1,7 +1,8 @@
 """Reading a request body whole, within every limit that protects the gateway.
 
 Owns: the size limit (413), the accepted encodings (identity, gzip with a bounded inflater;
-anything else 415), the media type (415), and the two clocks a trickling client meets —
+anything else 415), the media type (415), `100 Continue` for a client that waits for it
+(sent only once those checks and the route's own passed), and the two clocks a trickling client meets —
 the longest silence between body bytes and the longest time for the whole body (both 408,
 `request_timeout`). Used by every route that reads a body.
 Must not: parse or judge what the body says.
@@ -17,6 +18,7 @@ from aiohttp import web
 
 from gateway.config.model import Limits
 from gateway.errors import ClientError
+from gateway.http.connections import CONTINUE, EXPECT
 from gateway.vocab import ReasonCode
 
 
@@ -32,6 +34,9 @@ async def read_body(request: web.Request, limits: Limits, *, media_type: str = "
         raise ClientError(415, "unsupported_media_type", (ReasonCode.UNSUPPORTED_MEDIA_TYPE,))
     if request.content_length is not None and request.content_length > limits.request_bytes:
         raise ClientError(413, "payload_too_large", (ReasonCode.PAYLOAD_TOO_LARGE,))
+    if request.get(EXPECT, "").strip().lower() == CONTINUE:  # every check before the body passed
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        request.writer.output_size = 0  # the response proper has not started
     chunks: list[bytes] = []
     total = 0
     deadline = time.monotonic() + limits.body_total_s

@@ -3,9 +3,10 @@
 Owns: the connection caps (in all, and per client: a TCP peer address or a Unix-socket
 peer uid), the request-head deadline (from the first byte of a head to its end, and the
 TLS handshake), the idle keep-alive limit, the content-free answer to a request aiohttp
-cannot parse (its own error page echoes the request line), and the runner and sites that
-put them in place. Counts go to metrics; nothing about a connection is logged but its
-listener.
+cannot parse (its own error page echoes the request line), the `Expect` header taken off
+before routing (aiohttp would answer `100 Continue` before any check, and an unknown value
+with a page that echoes it), and the runner and sites that put them in place. Counts go
+to metrics; nothing about a connection is logged but its listener.
 Must not: read bodies or know routes (the app does).
 """
 
@@ -17,12 +18,15 @@ import secrets
 import socket
 import struct
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http import HttpVersion11, RawRequestMessage
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_server import Server
+from multidict import CIMultiDict, CIMultiDictProxy
 
 from gateway.config.model import Limits
 
@@ -191,6 +195,29 @@ class GuardedHandler(RequestHandler):
         return fixed
 
 
+# The client's `Expect` header (HTTP/1.1 only; an HTTP/1.0 server ignores it), kept here
+# instead of in the headers aiohttp routes on: the body reader sends `100 Continue` once
+# the request passed every check before its body, and the app refuses any other value.
+EXPECT = web.RequestKey("wiregate_expect", str)
+CONTINUE = "100-continue"
+
+
+def _expect_aside(factory: Callable[..., web.BaseRequest]) -> Callable[..., web.BaseRequest]:
+    def make(message: RawRequestMessage, *args: Any) -> web.BaseRequest:
+        # (aiohttp's stand-in message for a request it could not parse has a plain dict)
+        values = message.headers.getall("Expect", ()) if isinstance(message.headers, CIMultiDictProxy) else ()
+        if not values:
+            return factory(message, *args)
+        headers = CIMultiDict(message.headers)
+        del headers["Expect"]
+        request = factory(message._replace(headers=CIMultiDictProxy(headers)), *args)
+        if message.version == HttpVersion11:
+            request[EXPECT] = ", ".join(values)
+        return request
+
+    return make
+
+
 class GuardedServer(Server):
     def __init__(self, *args: Any, guard: ConnectionGuard, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -212,7 +239,7 @@ class GuardedRunner(web.AppRunner):
         default = await super()._make_server()
         server = GuardedServer(
             default.request_handler,
-            request_factory=default.request_factory,
+            request_factory=_expect_aside(default.request_factory),
             handler_cancellation=default.handler_cancellation,
             loop=default._loop,
             guard=self.guard,
