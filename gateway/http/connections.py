@@ -5,8 +5,9 @@ peer uid), the request-head deadline (from the first byte of a head to its end, 
 TLS handshake), the idle keep-alive limit, the content-free answer to a request aiohttp
 cannot parse (its own error page echoes the request line), the `Expect` header taken off
 before routing (aiohttp would answer `100 Continue` before any check, and an unknown value
-with a page that echoes it), and the runner and sites that put them in place. Counts go
-to metrics; nothing about a connection is logged but its listener.
+with a page that echoes it), and the runner and sites that put them in place. Nothing
+about a connection is logged but its listener, and requests that cannot be read as HTTP
+as a sampled, content-free `bad_http` line with their count.
 Must not: read bodies or know routes (the app does).
 """
 
@@ -17,6 +18,7 @@ import json
 import secrets
 import socket
 import struct
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,6 +31,7 @@ from aiohttp.web_server import Server
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from gateway.config.model import Limits
+from gateway.obs import logging as log
 
 # What every response says in `Server`: the product, no version (aiohttp's default names
 # its own version and Python's, which tells a scanner which parser bugs to try).
@@ -48,6 +51,9 @@ def _raw_response(status: int, reason: str, code: str, message: str, reason_code
     return head.encode() + body
 
 
+BAD_HTTP_LOG_S = 60.0  # at most one `bad_http` line per minute (it counts the others)
+
+
 @dataclass
 class ConnectionGuard:
     """Shared by every connection of one runner (both listeners)."""
@@ -57,6 +63,18 @@ class ConnectionGuard:
     per_client: Counter[str] = field(default_factory=Counter)
     refused: int = 0
     head_timeouts: int = 0
+    bad_requests: int = 0  # requests that could not be read as HTTP
+    _unlogged: int = 0  # of those, not yet in a `bad_http` line
+    _logged_at: float | None = None
+
+    def bad_http(self, error_class: str | None, now: float) -> None:
+        """Count a request that could not be read as HTTP; at most one `bad_http` line per
+        BAD_HTTP_LOG_S, with how many arrived since the last one."""
+        self.bad_requests += 1
+        self._unlogged += 1
+        if self._logged_at is None or now - self._logged_at >= BAD_HTTP_LOG_S:
+            log.warning("bad_http", count=self._unlogged, error_class=error_class)
+            self._unlogged, self._logged_at = 0, now
 
     def admit(self, client: str) -> bool:
         if (
@@ -177,8 +195,15 @@ class GuardedHandler(RequestHandler):
         message: str | None = None,
     ) -> web.StreamResponse:
         """A request aiohttp could not parse: a fixed, content-free answer (aiohttp's own
-        page quotes the request line back)."""
-        response = super().handle_error(request, status, exc, None)
+        page quotes the request line back). Not aiohttp's error line per request either:
+        garbage from a scanner would fill the error log; `bad_http` lines are sampled."""
+        if request.writer.output_size > 0:  # as aiohttp: part of a response is out, the connection is broken
+            raise ConnectionError("the response had started")
+        error_class = type(exc).__name__ if exc is not None else None
+        if status >= 500:
+            log.error("internal_error", error_class=error_class)
+        else:
+            self._guard.bad_http(error_class, time.monotonic())
         code = "invalid_request" if 400 <= status < 500 else "internal_error"
         body = {
             "error": {
@@ -191,7 +216,6 @@ class GuardedHandler(RequestHandler):
         fixed.headers["x-powercontext-request-id"] = secrets.token_hex(8)
         fixed.headers["Server"] = SERVER_NAME
         fixed.force_close()
-        del response
         return fixed
 
 

@@ -1,0 +1,69 @@
+"""Requests that cannot be read as HTTP (a scanner's garbage, a missing Host, smuggling
+attempts) each get the fixed content-free 400, and the log gets a sampled `bad_http` line
+with how many arrived, not one error line per request: garbage must not be able to fill
+the error log."""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Iterator
+
+import pytest
+
+from gateway.config.model import Limits
+from gateway.http.connections import BAD_HTTP_LOG_S, ConnectionGuard
+from tests.conftest import GatewayFactory, LogCapture
+from tests.harness import Env, GatewayThread
+
+GARBAGE = [
+    b"GET / HTTP/1.1\r\n\r\n",  # no Host
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n",
+    b"GET / HTTP/1.1\r\nHost: x\r\nBad Header: v\r\n\r\n",
+    b"GET /\x01 HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"GET / HTTP/1.1\r\nHost: x\r\n" + b"X: " + b"a" * 9000 + b"\r\n\r\n",
+]
+
+
+@pytest.fixture(scope="module")
+def gw(gateways: GatewayFactory) -> Iterator[tuple[Env, GatewayThread]]:
+    with gateways("bad-http") as started:
+        yield started
+
+
+def _exchange(gateway: GatewayThread, data: bytes) -> bytes:
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.settimeout(10)
+        sock.connect(str(gateway.uds))
+        sock.sendall(data)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    return answer
+
+
+def test_garbage_is_answered_and_sampled_in_the_log(gw: tuple[Env, GatewayThread], captured_logs: LogCapture) -> None:
+    _, gateway = gw
+    mark = captured_logs.mark()
+    for n in range(40):
+        answer = _exchange(gateway, GARBAGE[n % len(GARBAGE)])
+        head, body = answer.split(b"\r\n\r\n", 1)
+        assert head.split(b" ")[1] == b"400", answer[:200]
+        assert json.loads(body)["error"]["details"]["reason_codes"] == ["invalid_request"]
+    lines = [json.loads(line) for line in captured_logs.since(mark).splitlines() if line.strip()]
+    assert [line["event"] for line in lines] == ["bad_http"], lines  # the first; the rest wait a minute
+    assert lines[0]["count"] == 1 and lines[0]["level"] == "warning"
+    assert _exchange(gateway, b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").startswith(
+        b"HTTP/1.1 200"
+    )
+
+
+def test_the_sampled_line_counts_what_it_left_out(captured_logs: LogCapture) -> None:
+    guard = ConnectionGuard(Limits())
+    mark = captured_logs.mark()
+    for n in range(10):
+        guard.bad_http("BadHttpMessage", 100.0 + n)
+    guard.bad_http("LineTooLong", 100.0 + BAD_HTTP_LOG_S + 1)
+    lines = [json.loads(line) for line in captured_logs.since(mark).splitlines() if line.strip()]
+    assert [(line["count"], line["error_class"]) for line in lines] == [(1, "BadHttpMessage"), (10, "LineTooLong")]
+    assert guard.bad_requests == 11
