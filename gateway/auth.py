@@ -35,6 +35,11 @@ class Identity:
 
 
 def presented_key(headers: Mapping[str, str]) -> str | None:
+    """The key a request presents: `Authorization: Bearer`, else `x-api-key`. A header
+    given twice is ambiguous (intermediaries disagree on which one counts): no key."""
+    getall = getattr(headers, "getall", None)
+    if getall is not None and (len(getall("authorization", ())) > 1 or len(getall("x-api-key", ())) > 1):
+        return None
     auth = headers.get("authorization")
     if auth is not None:
         scheme, _, token = auth.strip().partition(" ")

@@ -139,3 +139,28 @@ def test_ops_routes_need_their_actions(gw: tuple[Env, GatewayThread, dict[str, s
     assert models.status_code == 200 and models.json()["object"] == "list"
     caps = client.get("/v1/capabilities", headers={"authorization": f"Bearer {env.gateway_key}"}).json()
     assert caps["inspection_engine"] == "hyperscan" and "chat" in caps["carriers"]
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        [("authorization", "Bearer KEY"), ("authorization", "Bearer wg-junk")],
+        [("authorization", "Bearer wg-junk"), ("authorization", "Bearer KEY")],
+        [("authorization", "Bearer KEY"), ("authorization", "Bearer KEY")],
+        [("x-api-key", "KEY"), ("x-api-key", "wg-junk")],
+    ],
+    ids=["key-then-junk", "junk-then-key", "key-twice", "x-api-key-twice"],
+)
+def test_a_key_header_given_twice_is_refused(
+    gw: tuple[Env, GatewayThread, dict[str, str]], headers: list[tuple[str, str]]
+) -> None:
+    """Which of two copies counts is where intermediaries disagree: neither does."""
+    env, gateway, _ = gw
+    body = {"model": "gpt-4.1", "messages": [{"role": "user", "content": "hi"}]}
+    client = raw_client(gateway, env, uds=True)
+    given = [(name, value.replace("KEY", env.gateway_key)) for name, value in headers]
+    refused = client.post("/v1/chat/completions", json=body, headers=given)
+    assert refused.status_code == 401, refused.text
+    assert refused.json()["error"]["reason_codes"] == ["unauthenticated"]
+    once = client.post("/v1/chat/completions", json=body, headers=given[:1] if "KEY" in headers[0][1] else given[1:])
+    assert once.status_code == 200, once.text
