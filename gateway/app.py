@@ -116,7 +116,10 @@ async def envelope(request: web.Request, handler: Handler) -> web.StreamResponse
     except web.HTTPException as exc:
         refusal = _http_error(exc)
         call.outcome, call.reason_codes, status = Outcome.REFUSED, refusal.reason_codes, refusal.status
-        return release.refusal(refusal, call.dialect, call.request_id)
+        response = release.refusal(refusal, call.dialect, call.request_id)
+        if isinstance(exc, web.HTTPMethodNotAllowed):  # RFC 9110: a 405 names what the route allows
+            response.headers["Allow"] = ", ".join(sorted(exc.allowed_methods))
+        return response
     except (asyncio.CancelledError, ConnectionResetError):
         call.outcome, status = Outcome.CLIENT_DISCONNECTED, 499
         raise

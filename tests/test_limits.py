@@ -140,5 +140,8 @@ def test_unknown_route_and_method(gw: tuple[Env, GatewayThread]) -> None:
     client = raw_client(gateway, env)
     r = client.get("/v1/chat/completions", headers=_headers(env))
     assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed"
+    assert r.headers["allow"] == "POST"  # RFC 9110: a 405 says what the route allows
+    r = client.put("/healthz", headers=_headers(env))
+    assert r.status_code == 405 and r.headers["allow"] == "GET, HEAD"
     r = client.post("/v1/unknown", headers=_headers(env), content=b"{}")
     assert r.status_code == 404 and r.json()["error"]["details"]["reason_codes"] == ["not_found"]
