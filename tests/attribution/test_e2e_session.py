@@ -103,6 +103,55 @@ class Expected:
                 row["injections"] += 1
 
 
+class Session:
+    """One twenty-turn session as the host holds it (history after the system prompt, the
+    host's labels) beside what it sent, by hand: the blocks of the history in order, the
+    expected report rows, the provider's usage and the response ids. Each SDK test sends
+    the turns in its own wire format; the bookkeeping is the same."""
+
+    def __init__(self, tools: list[dict[str, Any]], prepared: str, compaction_pointer: str) -> None:
+        self.tools, self.prepared, self.compaction_pointer = tools, prepared, compaction_pointer
+        self.history: list[dict[str, Any]] = []
+        self.hand: list[tuple[str, str]] = []  # (block id, text) of the history, in order
+        self.labels: dict[str, str] = {}
+        self.expected = Expected()
+        self.usage = {"input_total": 0, "output": 0, "cache_read": 0}
+        self.response_ids: set[str] = set()
+
+    def begin(self, turn: int) -> str:
+        """The turn's user text; before COMPACT_AT the host compacts its history."""
+        if turn == COMPACT_AT:
+            summary = f"Summary of turns 1-{turn - 1}: modules checked, two files read. {SENTINEL}"
+            self.history = [{"role": "user", "content": summary}]
+            self.hand = [("host.compaction_summary", summary)]
+            self.labels = {self.compaction_pointer: "host.compaction_summary"}
+        return f"Turn {turn}: check module {turn} and report. {SENTINEL}"
+
+    def headers(self, base: dict[str, str]) -> dict[str, str]:
+        return {**base, "x-wiregate-blocks": json.dumps(self.labels)} if self.labels else base
+
+    def answered(self, user: str, response_id: str, input_total: int, output: int, cache_read: int) -> None:
+        """A turn's reply: one new invocation, its usage, and the blocks its request held."""
+        assert response_id not in self.response_ids
+        self.response_ids.add(response_id)
+        for kind, tokens in (("input_total", input_total), ("output", output), ("cache_read", cache_read)):
+            self.usage[kind] += tokens
+        self.expected.call(
+            [
+                ("prompt.tool_schemas", "".join(compact(t) for t in self.tools)),
+                ("prompt.system_instructions", SYSTEM),
+                ("wiregate.prepared_context", self.prepared),
+                *self.hand,
+                ("prompt.current_user_turn", user),
+            ]
+        )
+        self.add([{"role": "user", "content": user}], [("prompt.history.user_turn", user)])
+
+    def add(self, messages: list[dict[str, Any]], blocks: list[tuple[str, str]]) -> None:
+        self.history += messages
+        self.hand += blocks
+
+
 def test_a_twenty_turn_session_reports_what_was_computed_by_hand(gw: tuple[Env, GatewayThread]) -> None:
     env, gateway = gw
     scope, prepared = _prepare(env, gateway)
@@ -117,43 +166,19 @@ def test_a_twenty_turn_session_reports_what_was_computed_by_hand(gw: tuple[Env, 
     assert api(env, gateway, "POST", "/v1/attribution/collection", {"collecting": True}) == {"collecting": True}
 
     system = {"role": "system", "content": SYSTEM + prepared}
-    history: list[dict[str, Any]] = []  # after the system message
-    hand: list[tuple[str, str]] = []  # (block id, text) of the history, in order
-    expected = Expected()
-    usage = {"input_total": 0, "output": 0, "cache_read": 0}
-    response_ids: set[str] = set()
-    labels: dict[str, str] = {}
+    session = Session(TOOLS, prepared, "/messages/1")  # the system message is /messages/0
     for turn in range(1, TURNS + 1):
-        if turn == COMPACT_AT:
-            summary = f"Summary of turns 1-{turn - 1}: modules checked, two files read. {SENTINEL}"
-            history = [{"role": "user", "content": summary}]
-            hand = [("host.compaction_summary", summary)]
-            labels = {"/messages/1": "host.compaction_summary"}
-        user = f"Turn {turn}: check module {turn} and report. {SENTINEL}"
-        messages = [system, *history, {"role": "user", "content": user}]
-        extra = {**headers, "x-wiregate-blocks": json.dumps(labels)} if labels else headers
+        user = session.begin(turn)
+        messages = [system, *session.history, {"role": "user", "content": user}]
+        extra = session.headers(headers)
         reply = client.chat.completions.create(model="gpt-4.1", messages=messages, tools=TOOLS, extra_headers=extra)
         if turn == RETRY_AT:  # the client retries: the same invocation again
             again = client.chat.completions.create(model="gpt-4.1", messages=messages, tools=TOOLS, extra_headers=extra)
             assert again.id == reply.id
-        assert reply.id not in response_ids
-        response_ids.add(reply.id)
         assert reply.usage is not None
-        usage["input_total"] += reply.usage.prompt_tokens
-        usage["output"] += reply.usage.completion_tokens
         details = reply.usage.prompt_tokens_details
-        usage["cache_read"] += (details.cached_tokens or 0) if details is not None else 0
-        expected.call(
-            [
-                ("prompt.tool_schemas", "".join(compact(t) for t in TOOLS)),
-                ("prompt.system_instructions", SYSTEM),
-                ("wiregate.prepared_context", prepared),
-                *hand,
-                ("prompt.current_user_turn", user),
-            ]
-        )
-        history.append({"role": "user", "content": user})
-        hand.append(("prompt.history.user_turn", user))
+        cached = (details.cached_tokens or 0) if details is not None else 0
+        session.answered(user, reply.id, reply.usage.prompt_tokens, reply.usage.completion_tokens, cached)
         if turn % 4 == 0:  # the agent calls a tool; its result joins the history
             call_id = f"call_{turn}"
             calls = [
@@ -164,20 +189,21 @@ def test_a_twenty_turn_session_reports_what_was_computed_by_hand(gw: tuple[Env, 
                 }
             ]
             result = f"contents of module {turn}: " + "x = 1\n" * (40 + turn)
-            history += [
-                {"role": "assistant", "tool_calls": calls},
-                {"role": "tool", "tool_call_id": call_id, "content": result},
-            ]
-            hand += [
-                ("prompt.history.assistant_turn", compact({"tool_calls": calls})),
-                ("prompt.tool_result", result + compact({"tool_call_id": call_id})),
-            ]
+            session.add(
+                [
+                    {"role": "assistant", "tool_calls": calls},
+                    {"role": "tool", "tool_call_id": call_id, "content": result},
+                ],
+                [
+                    ("prompt.history.assistant_turn", compact({"tool_calls": calls})),
+                    ("prompt.tool_result", result + compact({"tool_call_id": call_id})),
+                ],
+            )
         else:
             text = reply.choices[0].message.content or ""
-            history.append({"role": "assistant", "content": text})
-            hand.append(("prompt.history.assistant_turn", text))
+            session.add([{"role": "assistant", "content": text}], [("prompt.history.assistant_turn", text)])
 
-    _verify(env, gateway, scope, expected, usage, response_ids)
+    _verify(env, gateway, scope, session)
 
 
 ANTHROPIC_TOOLS = [
@@ -210,48 +236,23 @@ def test_the_same_session_through_the_anthropic_sdk_reports_what_was_computed_by
         )
         assert api(env, gateway, "POST", "/v1/attribution/collection", {"collecting": True}) == {"collecting": True}
 
-        system = SYSTEM + prepared
-        history: list[dict[str, Any]] = []
-        hand: list[tuple[str, str]] = []
-        expected = Expected()
-        usage = {"input_total": 0, "output": 0, "cache_read": 0}
-        response_ids: set[str] = set()
-        labels: dict[str, str] = {}
+        session = Session(ANTHROPIC_TOOLS, prepared, "/messages/0")  # the system prompt is top-level
         for turn in range(1, TURNS + 1):
-            if turn == COMPACT_AT:
-                summary = f"Summary of turns 1-{turn - 1}: modules checked, two files read. {SENTINEL}"
-                history = [{"role": "user", "content": summary}]
-                hand = [("host.compaction_summary", summary)]
-                labels = {"/messages/0": "host.compaction_summary"}
-            user = f"Turn {turn}: check module {turn} and report. {SENTINEL}"
+            user = session.begin(turn)
             request = {
                 "model": "claude-sonnet-4-6",
                 "max_tokens": 256,
-                "system": system,
+                "system": SYSTEM + prepared,
                 "tools": ANTHROPIC_TOOLS,
-                "messages": [*history, {"role": "user", "content": user}],
-                "extra_headers": {**headers, "x-wiregate-blocks": json.dumps(labels)} if labels else headers,
+                "messages": [*session.history, {"role": "user", "content": user}],
+                "extra_headers": session.headers(headers),
             }
             reply = client.messages.create(**request)
             if turn == RETRY_AT:
                 assert client.messages.create(**request).id == reply.id
-            assert reply.id not in response_ids
-            response_ids.add(reply.id)
             read = reply.usage.cache_read_input_tokens or 0
-            usage["input_total"] += reply.usage.input_tokens + read + (reply.usage.cache_creation_input_tokens or 0)
-            usage["output"] += reply.usage.output_tokens
-            usage["cache_read"] += read
-            expected.call(
-                [
-                    ("prompt.tool_schemas", "".join(compact(t) for t in ANTHROPIC_TOOLS)),
-                    ("prompt.system_instructions", SYSTEM),
-                    ("wiregate.prepared_context", prepared),
-                    *hand,
-                    ("prompt.current_user_turn", user),
-                ]
-            )
-            history.append({"role": "user", "content": user})
-            hand.append(("prompt.history.user_turn", user))
+            written = reply.usage.cache_creation_input_tokens or 0
+            session.answered(user, reply.id, reply.usage.input_tokens + read + written, reply.usage.output_tokens, read)
             if turn % 4 == 0:
                 use = {
                     "type": "tool_use",
@@ -264,13 +265,14 @@ def test_the_same_session_through_the_anthropic_sdk_reports_what_was_computed_by
                     "tool_use_id": f"toolu_{turn}",
                     "content": f"contents of module {turn}: " + "x = 1\n" * (40 + turn),
                 }
-                history += [{"role": "assistant", "content": [use]}, {"role": "user", "content": [result]}]
-                hand += [("prompt.history.assistant_turn", compact(use)), ("prompt.tool_result", compact(result))]
+                session.add(
+                    [{"role": "assistant", "content": [use]}, {"role": "user", "content": [result]}],
+                    [("prompt.history.assistant_turn", compact(use)), ("prompt.tool_result", compact(result))],
+                )
             else:
                 text = "".join(block.text for block in reply.content if block.type == "text")
-                history.append({"role": "assistant", "content": text})
-                hand.append(("prompt.history.assistant_turn", text))
-        _verify(env, gateway, scope, expected, usage, response_ids)
+                session.add([{"role": "assistant", "content": text}], [("prompt.history.assistant_turn", text)])
+        _verify(env, gateway, scope, session)
 
 
 ELIGIBLE = {
@@ -287,13 +289,11 @@ def _verify(
     env: Env,
     gateway: GatewayThread,
     scope: str,
-    expected: Expected,
-    usage: dict[str, int],
-    response_ids: set[str],
-    raw_texts: tuple[str, ...] = ("read_file", "module"),
+    session: Session,
 ) -> None:
     """The report of one twenty-turn session equals the figures computed by hand, and
     nothing of its prompt, session, scope or response ids is stored."""
+    expected, usage = session.expected, session.usage
     report = api(env, gateway, "GET", "/v1/attribution/report", scope=scope)
     assert report["estimator"] == {"name": "runes/4@1", "kind": "relative_attribution_only"}
     assert report["boundaries"] == TURNS == expected.calls
@@ -365,7 +365,7 @@ def _verify(
         db.close()
     assert len(rows) == TURNS + 1  # the retry is stored, and counted once
     stored = json.dumps(rows)
-    for raw in (SENTINEL, SESSION, scope, *raw_texts, *response_ids):
+    for raw in (SENTINEL, SESSION, scope, "read_file", "module", *session.response_ids):
         assert raw not in stored
 
 
