@@ -102,8 +102,7 @@ async def envelope(request: web.Request, handler: Handler) -> web.StreamResponse
     request[CALL] = call
     status = 500
     try:
-        expect = request.get(EXPECT)
-        if expect is not None and expect.strip().lower() != CONTINUE:
+        if request.get(EXPECT, CONTINUE) != CONTINUE:
             raise ClientError(417, "expectation_failed", (ReasonCode.INVALID_REQUEST,))
         response = await handler(request)
         status = response.status

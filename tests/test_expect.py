@@ -56,11 +56,12 @@ def _connect(gateway: GatewayThread) -> socket.socket:
     return sock
 
 
-def test_continue_comes_only_after_the_checks_before_the_body(gw: tuple[Env, GatewayThread]) -> None:
+@pytest.mark.parametrize("value", ["100-continue", "100-Continue "])  # the token is case-insensitive
+def test_continue_comes_only_after_the_checks_before_the_body(gw: tuple[Env, GatewayThread], value: str) -> None:
     env, gateway = gw
     auth = f"Authorization: Bearer {env.gateway_key}"
     with _connect(gateway) as sock:
-        sock.sendall(_head("/v1/chat/completions", auth, "Content-Type: application/json", "Expect: 100-continue"))
+        sock.sendall(_head("/v1/chat/completions", auth, "Content-Type: application/json", f"Expect: {value}"))
         status, _, body, rest = _read_response(sock)
         assert status == "HTTP/1.1 100 Continue" and body == b"" and rest == b""
         sock.sendall(CHAT)

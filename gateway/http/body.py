@@ -2,9 +2,9 @@
 
 Owns: the size limit (413), the accepted encodings (identity, gzip with a bounded inflater;
 anything else 415), the media type (415), `100 Continue` for a client that waits for it
-(sent only once those checks and the route's own passed), and the two clocks a trickling client meets —
-the longest silence between body bytes and the longest time for the whole body (both 408,
-`request_timeout`). Used by every route that reads a body.
+(sent only once those checks and the route's own passed), and the two clocks a trickling
+client meets — the longest silence between body bytes and the longest time for the whole
+body (both 408, `request_timeout`). Used by every route that reads a body.
 Must not: parse or judge what the body says.
 """
 
@@ -34,7 +34,7 @@ async def read_body(request: web.Request, limits: Limits, *, media_type: str = "
         raise ClientError(415, "unsupported_media_type", (ReasonCode.UNSUPPORTED_MEDIA_TYPE,))
     if request.content_length is not None and request.content_length > limits.request_bytes:
         raise ClientError(413, "payload_too_large", (ReasonCode.PAYLOAD_TOO_LARGE,))
-    if request.get(EXPECT, "").strip().lower() == CONTINUE:  # every check before the body passed
+    if request.get(EXPECT) == CONTINUE:  # every check before the body passed
         await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         request.writer.output_size = 0  # the response proper has not started
     chunks: list[bytes] = []

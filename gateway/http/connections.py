@@ -219,9 +219,10 @@ class GuardedHandler(RequestHandler):
         return fixed
 
 
-# The client's `Expect` header (HTTP/1.1 only; an HTTP/1.0 server ignores it), kept here
-# instead of in the headers aiohttp routes on: the body reader sends `100 Continue` once
-# the request passed every check before its body, and the app refuses any other value.
+# The client's `Expect` header (HTTP/1.1 only; an HTTP/1.0 server ignores it), kept here,
+# trimmed and lower-cased, instead of in the headers aiohttp routes on: the body reader
+# sends `100 Continue` once the request passed every check before its body, and the app
+# refuses any other value.
 EXPECT = web.RequestKey("wiregate_expect", str)
 CONTINUE = "100-continue"
 
@@ -236,7 +237,7 @@ def _expect_aside(factory: Callable[..., web.BaseRequest]) -> Callable[..., web.
         del headers["Expect"]
         request = factory(message._replace(headers=CIMultiDictProxy(headers)), *args)
         if message.version == HttpVersion11:
-            request[EXPECT] = ", ".join(values)
+            request[EXPECT] = ", ".join(values).strip().lower()
         return request
 
     return make
