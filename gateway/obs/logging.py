@@ -197,31 +197,18 @@ def configure(level: str = "info", stream: Any = None, *, process_hooks: bool = 
     root.propagate = False
     # Other libraries' records reach the top logger. Their text is a library's own: it can
     # quote what it was handed (aiohttp a cookie's name or a peer's bytes, asyncio a task's
-    # exception message, the PostgreSQL driver its DSN), and without a handler Python's
-    # last-resort one would print it raw on stderr. Each line keeps a fixed event
-    # ("library_<level>"), the logger's name and the exception's class; warnings and above.
+    # exception message, the PostgreSQL driver its DSN in `invalid connection option "..."`),
+    # and without a handler Python's last-resort one would print it raw on stderr. Each line
+    # keeps a fixed event ("library_<level>"), the logger's name and the exception's class;
+    # warnings and above.
     library = logging.StreamHandler(out)
     library.setFormatter(JsonFormatter())
-    library.addFilter(_TextFree("library"))
+    library.addFilter(_TextFree())
     library.setLevel(logging.WARNING)
     library.wiregate = True  # type: ignore[attr-defined]  # found and replaced by the next configure
     top = logging.getLogger()
     top.handlers[:] = [h for h in top.handlers if not getattr(h, "wiregate", False)] + [library]
-    for name in ("aiohttp.access", "aiohttp.server", "aiohttp.web", "aiohttp.client"):  # routed here before
-        lib = logging.getLogger(name)
-        lib.handlers[:] = []
-        lib.propagate = True
-        lib.setLevel(logging.NOTSET)
     logging.getLogger("aiohttp").setLevel(logging.WARNING)  # its access lines are INFO: ours replace them
-    # The PostgreSQL driver and its pool log connection failures with the driver's message,
-    # which can quote the DSN (`invalid connection option "..."`): their own event names them.
-    driver = logging.StreamHandler(out)
-    driver.setFormatter(JsonFormatter())
-    driver.addFilter(_TextFree("store_driver"))
-    lib = logging.getLogger("psycopg")  # and its children: the pool logs as "psycopg.pool"
-    lib.handlers[:] = [driver]
-    lib.setLevel(logging.WARNING)
-    lib.propagate = False
     if not process_hooks:
         return
     # Python's warnings print their message and source line on stderr: routed through the
@@ -237,15 +224,11 @@ _LOGGER_NAME = re.compile(r"[A-Za-z0-9_.]{1,64}")  # a module path; anything els
 
 
 class _TextFree(logging.Filter):
-    """Another library's record with its text replaced by a fixed event, `<prefix>_<level>`,
+    """Another library's record with its text replaced by a fixed event, `library_<level>`,
     and its logger's name beside it."""
 
-    def __init__(self, prefix: str) -> None:
-        super().__init__()
-        self.prefix = prefix
-
     def filter(self, record: logging.LogRecord) -> bool:
-        record.msg = f"{self.prefix}_{record.levelname.lower()}"
+        record.msg = f"library_{record.levelname.lower()}"
         record.args = ()
         record.stack_info = None
         record.wg_fields = {"logger": record.name if _LOGGER_NAME.fullmatch(record.name) else "other"}

@@ -73,5 +73,5 @@ def test_driver_log_records_keep_no_text(captured_logs: LogCapture) -> None:
     logging.getLogger("psycopg.pool").warning("error connecting in %r: %s", "pool-1", f'invalid option "{WORD}"')
     logging.getLogger("psycopg").info("below the level: %s", WORD)
     lines = [json.loads(line) for line in captured_logs.since(mark).splitlines() if line.strip()]
-    assert [line["event"] for line in lines] == ["store_driver_warning"]
+    assert [(line["event"], line["logger"]) for line in lines] == [("library_warning", "psycopg.pool")]
     assert WORD not in captured_logs.since(mark)
