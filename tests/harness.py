@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import socket
 import ssl
 import tempfile
 import threading
@@ -282,6 +283,33 @@ def direct_openai(mock_url: str) -> openai.OpenAI:
 
 def direct_anthropic(mock_url: str) -> anthropic.Anthropic:
     return anthropic.Anthropic(base_url=mock_url, api_key=UPSTREAM_KEY, max_retries=0)
+
+
+def raw_socket(gw: GatewayThread, env: Env | None = None, listener: str = "uds") -> socket.socket:
+    """A connected socket to one of the gateway's listeners (`uds`, or `tls` with the dev CA),
+    10 s timeouts, for tests that write HTTP bytes themselves."""
+    if listener == "uds":
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(str(gw.uds))
+    else:
+        assert env is not None, "a TLS socket needs the env's CA"
+        raw = socket.create_connection(("127.0.0.1", gw.port))
+        sock = ssl.create_default_context(cafile=str(env.ca)).wrap_socket(raw, server_hostname="127.0.0.1")
+    sock.settimeout(10)
+    return sock
+
+
+def read_until_closed(sock: socket.socket) -> bytes:
+    """Everything the gateway writes until it closes the connection (a reset counts as closed)."""
+    data = b""
+    while True:
+        try:
+            chunk = sock.recv(65536)
+        except (ConnectionResetError, ssl.SSLError):
+            return data
+        if not chunk:
+            return data
+        data += chunk
 
 
 def raw_client(gw: GatewayThread, env: Env, *, uds: bool = False) -> httpx2.Client:

@@ -6,7 +6,6 @@ the error log."""
 from __future__ import annotations
 
 import json
-import socket
 from collections.abc import Iterator
 
 import pytest
@@ -14,7 +13,7 @@ import pytest
 from gateway.config.model import Limits
 from gateway.http.connections import BAD_HTTP_LOG_S, ConnectionGuard
 from tests.conftest import GatewayFactory, LogCapture
-from tests.harness import Env, GatewayThread
+from tests.harness import Env, GatewayThread, raw_socket, read_until_closed
 
 GARBAGE = [
     b"GET / HTTP/1.1\r\n\r\n",  # no Host
@@ -32,14 +31,9 @@ def gw(gateways: GatewayFactory) -> Iterator[tuple[Env, GatewayThread]]:
 
 
 def _exchange(gateway: GatewayThread, data: bytes) -> bytes:
-    with socket.socket(socket.AF_UNIX) as sock:
-        sock.settimeout(10)
-        sock.connect(str(gateway.uds))
+    with raw_socket(gateway) as sock:
         sock.sendall(data)
-        answer = b""
-        while chunk := sock.recv(65536):
-            answer += chunk
-    return answer
+        return read_until_closed(sock)
 
 
 def test_garbage_is_answered_and_sampled_in_the_log(gw: tuple[Env, GatewayThread], captured_logs: LogCapture) -> None:

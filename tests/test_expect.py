@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.conftest import GatewayFactory, LogCapture
-from tests.harness import Env, GatewayThread
+from tests.harness import Env, GatewayThread, raw_socket
 
 VALUE = "sk-expect-secret-5521"
 CHAT = json.dumps({"model": "gpt-4.1", "messages": [{"role": "user", "content": "hello"}]}).encode()
@@ -31,9 +31,9 @@ def _head(path: str, *lines: str, length: int = len(CHAT), version: str = "1.1")
     return ("\r\n".join(head) + "\r\n\r\n").encode()
 
 
-def _read_response(sock: socket.socket, buffered: bytes = b"") -> tuple[str, dict[str, str], bytes, bytes]:
+def _read_response(sock: socket.socket) -> tuple[str, dict[str, str], bytes, bytes]:
     """One response (status line, headers, body) and whatever followed it."""
-    data = buffered
+    data = b""
     while b"\r\n\r\n" not in data:
         chunk = sock.recv(65536)
         assert chunk, data
@@ -49,18 +49,11 @@ def _read_response(sock: socket.socket, buffered: bytes = b"") -> tuple[str, dic
     return status, headers, rest[:length], rest[length:]
 
 
-def _connect(gateway: GatewayThread) -> socket.socket:
-    sock = socket.socket(socket.AF_UNIX)
-    sock.settimeout(10)
-    sock.connect(str(gateway.uds))
-    return sock
-
-
 @pytest.mark.parametrize("value", ["100-continue", "100-Continue "])  # the token is case-insensitive
 def test_continue_comes_only_after_the_checks_before_the_body(gw: tuple[Env, GatewayThread], value: str) -> None:
     env, gateway = gw
     auth = f"Authorization: Bearer {env.gateway_key}"
-    with _connect(gateway) as sock:
+    with raw_socket(gateway) as sock:
         sock.sendall(_head("/v1/chat/completions", auth, "Content-Type: application/json", f"Expect: {value}"))
         status, _, body, rest = _read_response(sock)
         assert status == "HTTP/1.1 100 Continue" and body == b"" and rest == b""
@@ -85,7 +78,7 @@ def test_a_refused_request_is_never_invited_to_send_its_body(
 ) -> None:
     env, gateway = gw
     head = [f"Authorization: Bearer {env.gateway_key}" if line == "AUTH" else line for line in lines]
-    with _connect(gateway) as sock:
+    with raw_socket(gateway) as sock:
         sock.sendall(_head(path, *head, "Expect: 100-continue"))
         status, _, body, _ = _read_response(sock)
     assert status.split()[1] == want, (status, body)
@@ -99,7 +92,7 @@ def test_an_unknown_expectation_is_a_content_free_417(
     _, gateway = gw
     mark = captured_logs.mark()
     extra = ("anthropic-version: 2023-06-01",) if path == "/v1/messages" else ()
-    with _connect(gateway) as sock:
+    with raw_socket(gateway) as sock:
         sock.sendall(_head(path, "Content-Type: application/json", f"Expect: {VALUE}", *extra) + CHAT)
         status, headers, body, _ = _read_response(sock)
     assert status.startswith("HTTP/1.1 417"), (status, body)
@@ -117,14 +110,14 @@ def test_an_unknown_expectation_is_a_content_free_417(
 def test_http_1_0_ignores_the_header(gw: tuple[Env, GatewayThread]) -> None:
     env, gateway = gw
     auth = f"Authorization: Bearer {env.gateway_key}"
-    with _connect(gateway) as sock:
+    with raw_socket(gateway) as sock:
         head = _head(
             "/v1/chat/completions", auth, "Content-Type: application/json", "Expect: 100-continue", version="1.0"
         )
         sock.sendall(head + CHAT)
         status, _, body, _ = _read_response(sock)
     assert status.split()[1] == "200", body
-    with _connect(gateway) as sock:
+    with raw_socket(gateway) as sock:
         sock.sendall(b"GET /healthz HTTP/1.0\r\nExpect: " + VALUE.encode() + b"\r\n\r\n")
         status, _, body, _ = _read_response(sock)
     assert status.split()[1] == "200" and VALUE.encode() not in body

@@ -5,14 +5,13 @@ answers the connection layer writes itself (unparseable HTTP, too many connectio
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 
 import pytest
 
 from gateway.http.connections import _raw_response
 from tests.conftest import GatewayFactory
-from tests.harness import Env, GatewayThread, openai_client, raw_client
+from tests.harness import Env, GatewayThread, openai_client, raw_client, raw_socket, read_until_closed
 
 
 @pytest.fixture(scope="module")
@@ -56,13 +55,9 @@ def test_every_kind_of_response_says_only_wiregate(gw: tuple[Env, GatewayThread]
 
 def test_unparseable_http_is_answered_as_wiregate(gw: tuple[Env, GatewayThread]) -> None:
     _, gateway = gw
-    with socket.socket(socket.AF_UNIX) as sock:
-        sock.settimeout(10)
-        sock.connect(str(gateway.uds))
+    with raw_socket(gateway) as sock:
         sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nBad Header: v\r\n\r\n")
-        answer = b""
-        while chunk := sock.recv(65536):
-            answer += chunk
+        answer = read_until_closed(sock)
     head = answer.split(b"\r\n\r\n", 1)[0].decode().lower().split("\r\n")
     assert head[0].endswith("400 bad request")
     assert [line for line in head if line.startswith("server:")] == ["server: wiregate"]

@@ -14,7 +14,7 @@ import pytest
 
 from gateway.mockprovider import MockProviderServer
 from tests.conftest import GatewayFactory
-from tests.harness import Env, GatewayThread
+from tests.harness import Env, GatewayThread, raw_socket, read_until_closed
 
 LIMITS = (
     "[limits]\nrequest_head_s = 0.5\nbody_idle_s = 0.5\nbody_total_s = 1.5\n"
@@ -28,35 +28,12 @@ def gw(gateways: GatewayFactory) -> Iterator[tuple[Env, GatewayThread]]:
         yield started
 
 
-def _connect(env: Env, gateway: GatewayThread, listener: str) -> socket.socket:
-    if listener == "uds":
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.connect(str(gateway.uds))
-    else:
-        raw = socket.create_connection(("127.0.0.1", gateway.port))
-        sock = ssl.create_default_context(cafile=str(env.ca)).wrap_socket(raw, server_hostname="127.0.0.1")
-    sock.settimeout(10)
-    return sock
-
-
-def _read_until_closed(sock: socket.socket) -> bytes:
-    data = b""
-    while True:
-        try:
-            chunk = sock.recv(65536)
-        except (ConnectionResetError, ssl.SSLError):
-            return data
-        if not chunk:
-            return data
-        data += chunk
-
-
 @pytest.mark.parametrize("listener", ["tls", "uds"])
 def test_a_trickling_head_is_cut_off(gw: tuple[Env, GatewayThread], listener: str) -> None:
     env, gateway = gw
-    sock = _connect(env, gateway, listener)
+    sock = raw_socket(gateway, env, listener)
     sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")  # and never the rest
-    reply = _read_until_closed(sock)
+    reply = read_until_closed(sock)
     assert reply.startswith(b"HTTP/1.1 408") and b"request_timeout" in reply
     sock.close()
 
@@ -75,7 +52,7 @@ def test_a_tls_handshake_that_never_starts_is_cut_off(gw: tuple[Env, GatewayThre
 @pytest.mark.parametrize("pace", ["stall", "trickle"])
 def test_a_body_that_stalls_or_trickles_gets_408(gw: tuple[Env, GatewayThread], listener: str, pace: str) -> None:
     env, gateway = gw
-    sock = _connect(env, gateway, listener)
+    sock = raw_socket(gateway, env, listener)
     head = (
         f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {env.gateway_key}\r\n"
         "Content-Type: application/json\r\nContent-Length: 400\r\n\r\n"
@@ -88,7 +65,7 @@ def test_a_body_that_stalls_or_trickles_gets_408(gw: tuple[Env, GatewayThread], 
                 sock.sendall(b" ")
         except (BrokenPipeError, ConnectionResetError, ssl.SSLError):
             pass
-    reply = _read_until_closed(sock)
+    reply = read_until_closed(sock)
     assert reply.startswith(b"HTTP/1.1 408") and b"request_timeout" in reply
     sock.close()
 
@@ -96,29 +73,29 @@ def test_a_body_that_stalls_or_trickles_gets_408(gw: tuple[Env, GatewayThread], 
 @pytest.mark.parametrize("listener", ["tls", "uds"])
 def test_connections_per_client_are_capped(gw: tuple[Env, GatewayThread], listener: str) -> None:
     env, gateway = gw
-    held = [_connect(env, gateway, listener) for _ in range(3)]
+    held = [raw_socket(gateway, env, listener) for _ in range(3)]
     try:
-        extra = _connect(env, gateway, listener)
-        reply = _read_until_closed(extra)
+        extra = raw_socket(gateway, env, listener)
+        reply = read_until_closed(extra)
         assert reply.startswith(b"HTTP/1.1 503") and b"too_many_connections" in reply
         extra.close()
     finally:
         for sock in held:
             sock.close()
     time.sleep(0.2)  # let the server see the closes
-    ok = _connect(env, gateway, listener)
+    ok = raw_socket(gateway, env, listener)
     ok.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-    assert _read_until_closed(ok).startswith(b"HTTP/1.1 200")
+    assert read_until_closed(ok).startswith(b"HTTP/1.1 200")
     ok.close()
 
 
 def test_connections_in_all_are_capped(mock: MockProviderServer, make_env: Any, gateway_for: Any) -> None:
     env = make_env(config_extra="[limits]\nmax_connections = 2\n")
     gateway = gateway_for(env)
-    held = [_connect(env, gateway, "uds"), _connect(env, gateway, "tls")]
+    held = [raw_socket(gateway, env, "uds"), raw_socket(gateway, env, "tls")]
     try:
-        extra = _connect(env, gateway, "uds")
-        assert _read_until_closed(extra).startswith(b"HTTP/1.1 503")
+        extra = raw_socket(gateway, env, "uds")
+        assert read_until_closed(extra).startswith(b"HTTP/1.1 503")
         extra.close()
     finally:
         for sock in held:
