@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import resource
+import subprocess
 import sys
 from pathlib import Path
 
@@ -44,8 +45,6 @@ def test_serve_turns_core_dumps_off(mock: MockProviderServer, tmp_path: Path) ->
 def test_the_limit_is_the_gateways_own_not_inherited(tmp_path: Path) -> None:
     """Started from a shell that allows cores, the process still has none (checked here on
     a plain child first, so the test shows the limit would otherwise be open)."""
-    import subprocess
-
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], preexec_fn=_allow_cores)
     try:
         assert _core_limit(child.pid)[0] != "0"
