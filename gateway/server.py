@@ -18,6 +18,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from gateway.api.ui import end_lapsed_sessions
 from gateway.app import create_app
 from gateway.config.load import ConfigError, load_runtime, resolve
 from gateway.config.runtime import RuntimeHolder
@@ -56,6 +57,7 @@ class RunningGateway:
             log.error("config_reload_failed", reason=str(exc), generation=self.holder.current.generation)
             return False
         self.holder.swap(runtime)
+        end_lapsed_sessions(self.app, runtime)
         _log_warnings(runtime.warnings)
         if self._tls is not None and self.tls_paths is not None:
             try:  # new connections get the new certificate

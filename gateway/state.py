@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -85,15 +86,21 @@ class UiSession:
 class UiSessions:
     """The /ui/ pages' short-lived sessions, in this process (a replica behind a load
     balancer needs sticky sessions or a new sign-in). Looked up by the digest of the
-    cookie's token; at most `max_sessions`, the oldest dropped first."""
+    cookie's token; at most `per_key` for one gateway key (its own oldest dropped first, so
+    one key signing in again and again cannot sign anyone else out) and `max_sessions` in
+    all (the oldest dropped first)."""
 
-    def __init__(self, *, ttl_s: float = 900.0, max_sessions: int = 1024) -> None:
+    def __init__(self, *, ttl_s: float = 900.0, max_sessions: int = 1024, per_key: int = 8) -> None:
         self.ttl_s = ttl_s
         self.max_sessions = max_sessions
+        self.per_key = per_key
         self._by_token: dict[bytes, UiSession] = {}
 
     def create(self, key_digest: bytes, now: float) -> tuple[str, UiSession]:
         self._by_token = {t: s for t, s in self._by_token.items() if s.expires > now}
+        same_key = [t for t, s in self._by_token.items() if s.key_digest == key_digest]
+        for old in same_key[: max(0, len(same_key) - self.per_key + 1)]:
+            del self._by_token[old]
         while len(self._by_token) >= self.max_sessions:
             self._by_token.pop(next(iter(self._by_token)))
         token = secrets.token_urlsafe(32)
@@ -107,6 +114,14 @@ class UiSessions:
 
     def drop(self, token: str) -> None:
         self._by_token.pop(hashlib.sha256(token.encode()).digest(), None)
+
+    def keep_only(self, allowed: Callable[[bytes], bool]) -> int:
+        """End every session whose key `allowed` refuses (after a reload: a key removed, or
+        no longer allowed to observe, must not come back to life if it is restored later).
+        Returns how many ended."""
+        before = len(self._by_token)
+        self._by_token = {t: s for t, s in self._by_token.items() if allowed(s.key_digest)}
+        return before - len(self._by_token)
 
 
 RUNTIME = web.AppKey("wiregate_runtime", RuntimeHolder)

@@ -28,7 +28,8 @@ def _bad() -> ClientError:
     return ClientError(422, "invalid_request", (ReasonCode.INVALID_REQUEST,))
 
 
-def _number(value: str | None, default: float) -> float:
+def query_number(value: str | None, default: float) -> float:
+    """A finite number from a query parameter (absent or empty: `default`), else 422."""
     if value is None or value == "":
         return default
     try:
@@ -76,11 +77,11 @@ async def report(request: web.Request) -> web.Response:
         runtime, request.headers, service.scope_creator if service else None, body_scope=scope
     )
     auth.identify(runtime, request.headers, "observe", body_scope=scope, creator_of=creator_of)
-    top = int(_number(query.get("top"), TOP_N))
+    top = int(query_number(query.get("top"), TOP_N))
     if not 1 <= top <= TOP_N:
         raise _bad()
-    since = _number(query.get("since"), -1.0)
-    until = _number(query.get("until"), -1.0)
+    since = query_number(query.get("since"), -1.0)
+    until = query_number(query.get("until"), -1.0)
     body = await build_report(request, scope, since if since >= 0 else None, until if until >= 0 else None, top)
     return web.json_response(body)
 

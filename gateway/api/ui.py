@@ -22,7 +22,7 @@ from pathlib import Path
 from aiohttp import web
 
 from gateway import auth
-from gateway.api.attribution import build_report
+from gateway.api.attribution import build_report, query_number
 from gateway.config.runtime import Principal, Runtime
 from gateway.errors import ClientError
 from gateway.http.body import read_body
@@ -63,24 +63,42 @@ def _principal_of(runtime: Runtime, key_digest: bytes) -> Principal | None:
     return found
 
 
+def _observer(runtime: Runtime, key_digest: bytes) -> bool:
+    principal = _principal_of(runtime, key_digest)
+    return principal is not None and principal.may("observe")
+
+
+def end_lapsed_sessions(app: web.Application, runtime: Runtime) -> None:
+    """After a reload: end the sessions of keys the new runtime removed or no longer lets
+    observe (restoring the key later must not bring them back)."""
+    sessions = app.get(UI_SESSIONS)
+    if sessions is not None:
+        sessions.keep_only(lambda digest: _observer(runtime, digest))
+
+
 def _session(request: web.Request) -> tuple[UiSession, Principal]:
-    """The caller's live session and its principal as the current runtime has it (a key
-    removed by a reload ends its sessions); it must still hold `observe`."""
+    """The caller's live session and its principal as the current runtime has it; a key
+    removed, or no longer allowed to observe, ends the session for good."""
     token = request.cookies.get(COOKIE)
-    session = request.app[UI_SESSIONS].get(token, time.time()) if token else None
-    if session is None:
+    sessions = request.app[UI_SESSIONS]
+    session = sessions.get(token, time.time()) if token else None
+    if session is None or token is None:
         raise _unauthenticated()
     principal = _principal_of(request.app[RUNTIME].current, session.key_digest)
     if principal is None:
+        sessions.drop(token)
         raise _unauthenticated()
     if not principal.may("observe"):
+        sessions.drop(token)
         raise _forbidden()
     return session, principal
 
 
 def _check_csrf(request: web.Request, session: UiSession) -> None:
-    presented = request.headers.get(CSRF_HEADER, "")
-    if not presented or not hmac.compare_digest(presented, session.csrf):
+    """The session's token in its header, compared as bytes (any header value compares,
+    none raises)."""
+    presented = request.headers.get(CSRF_HEADER, "").encode("utf-8", "surrogateescape")
+    if not presented or not hmac.compare_digest(presented, session.csrf.encode()):
         raise _forbidden()
 
 
@@ -107,14 +125,18 @@ def _file(request: web.Request, name: str) -> web.Response:
     response = web.Response(body=body, content_type=_TYPES.get(Path(name).suffix, "application/octet-stream"))
     if response.content_type.startswith("text/"):
         response.charset = "utf-8"
-    response.headers.update(SECURITY_HEADERS)
     return response
 
 
 def _json(data: object) -> web.Response:
-    response = web.json_response(data)
-    response.headers.update(SECURITY_HEADERS)
-    return response
+    return web.json_response(data)
+
+
+async def _security_headers(request: web.Request, response: web.StreamResponse) -> None:
+    """Every response under /ui — pages, JSON, redirects and refusals alike — carries the
+    Content-Security-Policy and its companions."""
+    if request.path == "/ui" or request.path.startswith("/ui/"):
+        response.headers.update(SECURITY_HEADERS)
 
 
 async def index(request: web.Request) -> web.StreamResponse:
@@ -175,12 +197,7 @@ async def session_info(request: web.Request) -> web.Response:
 
 def _since(request: web.Request) -> float | None:
     value = request.query.get("since")
-    if value is None:
-        return None
-    try:
-        return float(value)
-    except ValueError:
-        raise ClientError(422, "invalid_request", (ReasonCode.INVALID_REQUEST,)) from None
+    return None if not value else query_number(value, 0.0)
 
 
 async def attribution(request: web.Request) -> web.Response:
@@ -232,9 +249,7 @@ async def _redirect(request: web.Request) -> web.StreamResponse:
 
 def _see(location: str) -> web.Response:
     """A redirect as a response (the envelope renders raised HTTP exceptions as errors)."""
-    response = web.Response(status=303, headers={"Location": location})
-    response.headers.update(SECURITY_HEADERS)
-    return response
+    return web.Response(status=303, headers={"Location": location})
 
 
 def _read_static() -> dict[str, bytes]:
@@ -260,3 +275,4 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/ui/api/collection", switch)
     app.router.add_get("/ui/{name:[a-z]+\\.(?:html|css|js|png)}", static)
     app.cleanup_ctx.append(resources)
+    app.on_response_prepare.append(_security_headers)

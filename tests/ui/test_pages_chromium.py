@@ -117,6 +117,7 @@ def _sign_in(context: Any, gateway: GatewayThread, key: str) -> Any:
     foreign: list[str] = []
     page.on("request", lambda r: None if r.url.startswith(gateway.https_url) else foreign.append(r.url))
     page.goto(gateway.https_url + "/ui/")
+    page.wait_for_selector("#sign-in:enabled")  # the script took over the form
     page.fill("#key", key)
     page.press("#key", "Enter")
     page.wait_for_url("**/ui/context.html")
@@ -299,6 +300,7 @@ def test_only_observers_sign_in_and_only_admins_switch(live: tuple[Env, GatewayT
     other = _context(browser, gateway)
     login = other.new_page()
     login.goto(gateway.https_url + "/ui/")
+    login.wait_for_selector("#sign-in:enabled")
     login.fill("#key", caller)
     login.press("#key", "Enter")
     login.wait_for_selector("#login-status:not(:empty)")

@@ -9,10 +9,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from gateway.api.ui import STATIC_DIR
+from gateway import devsetup
+from gateway.api.ui import SECURITY_HEADERS, STATIC_DIR
 from gateway.state import UiSessions
 from tests.conftest import GatewayFactory
-from tests.harness import Env, GatewayThread, raw_client
+from tests.harness import Env, GatewayThread, raw_client, sensitive
 
 
 def test_the_pages_have_no_inline_script_or_style_and_no_foreign_asset() -> None:
@@ -29,6 +30,27 @@ def test_the_pages_have_no_inline_script_or_style_and_no_foreign_asset() -> None
     script = (STATIC_DIR / "app.js").read_text()
     assert "innerHTML" not in script and "eval(" not in script and "http" not in script.replace("https_url", "")
     assert "@import" not in (STATIC_DIR / "app.css").read_text() and "url(" not in (STATIC_DIR / "app.css").read_text()
+
+
+def test_the_key_field_can_never_be_submitted_without_the_script() -> None:
+    """Submitted before app.js takes over (or with it broken), a form would put a named
+    field in a URL: the key field has no name and the button starts disabled."""
+    html = (STATIC_DIR / "login.html").read_text()
+    form = re.search(r"<form[^>]*>.*?</form>", html, re.S)
+    assert form is not None
+    assert re.search(r"\sname=", form.group(0)) is None
+    assert re.search(r'<button[^>]*type="submit"[^>]*\sdisabled[\s>]', form.group(0))
+    assert 'method="post"' in form.group(0)  # never GET, whatever submits it
+    assert 'getElementById("sign-in").disabled = false' in (STATIC_DIR / "app.js").read_text()
+
+
+def test_one_key_cannot_sign_everyone_else_out() -> None:
+    sessions = UiSessions(ttl_s=900, max_sessions=16, per_key=4)
+    admin = sessions.create(b"a" * 32, 100.0)[0]
+    flood = [sessions.create(b"v" * 32, 100.0 + n / 100)[0] for n in range(40)]
+    assert sessions.get(admin, 101.0) is not None
+    live = [t for t in flood if sessions.get(t, 101.0) is not None]
+    assert live == flood[-4:]  # the flooding key keeps only its own newest
 
 
 def test_sessions_expire_and_are_bounded() -> None:
@@ -85,3 +107,82 @@ def test_sign_in_csrf_and_actions(gw: tuple[Env, GatewayThread]) -> None:
     assert http.post("/ui/logout", json={}).status_code == 403  # no CSRF token
     assert http.post("/ui/logout", json={}, headers={"x-wiregate-csrf": session["csrf"]}).status_code == 200
     assert http.get("/ui/api/session").status_code == 401
+
+
+UI_ERRORS = [
+    ("GET", "/ui/nothing.html", None, {}, 404),
+    ("GET", "/ui/api/nothing", None, {}, 404),
+    ("GET", "/ui/login", None, {}, 405),
+    ("GET", "/ui/api/session", None, {}, 401),
+    ("POST", "/ui/login", {"key": "wrong"}, {}, 401),
+    ("POST", "/ui/login", {"key": "x"}, {"origin": "https://evil.example"}, 403),
+]
+
+
+def test_refusals_under_ui_carry_the_security_headers(gw: tuple[Env, GatewayThread]) -> None:
+    env, gateway = gw
+    http = raw_client(gateway, env)
+    for method, path, body, headers, status in UI_ERRORS:
+        response = http.request(method, path, json=body, headers=headers)
+        assert response.status_code == status, (method, path)
+        for name, value in SECURITY_HEADERS.items():
+            assert response.headers.get(name) == value, (path, name)
+    typed = http.post("/ui/login", content=b"key=x", headers={"content-type": "text/plain"})
+    assert (
+        typed.status_code == 415
+        and typed.headers["content-security-policy"] == SECURITY_HEADERS["Content-Security-Policy"]
+    )
+    assert "content-security-policy" not in http.get("/healthz").headers  # only the pages' own surface
+
+
+def _signed_in(http: object, key: str) -> dict[str, object]:
+    signed = http.post("/ui/login", json={"key": key})  # type: ignore[attr-defined]
+    assert signed.status_code == 200
+    session = http.get("/ui/api/session")  # type: ignore[attr-defined]
+    assert session.status_code == 200
+    return dict(session.json())
+
+
+def test_odd_csrf_and_numbers_are_refused_not_failed(gw: tuple[Env, GatewayThread]) -> None:
+    env, gateway = gw
+    http = raw_client(gateway, env)
+    _signed_in(http, env.gateway_key)
+    for odd in ("\xe9".encode("latin-1"), "\u00e9".encode(), b"\xff\xfe"):
+        for path in ("/ui/api/collection", "/ui/logout"):
+            refused = http.post(path, json={"collecting": True}, headers={"x-wiregate-csrf": odd})
+            assert refused.status_code == 403, (path, odd)
+            assert refused.json()["error"]["details"]["reason_codes"] == ["forbidden_action"]
+    for path in ("/ui/api/attribution", "/ui/api/usage", "/ui/api/decisions"):
+        for value in ("nan", "inf", "-inf", "1e999", "x"):
+            assert http.get(path, params={"since": value}).status_code == 422, (path, value)
+        assert http.get(path, params={"since": "0"}).status_code == 200
+
+
+def test_a_key_removed_by_a_reload_never_comes_back(gw: tuple[Env, GatewayThread]) -> None:
+    """Removing a key (or its `observe`) ends its sessions for good: restoring it later
+    needs a new sign-in."""
+    env, gateway = gw
+    principals = env.dir / "principals.toml"
+    original = principals.read_text()
+    key, digest = devsetup.new_gateway_key()
+    sensitive(key)
+    watcher = devsetup.principal_block("watcher", [digest], ["observe"], [], None)
+    blind = devsetup.principal_block("watcher", [digest], ["proxy"], [], None)
+    try:
+        for lapsed in (original, original + blind):
+            principals.write_text(original + watcher)
+            assert gateway.reload()
+            http = raw_client(gateway, env)
+            _signed_in(http, key)
+            principals.write_text(lapsed)
+            assert gateway.reload()
+            principals.write_text(original + watcher)
+            assert gateway.reload()  # restored before the session was used again
+            assert http.get("/ui/api/session").status_code == 401
+            _signed_in(http, key)  # a new sign-in works
+            principals.write_text(lapsed)
+            assert gateway.reload()
+            assert http.get("/ui/api/session").status_code == 401  # ended by the reload itself
+    finally:
+        principals.write_text(original)
+        assert gateway.reload()

@@ -336,6 +336,9 @@ function loginPage() {
     if (response.ok) window.location.assign("/ui/context.html");
     else document.getElementById("login-status").textContent = "Not signed in: the key is unknown or may not observe.";
   });
+  // The form has no named field and its button stays disabled until this script has taken
+  // over the submit: a key can never end up in a URL or a form post.
+  document.getElementById("sign-in").disabled = false;
 }
 
 document.addEventListener("DOMContentLoaded", () => {
