@@ -20,9 +20,14 @@ the client's JSON — in logs, metrics or error bodies.
 
 from __future__ import annotations
 
+import base64
+import binascii
+import functools
 import hashlib
+import hmac
 import json
 import math
+import os
 import re
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -31,6 +36,8 @@ from typing import Annotated, Any, Literal
 from urllib.parse import quote
 
 from aiohttp import web
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 
 from gateway import auth
@@ -38,7 +45,7 @@ from gateway.checks import claims as claims_
 from gateway.checks.store import refusal_reasons, write_verdict
 from gateway.config.runtime import Principal, Runtime
 from gateway.context import errors as cx
-from gateway.context.content import compact_json
+from gateway.context.content import compact_json, utf8_ok
 from gateway.context.model import ArtifactRef, AtomicMemoryInput, MemoryState
 from gateway.context.service import ContextService, ContextSettings, SearchResult
 from gateway.context.store.base import ScopeRecord
@@ -448,20 +455,64 @@ def _json(body: Any, status: int = 200, headers: Mapping[str, str] | None = None
     )
 
 
+_DECIMAL = re.compile(r"[0-9]{1,9}")  # ASCII digits only (`str.isdigit` takes "²" and "٣")
+
+
+def _decimal(text: str) -> int | None:
+    return int(text) if _DECIMAL.fullmatch(text) else None
+
+
+def _query(request: web.Request, name: str) -> str | None:
+    """A query parameter given at most once (a repeated one is refused, never guessed)."""
+    values = request.query.getall(name, [])
+    if len(values) > 1:
+        raise cx.InvalidRequest(name, "is repeated")
+    return values[0] if values else None
+
+
 def _int_query(request: web.Request, name: str, default: int | None, low: int, high: int) -> int | None:
-    value = request.query.get(name)
+    value = _query(request, name)
     if value is None:
         return default
-    if not value.isdigit() or not low <= int(value) <= high:
+    number = _decimal(value)
+    if number is None or not low <= number <= high:
         raise cx.InvalidRequest(name, "is out of range")
-    return int(value)
+    return number
 
 
 def _cursor(request: web.Request) -> str | None:
-    value = request.query.get("cursor")
+    value = _query(request, "cursor")
     if value is not None and not 1 <= len(value) <= 4096:
         raise cx.InvalidCursor()
     return value
+
+
+_SCOPE_CURSOR = b"wiregate scope list cursor v1"
+
+
+@functools.lru_cache(maxsize=4)
+def _cursor_cipher(log_key: bytes) -> ChaCha20Poly1305:
+    return ChaCha20Poly1305(hmac.digest(log_key, _SCOPE_CURSOR, "sha256"))
+
+
+def _seal_cursor(runtime: Runtime, inner: str | None) -> str | None:
+    """A scope listing's cursor, sealed: it names a scope id the caller may not see (the
+    last one read when a page stopped early), so the caller gets it only encrypted."""
+    if inner is None:
+        return None
+    nonce = os.urandom(12)
+    sealed = nonce + _cursor_cipher(runtime.log_key).encrypt(nonce, inner.encode(), _SCOPE_CURSOR)
+    return base64.urlsafe_b64encode(sealed).decode().rstrip("=")
+
+
+def _open_cursor(runtime: Runtime, outer: str | None) -> str | None:
+    if outer is None:
+        return None
+    try:
+        sealed = base64.urlsafe_b64decode(outer + "=" * (-len(outer) % 4))
+        return _cursor_cipher(runtime.log_key).decrypt(sealed[:12], sealed[12:], _SCOPE_CURSOR).decode()
+    except (ValueError, binascii.Error, InvalidTag):
+        raise cx.InvalidCursor() from None
 
 
 def _if_none_match(request: web.Request, etag: str) -> None:
@@ -481,6 +532,11 @@ def _if_none_match(request: web.Request, etag: str) -> None:
 
 @route("context.write", CreateScope)
 async def create_scope(ctx: Ctx, dto: CreateScope, raw: bytes) -> web.Response:
+    """A new scope, made by a principal that may write context (in its actions, or in one
+    of its `scope_actions`): one that may only read or prepare may not create scopes."""
+    principal = ctx.principal
+    if not principal.may("context.write") and not any("context.write" in a for _, a in principal.scope_actions):
+        raise Forbidden()
     for ref in [*dto.context_references, *([dto.parent_scope_id] if dto.parent_scope_id else [])]:
         await ctx.allow(ref, "context.read")  # a scope may only reference what its creator may read
     _checked(ctx, raw)
@@ -498,12 +554,17 @@ async def create_scope(ctx: Ctx, dto: CreateScope, raw: bytes) -> web.Response:
 
 @route("context.read")
 async def list_scopes(ctx: Ctx) -> web.Response:
-    """Scopes this principal may read (a page may hold fewer than `limit` items)."""
+    """Scopes this principal may read, `limit` to a page (fewer only when the page stopped
+    after reading `SCOPE_SCAN_ROWS` scopes); the cursor is sealed and names nothing."""
     request = ctx.request
     limit = _int_query(request, "limit", None, 1, 100)
-    page = await ctx.service.list_scopes(limit=limit, cursor=_cursor(request))
-    items = [s.to_wire() for s in page.items if may(ctx.principal, s.scope_id, "context.read", s)]
-    return _json({"items": items, "next_cursor": page.next_cursor})
+    page = await ctx.service.list_scopes(
+        limit=limit,
+        cursor=_open_cursor(ctx.runtime, _cursor(request)),
+        visible=lambda s: may(ctx.principal, s.scope_id, "context.read", s),
+    )
+    items = [s.to_wire() for s in page.items]
+    return _json({"items": items, "next_cursor": _seal_cursor(ctx.runtime, page.next_cursor)})
 
 
 @route("context.read")
@@ -585,12 +646,12 @@ async def list_revisions(ctx: Ctx) -> web.Response:
 async def get_revision(ctx: Ctx) -> web.Response:
     info = ctx.request.match_info
     await ctx.allow(info["scope_id"], "context.read")
-    text = info["revision"]
-    if not text.isdigit() or int(text) < 1 or len(text) > 9:
+    revision = _decimal(info["revision"])
+    if revision is None or revision < 1:
         raise ContractViolation(
             {"errors": [{"type": "int_parsing", "loc": ["path", "revision"], "msg": "Input should be a valid integer"}]}
         )
-    rev = await ctx.service.get_artifact_revision(info["scope_id"], info["family"], info["artifact_id"], int(text))
+    rev = await ctx.service.get_artifact_revision(info["scope_id"], info["family"], info["artifact_id"], revision)
     return _json(rev.to_wire())
 
 
@@ -654,7 +715,7 @@ def _filter_kind(filters: Mapping[str, Any] | None) -> str | None:
     if not set(filters) <= {"kind", "tags", "tag_match"}:
         raise cx.InvalidRequest("filters", "names an unknown filter")
     kind = filters.get("kind")
-    if kind is not None and (not isinstance(kind, str) or not kind):
+    if kind is not None and (not isinstance(kind, str) or not 0 < len(kind) <= 128 or not utf8_ok(kind)):
         raise cx.InvalidRequest("filters", "kind must be a string")
     if filters.get("tags"):
         raise cx.CapabilityNotSupported("tags")

@@ -37,7 +37,7 @@ def normalize_text(text: str) -> str:
     return unicodedata.normalize("NFC", text).strip()
 
 
-def _utf8_ok(value: str) -> bool:
+def utf8_ok(value: str) -> bool:
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
@@ -51,7 +51,7 @@ def _reject(family: Family) -> InvalidRequest:
 
 def _require_str(raw: Mapping[str, Any], key: str, family: Family, max_chars: int) -> str:
     value = raw.get(key)
-    if not isinstance(value, str) or not value.strip() or len(value) > max_chars or not _utf8_ok(value):
+    if not isinstance(value, str) or not value.strip() or len(value) > max_chars or not utf8_ok(value):
         raise _reject(family)
     return value
 
@@ -70,7 +70,7 @@ def normalize_atomic(raw: Any) -> tuple[str, str]:
         raise _reject(fam)
     kind = _require_str(doc, "kind", fam, KIND_MAX_CHARS)
     text = doc["text"]
-    if not isinstance(text, str) or not _utf8_ok(text):
+    if not isinstance(text, str) or not utf8_ok(text):
         raise _reject(fam)
     text = normalize_text(text)
     if not text or len(text.encode("utf-8")) > ATOMIC_TEXT_MAX_BYTES:
@@ -96,12 +96,17 @@ def stored_content(family: Family, raw: Any, *, now_iso: str, replacing: bool = 
         failure = doc.get("failure")
         if failure is not None and not isinstance(failure, Mapping):
             raise _reject(family)
+        if failure is not None:
+            try:  # what the content digest will canonicalise: an integer past 2^53 or an
+                rfc8785.dumps(dict(failure))  # infinite float has no RFC 8785 form
+            except (rfc8785.CanonicalizationError, ValueError, TypeError):
+                raise _reject(family) from None
         out["failure"] = dict(failure) if failure is not None else None
         return out
     if family is Family.PROFILE:
         doc = _closed(raw, family, {"content", "restored_from_revision"}, {"content"})
         body = doc["content"]
-        if not isinstance(body, str) or not body or not _utf8_ok(body):
+        if not isinstance(body, str) or not body or not utf8_ok(body):
             raise _reject(family)
         restored = doc.get("restored_from_revision")
         if restored is not None and (type(restored) is not int or restored < 1):

@@ -87,6 +87,8 @@ MayRead = Callable[[str], "bool | Awaitable[bool]"]
 
 DEFAULT_SCOPE_ID = "default"
 KNOWN_SCOPES = 4096  # scope records remembered per process (least recently used out)
+SCOPE_SCAN_BATCH = 256  # scopes read at a time when a listing filters what its caller may see
+SCOPE_SCAN_ROWS = 4096  # scopes read at most for one such page
 _CROCKFORD = "0123456789abcdefghjkmnpqrstvwxyz"
 _FAMILY_STAGE = {
     Family.ATOMIC_MEMORY: "memory.search",
@@ -265,7 +267,7 @@ class ContextService:
         try:
             raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
             k, b, after = json.loads(raw)
-        except (ValueError, binascii.Error, TypeError):
+        except (ValueError, binascii.Error, TypeError, RecursionError):
             raise InvalidCursor() from None
         if k != kind or b != bind or not isinstance(after, str | int) or isinstance(after, bool):
             raise InvalidCursor()
@@ -416,13 +418,38 @@ class ContextService:
             raise ScopeNotFound()
         return scope
 
-    async def list_scopes(self, *, limit: int | None = None, cursor: str | None = None) -> Page[ScopeRecord]:
+    async def list_scopes(
+        self,
+        *,
+        limit: int | None = None,
+        cursor: str | None = None,
+        visible: Callable[[ScopeRecord], bool] | None = None,
+    ) -> Page[ScopeRecord]:
+        """A page of scopes in id order; with `visible`, only those it accepts: the store is
+        read in batches until the page is full, the scopes end, or `SCOPE_SCAN_ROWS` were read
+        (then the page may hold fewer than `limit` and its cursor points past what was read).
+        The cursor names a scope id: the caller seals it when `visible` hides some."""
         n = self._limit(limit)
         after = self._uncursor(cursor, "scopes", "")
         if after is not None and not isinstance(after, str):
             raise InvalidCursor()
-        rows = await self._store.list_scopes(after, n + 1)
-        return self._page(rows, n, "scopes", "", lambda s: s.scope_id)
+        if visible is None:
+            rows = await self._store.list_scopes(after, n + 1)
+            return self._page(rows, n, "scopes", "", lambda s: s.scope_id)
+        items: list[ScopeRecord] = []
+        scanned = 0
+        while scanned < SCOPE_SCAN_ROWS:
+            batch = await self._store.list_scopes(after, SCOPE_SCAN_BATCH)
+            for row in batch:
+                if visible(row):
+                    if len(items) == n:  # one more exists: the page ends at its last item
+                        return Page(tuple(items), self._cursor("scopes", "", items[-1].scope_id))
+                    items.append(row)
+                after = row.scope_id
+            scanned += len(batch)
+            if len(batch) < SCOPE_SCAN_BATCH:
+                return Page(tuple(items), None)
+        return Page(tuple(items), self._cursor("scopes", "", after) if after is not None else None)
 
     # ---- artifacts ----------------------------------------------------------------------------
 
