@@ -238,6 +238,18 @@ def test_usage_reports_agree(pair: Pair) -> None:
     assert a["profiles"]["mock-openai"]["records"] == before + 6
 
 
+def test_a_scope_postgres_cannot_hold_names_no_scope(pair: Pair) -> None:
+    """PostgreSQL text holds no NUL: a scope with one is refused like any scope the caller
+    does not reach (it was a 500 from the driver), on every route that looks scopes up."""
+    with pair.a.http() as client:
+        for scope in ("a\x00b", "\x00"):
+            assert client.get("/v1/attribution/report", params={"scope": scope}).status_code == 403
+            prepared = client.post("/v1/context/prepare", json={"scope_id": scope, "query": "q", "max_bytes": 4096})
+            assert prepared.status_code in (403, 422), prepared.text
+        assert client.get("/v1/attribution/report", params={"top": "1.9"}).status_code == 422
+        assert client.get("/v1/attribution/report", params={"top": "3"}).status_code == 200
+
+
 def test_a_replica_killed_mid_call_loses_nothing_acknowledged(
     pair: Pair, mock: MockProviderServer, tmp_path: Path
 ) -> None:

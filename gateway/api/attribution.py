@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 from typing import Any
 
@@ -26,6 +27,9 @@ from gateway.vocab import ReasonCode
 
 def _bad() -> ClientError:
     return ClientError(422, "invalid_request", (ReasonCode.INVALID_REQUEST,))
+
+
+_TOP = re.compile(r"[0-9]{1,3}")
 
 
 def query_number(value: str | None, default: float) -> float:
@@ -77,9 +81,10 @@ async def report(request: web.Request) -> web.Response:
         runtime, request.headers, service.scope_creator if service else None, body_scope=scope
     )
     auth.identify(runtime, request.headers, "observe", body_scope=scope, creator_of=creator_of)
-    top = int(query_number(query.get("top"), TOP_N))
-    if not 1 <= top <= TOP_N:
-        raise _bad()
+    top_text = query.get("top") or str(TOP_N)
+    if _TOP.fullmatch(top_text) is None or not 1 <= int(top_text) <= TOP_N:
+        raise _bad()  # a whole number, never rounded ("1.9" is not 1)
+    top = int(top_text)
     since = query_number(query.get("since"), -1.0)
     until = query_number(query.get("until"), -1.0)
     body = await build_report(request, scope, since if since >= 0 else None, until if until >= 0 else None, top)

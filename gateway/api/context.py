@@ -46,7 +46,7 @@ from gateway.checks.store import refusal_reasons, write_verdict
 from gateway.config.runtime import Principal, Runtime
 from gateway.context import errors as cx
 from gateway.context.content import compact_json, utf8_ok
-from gateway.context.model import ArtifactRef, AtomicMemoryInput, MemoryState
+from gateway.context.model import ArtifactRef, AtomicMemoryInput, MemoryState, valid_scope_id
 from gateway.context.service import ContextService, ContextSettings, SearchResult
 from gateway.context.store.base import ScopeRecord
 from gateway.context.store.database import Database
@@ -350,7 +350,7 @@ class Ctx:
     async def allow(self, scope_id: str, action: str) -> ScopeRecord:
         """The scope, if this principal may `action` on it; else 403 (an unknown scope the
         principal could not see is 404 only when it could act on it: no existence oracle)."""
-        record = await self.service.find_scope(scope_id) if _plausible(scope_id) else None
+        record = await self.service.find_scope(scope_id) if valid_scope_id(scope_id) else None
         if not may(self.principal, scope_id, action, record):
             raise Forbidden()
         if record is None:
@@ -358,12 +358,8 @@ class Ctx:
         return record
 
     async def may_read(self, scope_id: str) -> bool:
-        record = await self.service.find_scope(scope_id) if _plausible(scope_id) else None
+        record = await self.service.find_scope(scope_id) if valid_scope_id(scope_id) else None
         return may(self.principal, scope_id, "context.read", record)
-
-
-def _plausible(scope_id: str) -> bool:
-    return 0 < len(scope_id) <= 256 and scope_id == scope_id.strip()
 
 
 def may(principal: Principal, scope_id: str, action: str, record: ScopeRecord | None) -> bool:

@@ -53,9 +53,15 @@ def _visible_ascii(value: str) -> bool:
     return _VISIBLE_ASCII.fullmatch(value) is not None
 
 
+# No control character (PostgreSQL text holds no NUL) and no lone surrogate (a header whose
+# bytes are not UTF-8 arrives with them): such an id names no scope, and never reaches a store.
+_SCOPE_ID_REFUSED = re.compile(r"[\x00-\x1f\x7f\ud800-\udfff]")
+
+
 def valid_scope_id(value: str) -> bool:
-    """Addresses carry an already-trimmed, non-blank scope id of ≤256 characters."""
-    return 0 < len(value) <= 256 and value == value.strip()
+    """A scope id: already trimmed, non-blank, ≤256 characters, no control character or
+    lone surrogate. Addresses carry one; a lookup of anything else answers "no scope"."""
+    return 0 < len(value) <= 256 and value == value.strip() and _SCOPE_ID_REFUSED.search(value) is None
 
 
 @dataclass(frozen=True, slots=True, order=True)

@@ -396,7 +396,10 @@ class ContextService:
         return await self._store.create_scope(new)
 
     async def find_scope(self, scope_id: str) -> ScopeRecord | None:
-        """The scope, or None (authorisation looks before it decides what to say)."""
+        """The scope, or None (authorisation looks before it decides what to say); an id no
+        scope can have is None without asking the store."""
+        if not valid_scope_id(scope_id):
+            return None
         known = self._scopes.get(scope_id)
         if known is not None:
             self._scopes.move_to_end(scope_id)
