@@ -81,7 +81,7 @@ def parse_labels(value: str | None) -> tuple[dict[str, str], bool]:
         return {}, True
     try:
         doc = json.loads(value)
-    except ValueError:
+    except (ValueError, RecursionError):  # a label header nested thousands deep is unreadable too
         return {}, True
     if not isinstance(doc, dict) or len(doc) > MAX_LABELS:
         return {}, True

@@ -115,7 +115,7 @@ class AnthropicMessages(base.NoEdits):
     def prompt_layout(self, doc: Mapping[str, Any]) -> PromptLayout:
         """Tools, then system, then messages — the order Anthropic renders (and caches)."""
         parts: list[PromptPart] = []
-        for i, tool in enumerate(doc.get("tools") or ()):
+        for i, tool in enumerate(common.listed(doc.get("tools"))):
             parts.append(_part(("tools", i), tool, "tools", None, None))
         system = doc.get("system")
         if isinstance(system, str) and system:
@@ -123,7 +123,7 @@ class AnthropicMessages(base.NoEdits):
         elif isinstance(system, list):
             for i, block in enumerate(system):
                 parts.append(_part(("system", i), block, "system", None, None))
-        for m, msg in enumerate(doc.get("messages") or ()):
+        for m, msg in enumerate(common.listed(doc.get("messages"))):
             content = msg.get("content") if isinstance(msg, dict) else None
             role = msg.get("role") if isinstance(msg, dict) and jsonraw.is_str(msg.get("role")) else None
             if isinstance(content, str):

@@ -27,6 +27,11 @@ from gateway.usage import UNKNOWN, Count, all_unknown, get, known, minus
 from gateway.vocab import ReasonCode
 
 
+def listed(value: Any) -> list[Any] | tuple[()]:
+    """A member that should hold a list, as one (anything else holds no items to lay out)."""
+    return value if isinstance(value, list) else ()
+
+
 def json_response(
     raw: bytes,
     limits: CarrierLimits,
@@ -41,7 +46,7 @@ def json_response(
             doc = jsonraw.loads(raw, max_depth=limits.max_depth, check_depth=False)
             if not isinstance(doc, dict):
                 raise JsonError(ReasonCode.JSON_INVALID)
-            found = units_of({k: v for k, v in doc.items() if k not in skip}, limits)
+            found = units_of(jsonraw.without(doc, skip), limits)
         else:
             doc, found = parse_document(raw, limits)
             if not isinstance(doc, dict):

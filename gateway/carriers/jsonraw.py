@@ -40,6 +40,15 @@ class DupDict(dict[str, Any]):
         self.shadowed = shadowed
 
 
+def without(obj: dict[str, Any], drop: frozenset[str] | set[str] | tuple[str, ...]) -> dict[str, Any]:
+    """`obj` less the members named in `drop` (values read apart, or not text at all), for
+    collecting units. An object that had duplicate keys stays a `DupDict` with every earlier
+    value, dropped names included: a plain dict would lose what the duplicates shadowed, and
+    the duplicate itself would go unreported."""
+    kept = {k: v for k, v in obj.items() if k not in drop}
+    return DupDict(kept, list(obj.shadowed)) if type(obj) is DupDict else kept
+
+
 class JsonFloat(str):
     """A JSON number with a fraction or exponent, kept as its exact lexical form."""
 

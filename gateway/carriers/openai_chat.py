@@ -15,7 +15,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from gateway.carriers import base, common, jsonspan
+from gateway.carriers import base, common, jsonraw, jsonspan
 from gateway.carriers.base import CarrierLimits, FoldedResponse, ParsedRequest, PromptLayout, PromptPart
 from gateway.carriers.jsonraw import JsonError
 from gateway.carriers.jsonspan import Edit
@@ -56,7 +56,7 @@ class OpenAIChat:
                 texts: list[str] = []
                 for j, part in enumerate(content):
                     kind = part.get("type") if isinstance(part, dict) else None
-                    if kind in _OPAQUE_PARTS:
+                    if jsonraw.is_str(kind) and kind in _OPAQUE_PARTS:
                         opaque.append(f"/messages/{i}/content/{j}")
                     elif isinstance(part, dict) and isinstance(part.get("text"), str):
                         texts.append(part["text"])
@@ -79,9 +79,9 @@ class OpenAIChat:
     def prompt_layout(self, doc: Mapping[str, Any]) -> PromptLayout:
         """Tools, then messages (OpenAI renders tool definitions ahead of the conversation)."""
         parts: list[PromptPart] = [
-            common.tool_part(("tools", i), tool) for i, tool in enumerate(doc.get("tools") or ())
+            common.tool_part(("tools", i), tool) for i, tool in enumerate(common.listed(doc.get("tools")))
         ]
-        for m, msg in enumerate(doc.get("messages") or ()):
+        for m, msg in enumerate(common.listed(doc.get("messages"))):
             parts.extend(common.message_parts(("messages", m), m, msg, "content"))
         return PromptLayout(tuple(parts))
 
@@ -182,5 +182,9 @@ class _Folder(common.StreamFolder):
         self.response_id = self.response_id or common.get_str(chunk, "id")
         if isinstance(chunk.get("usage"), dict):
             self.usage = chunk["usage"]
-        for choice in chunk.get("choices") or ():
+        choices = chunk.get("choices")
+        if choices is not None and not isinstance(choices, list):
+            self.broken = ReasonCode.JSON_INVALID  # not a chat chunk: nothing of the stream folds
+            return
+        for choice in choices or ():
             _fold_choice(choice, self.pieces)

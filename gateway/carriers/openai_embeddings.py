@@ -48,7 +48,7 @@ class OpenAIEmbeddings(base.NoEdits):
         inputs = doc.get("input")
         opaque: list[str] = []
         # Token-id arrays are left out of the units (opaque): they can be millions of ints.
-        found = base.units_of({k: v for k, v in doc.items() if k != "input"}, limits)
+        found = base.units_of(jsonraw.without(doc, ("input",)), limits)
         if type(inputs) is str:
             found.extend(base.units_of(inputs, limits, ("input",)))
         elif isinstance(inputs, list) and inputs:
@@ -82,10 +82,10 @@ class OpenAIEmbeddings(base.NoEdits):
             vectors = _well_formed_vectors(doc.get("data"))
             if vectors:
                 # Everything but the vectors is text to inspect (object, model, index, ...).
-                found = base.units_of({k: v for k, v in doc.items() if k != "data"}, limits)
+                found = base.units_of(jsonraw.without(doc, ("data",)), limits)
                 for i, item in enumerate(doc["data"]):
                     vector = item["embedding"] if type(item["embedding"]) is str else None
-                    meta = {k: v for k, v in item.items() if k != "embedding" or vector is not None}
+                    meta = item if vector is not None else jsonraw.without(item, ("embedding",))
                     found.extend(base.units_of(meta, limits, ("data", i)))
             else:
                 found = base.units_of(doc, limits)  # not the shape we know: read all of it

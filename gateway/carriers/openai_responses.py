@@ -16,7 +16,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from gateway.carriers import base, common
+from gateway.carriers import base, common, jsonraw
 from gateway.carriers.base import CarrierLimits, FoldedResponse, ParsedRequest, PromptLayout, PromptPart
 from gateway.carriers.jsonraw import JsonError
 from gateway.carriers.jsonspan import Edit
@@ -57,7 +57,7 @@ class OpenAIResponses(base.NoEdits):
                 texts: list[str] = []
                 for j, part in enumerate(content):
                     kind = part.get("type") if isinstance(part, dict) else None
-                    if kind in _OPAQUE_PARTS:
+                    if jsonraw.is_str(kind) and kind in _OPAQUE_PARTS:
                         opaque.append(f"/input/{i}/content/{j}")
                     elif isinstance(part, dict) and isinstance(part.get("text"), str):
                         texts.append(part["text"])
@@ -78,7 +78,7 @@ class OpenAIResponses(base.NoEdits):
     def prompt_layout(self, doc: Mapping[str, Any]) -> PromptLayout:
         """Tools, instructions, then the input items in order."""
         parts: list[PromptPart] = [
-            common.tool_part(("tools", i), tool) for i, tool in enumerate(doc.get("tools") or ())
+            common.tool_part(("tools", i), tool) for i, tool in enumerate(common.listed(doc.get("tools")))
         ]
         instructions = doc.get("instructions")
         if isinstance(instructions, str) and instructions:
