@@ -42,8 +42,13 @@ class Count:
 UNKNOWN = Count(None, "unknown")
 
 
+# A count no call reaches (about 1.1e12 tokens): a larger one is not usage but a broken or
+# hostile figure, and as unknown it cannot overflow the ledgers' 64-bit sums.
+MAX_COUNT = 2**40
+
+
 def known(value: Any) -> Count:
-    return Count(value, "known") if type(value) is int and value >= 0 else UNKNOWN
+    return Count(value, "known") if type(value) is int and 0 <= value <= MAX_COUNT else UNKNOWN
 
 
 def total(*parts: Count) -> Count:

@@ -68,11 +68,11 @@ class PreparedContextRef(_Strict):
 
 
 class UsageIn(_Strict):
-    input_tokens: int | None = Field(None, ge=0)
-    output_tokens: int | None = Field(None, ge=0)
-    cache_read_input_tokens: int | None = Field(None, ge=0)
-    cache_creation_input_tokens: int | None = Field(None, ge=0)
-    reasoning_tokens: int | None = Field(None, ge=0)
+    input_tokens: int | None = Field(None, ge=0, le=usage.MAX_COUNT)
+    output_tokens: int | None = Field(None, ge=0, le=usage.MAX_COUNT)
+    cache_read_input_tokens: int | None = Field(None, ge=0, le=usage.MAX_COUNT)
+    cache_creation_input_tokens: int | None = Field(None, ge=0, le=usage.MAX_COUNT)
+    reasoning_tokens: int | None = Field(None, ge=0, le=usage.MAX_COUNT)
 
 
 class BeforeSendCheck(_Strict):
@@ -225,8 +225,11 @@ def _before_send(
 
 def _fold(names: list[str], payload: JsonPayload | SsePayload, limits: Any) -> tuple[FoldedResponse, bytes]:
     """The response as every carrier of the send reads it, and its exact bytes. The units
-    are the union (a superset of what any one carrier sees); the response is complete when
-    any carrier found it complete (the others simply do not speak its schema)."""
+    are the union (a superset of what any one carrier sees). The response is complete when
+    some carrier found it complete and every carrier that recognised it (read an id, text
+    or an error in it) did too: a carrier that does not speak its schema has no say, one
+    that does is never outvoted (a failed or cut Responses stream that ends in `[DONE]` is
+    complete to the chat carrier alone)."""
     raw = payload.body.encode("utf-8", "surrogatepass")
     carriers = [CARRIERS[n] for n in names if n in CARRIERS]
     if not carriers:
@@ -240,7 +243,8 @@ def _fold(names: list[str], payload: JsonPayload | SsePayload, limits: Any) -> t
         except JsonError as exc:
             return FoldedResponse.unreadable(exc.reason), raw
         results = [c.fold_stream(events, limits) for c in carriers]
-    complete = clean and any(r.complete for r in results)
+    recognised = [r for r in results if r.response_id is not None or r.units or r.is_error]
+    complete = clean and any(r.complete for r in results) and all(r.complete for r in recognised)
     return FoldedResponse(
         units=tuple(u for r in results for u in r.units),
         complete=complete,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -57,6 +58,34 @@ class Replay:
     end_byte: int
 
 
+_ARRAY_INDEX = re.compile(r"0|[1-9][0-9]{0,11}")
+
+
+def follow_wrapping(replays: Sequence[Replay], sent: Any, planned: Any) -> tuple[Replay, ...]:
+    """The replays as they read the planned body. A replay names a string of the body the
+    client sent; where cache planning wrapped that bare string into one text block (an
+    Anthropic `cache_control` marker on a string `system` or message content), it names
+    that block's text, which holds the very same string."""
+    out: list[Replay] = []
+    for replay in replays:
+        try:
+            was = resolve_pointer(sent, replay.pointer)
+            now = resolve_pointer(planned, replay.pointer)
+        except (KeyError, IndexError):
+            out.append(replay)
+            continue
+        if (
+            jsonraw.is_str(was)
+            and isinstance(now, list)
+            and len(now) == 1
+            and isinstance(now[0], dict)
+            and now[0].get("text") == was
+        ):
+            replay = Replay(replay.binding, replay.pointer + "/0/text", replay.start_byte, replay.end_byte)
+        out.append(replay)
+    return tuple(out)
+
+
 def resolve_pointer(doc: Any, pointer: str) -> Any:
     """RFC 6901. Raises KeyError when the pointer does not resolve."""
     if pointer == "":
@@ -69,7 +98,7 @@ def resolve_pointer(doc: Any, pointer: str) -> Any:
         if isinstance(node, dict):
             node = node[token]
         elif isinstance(node, list):
-            if not token.isdigit() or (len(token) > 1 and token[0] == "0"):
+            if _ARRAY_INDEX.fullmatch(token) is None:  # RFC 6901: ASCII digits, no leading zero
                 raise KeyError(pointer)
             node = node[int(token)]
         else:

@@ -148,13 +148,29 @@ def _replayed_context(runtime: Runtime, given: SendInput, now: float) -> Verdict
     return decide([], withhold_reasons=reasons, complete=True, policy_version=runtime.policy.version)
 
 
+UNBOUND_POINTER = "~unbound"  # resolves to nothing: no replay can ever cover what it names
+
+
 def _marked(parsed: Sequence[ParsedRequest]) -> list[tuple[str, bytes]]:
-    """Every request string that carries the prepared-context begin marker, by pointer."""
+    """Every request string that carries the prepared-context begin marker, by pointer; and
+    under `UNBOUND_POINTER`, a marker no replay can cover: one in an object key, or one that
+    only appears once strings are decoded or joined (an escaped marker inside JSON held in a
+    string, a marker split over the text parts of one message) — a replay covers bytes of
+    one string, and the model reads these too."""
     out: list[tuple[str, bytes]] = []
+    marker = prepared.BEGIN_MARKER
     for p in parsed:
-        for unit in p.units:
-            if unit.kind == "string" and prepared.BEGIN_MARKER in unit.text:
-                out.append((pointer(unit.path), unit.text.encode("utf-8", "surrogatepass")))
+        carrying = [unit for unit in p.units if marker in unit.text]
+        strings = [unit for unit in carrying if unit.kind == "string"]
+        for unit in strings:
+            out.append((pointer(unit.path), unit.text.encode("utf-8", "surrogatepass")))
+        for unit in carrying:
+            if unit.kind == "string":
+                continue
+            depth = len(unit.path)
+            literal = sum(s.text.count(marker) for s in strings if s.path[:depth] == unit.path)
+            if unit.kind == "key" or unit.text.count(marker) > literal:
+                out.append((UNBOUND_POINTER, unit.text.encode("utf-8", "surrogatepass")))
     return out
 
 

@@ -21,7 +21,7 @@ from gateway.cachepace import SessionPace
 from gateway.carriers import jsonspan, sse
 from gateway.carriers.base import Carrier, FoldedResponse, ParsedRequest
 from gateway.carriers.jsonraw import JsonError
-from gateway.checks import runner
+from gateway.checks import prepared, runner
 from gateway.checks.destination import Target
 from gateway.checks.inspect import relevant_headers
 from gateway.checks.prepared import Replay
@@ -83,7 +83,7 @@ def plan(
             return dataclasses.replace(unchanged, cache=cache)  # its evidence says why nothing was placed
         body = jsonspan.apply(text, edits).encode("utf-8")
         return Plan(body, carrier.parse_request(body, runtime.carrier_limits), cache, injected)
-    except (jsonspan.SpanError, JsonError, UnicodeDecodeError) as exc:
+    except Exception as exc:  # an optimisation: whatever breaks it, the body leaves as sent, checked
         log.warning("cache_plan_skipped", profile=profile.id, error_class=type(exc).__name__)
         return unchanged
 
@@ -133,6 +133,8 @@ def prepare_send(
 ) -> Prepared:
     planned = plan(carrier, parsed, raw, party, session, runtime, pace)  # 4
     estimate = admit(planned.parsed, carrier, party.profile)  # 5
+    if replays and planned.body is not raw:
+        replays = prepared.follow_wrapping(replays, parsed.doc, planned.parsed.doc)
     given = runner.SendInput(
         party=party,
         parsed=(planned.parsed,),

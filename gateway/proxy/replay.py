@@ -19,6 +19,7 @@ Must not: decide (prepared.verify does), or log the binding or pointer.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Mapping, Sequence
 from urllib.parse import unquote
@@ -40,6 +41,9 @@ def _bad() -> ClientError:
     return ClientError(422, "invalid_request", (ReasonCode.PREPARED_CONTEXT_MISMATCH,))
 
 
+_OFFSET = re.compile(r"[0-9]{1,12}")  # ASCII digits only ("²" passes str.isdigit, then fails int())
+
+
 def parse(values: Sequence[str]) -> tuple[prepared.Replay, ...]:
     """The replays a request names (none: the header is absent). A malformed value is a
     422 — a replay that cannot be read is never ignored."""
@@ -59,7 +63,7 @@ def parse(values: Sequence[str]) -> tuple[prepared.Replay, ...]:
             if set(fields) != {"binding", "pointer", "start", "end"}:
                 raise _bad()
             start, end = fields["start"], fields["end"]
-            if not (start.isdigit() and end.isdigit() and len(start) <= 12 and len(end) <= 12):
+            if _OFFSET.fullmatch(start) is None or _OFFSET.fullmatch(end) is None:
                 raise _bad()
             out.append(prepared.Replay(fields["binding"], unquote(fields["pointer"]), int(start), int(end)))
             if len(out) > MAX_REPLAYS:
