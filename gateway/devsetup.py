@@ -72,6 +72,7 @@ def new_keyring(path: Path) -> str:
                 "created": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
             }
         ],
+        "digest_secret": base64.b64encode(secrets.token_bytes(32)).decode(),  # keys digests; never rotates
     }
     write_private(path, (json.dumps(ring, indent=2) + "\n").encode())
     return key_id

@@ -1,5 +1,8 @@
 """The binding key ring: one active key, older keys still accepted, retired keys that
-grant nothing; loaded from its file and rotated without downtime.
+grant nothing; loaded from its file and rotated without downtime. Beside the keys, the
+digest secret: what keys every content-free digest (logs, attribution, pace), which must
+not change when the binding keys rotate (a scope's or an invocation's digest names the
+same thing for as long as the records that hold it live).
 
 Owns: `KeyRing`, `RingKey`, reading and rotating the key-ring file. Sealing and opening
 bindings with it is `gateway.checks.bindings`.
@@ -9,8 +12,11 @@ Must not: log or print a key.
 from __future__ import annotations
 
 import base64
+import hashlib
+import hmac
 import json
 import os
+import re
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -39,30 +45,54 @@ class RingKey:
         return f"RingKey(id={self.id!r}, state={self.state!r})"
 
 
+# A key id travels in every binding token ("wgb1.<id>.<…>"): token-safe characters only.
+KEY_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+LOG_DIGEST_LABEL = b"wiregate.log-digest.v1"
+
+
 @dataclass(frozen=True)
 class KeyRing:
     active: RingKey
     keys: Mapping[str, RingKey]
+    digest_secret: bytes | None = field(default=None, repr=False)  # absent in rings written before it
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> KeyRing:
         try:
             keys: dict[str, RingKey] = {}
             for item in data["keys"]:
+                key_id = item["id"]
+                if not isinstance(key_id, str) or KEY_ID.fullmatch(key_id) is None:
+                    raise KeyRingError("a key id must be 1-64 characters of A-Z a-z 0-9 _ -")
+                if key_id in keys:
+                    raise KeyRingError(f"key {key_id}: listed twice")
                 secret = base64.b64decode(item["secret"], validate=True)
                 if len(secret) != 32:
-                    raise KeyRingError(f"key {item['id']}: secret must be 32 bytes")
+                    raise KeyRingError(f"key {key_id}: secret must be 32 bytes")
                 if item["state"] not in ("active", "accepted", "retired"):
-                    raise KeyRingError(f"key {item['id']}: unknown state")
-                keys[str(item["id"])] = RingKey(str(item["id"]), secret, item["state"])
+                    raise KeyRingError(f"key {key_id}: unknown state")
+                keys[key_id] = RingKey(key_id, secret, item["state"])
             active = keys[str(data["active"])]
+            digest_secret = None
+            if data.get("digest_secret") is not None:
+                digest_secret = base64.b64decode(data["digest_secret"], validate=True)
+                if len(digest_secret) != 32:
+                    raise KeyRingError("the digest secret must be 32 bytes")
         except KeyRingError:
             raise
         except (KeyError, TypeError, ValueError):
             raise KeyRingError("not a key ring (version, active, keys[id, secret, state])") from None
         if active.state != "active":
             raise KeyRingError("the active key is not in state 'active'")
-        return cls(active, keys)
+        return cls(active, keys, digest_secret)
+
+    def log_key(self) -> bytes:
+        """What keys the content-free digests: the ring's digest secret; for a ring written
+        before it existed, derived from the active key (and written down as the digest
+        secret by the next rotation, so digests stay what they were)."""
+        if self.digest_secret is not None:
+            return self.digest_secret
+        return hmac.new(self.active.secret, LOG_DIGEST_LABEL, hashlib.sha256).digest()
 
     def usable(self, key_id: str) -> RingKey | None:
         key = self.keys.get(key_id)
@@ -90,9 +120,11 @@ def rotate_keyring_file(path: Path, *, retire_after: bool = False) -> str:
     are retired and grant nothing from the next reload on."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-        KeyRing.from_json(data)
+        ring = KeyRing.from_json(data)
     except (OSError, ValueError) as exc:
         raise KeyRingError(f"{path}: {exc}") from None
+    if ring.digest_secret is None:  # digests keep their key: the one the active key gave them
+        data["digest_secret"] = base64.b64encode(ring.log_key()).decode()
     for item in data["keys"]:
         if item["state"] == "accepted" and retire_after:
             item["state"] = "retired"

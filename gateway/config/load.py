@@ -9,7 +9,6 @@ the file and the reason — never a secret value, credential or file content.
 from __future__ import annotations
 
 import hashlib
-import hmac
 import json
 import os
 import tomllib
@@ -405,7 +404,7 @@ def load_runtime(config_path: Path, *, now: datetime | None = None, generation: 
         raise ConfigError(f"{config_path}: context.embeddings_profile {embeddings!r} is not an embeddings profile")
     warnings = private.check(principals_path)
     limits = CarrierLimits(max_depth=config.limits.json_depth, embedded_json_depth=config.limits.embedded_json_depth)
-    log_key = hmac.new(keyring.active.secret, b"wiregate.log-digest.v1", hashlib.sha256).digest()
+    log_key = keyring.log_key()
     return Runtime(
         config=config,
         base_dir=base,
