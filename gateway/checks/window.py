@@ -13,12 +13,20 @@ may be released when, for each field it extends, either
 
 * at least `window` significant characters have arrived in that field after it (any match
   that includes one of its characters is then complete, and has been inspected), or
-* the field is quiet: `window` significant characters have arrived in other fields since
-  it last grew (a role, a finished text block before a tool call), or
+* the field is quiet: `window` significant characters have arrived in other fields of its
+  lane since it last grew (a role, a finished text block before a tool call). A lane is what
+  one generation writes in order: the whole answer, except that each of OpenAI chat's
+  `choices` is its own lane (choices stream side by side, so one choice's text says nothing
+  about whether another's has ended), or
 * the field labels structure (`role`, `type`, `id`, a tool's `name`...), which a provider
-  sends whole in one event,
+  sends whole in one event (a tool's `name`, which the model chooses, once an event that
+  does not extend it has followed: a name split over events is read whole before any of it
+  leaves),
 
-and every event before it may be released too (events never reorder). Before anything is
+and every event before it may be released too (events never reorder). The last two rules
+assume a field has ended; a field released whole under them that grows again breaks the
+assumption, and the stream ends there (`upstream_invalid_response`): the new text never
+leaves (what was released of the field was inspected, but alone). Before anything is
 released, one inspection covers what arrived since the previous one: each new event's own
 units, the re-framed bytes of the new events (with the previous `window` bytes before
 them), and for each folded field the slice from `window` significant characters before the
@@ -90,13 +98,20 @@ class Step:
     seconds: float = 0.0  # time spent inspecting
 
 
+def _lane(path: Path) -> Path:
+    """The lane a folded field belongs to (see the theory above)."""
+    return path[:2] if len(path) > 1 and path[0] == "choices" else ()
+
+
 @dataclass(slots=True)
 class _Field:
+    lane: Path = ()
+    last_event: int = 0  # the event that last grew it
     parts_seen: int = 0  # deltas already taken into `chunks`
     chunks: list[str] = dataclasses.field(default_factory=list)  # joined only to be read
     length: int = 0
     sig: int = 0  # significant characters so far
-    last_growth: int = 0  # the stream's significant total when it last grew
+    last_growth: int = 0  # its lane's significant total when it last grew
     inspected: int = 0  # characters of `text` inspected through
     released: int = 0  # characters of `text` released
 
@@ -141,6 +156,8 @@ class WindowedRelease:
         self.contributions: list[tuple[_Contribution, ...]] = []
         self.fields: dict[Path, _Field] = {}
         self.total_sig = 0
+        self.lane_sig: dict[Path, int] = {}  # significant characters so far, per lane
+        self.reopened = False  # a field released whole grew again
         self.released = 0  # events released
         self.releasable = 0  # events that may be released once inspected
         self.sent: list[bytes] = []  # the bytes released so far (the complete check reads them)
@@ -183,6 +200,8 @@ class WindowedRelease:
             return FoldedResponse.unreadable(exc.reason), b""
         for event in events:
             self._add(event)
+        if self.reopened:
+            return FoldedResponse.unreadable(ReasonCode.UPSTREAM_INVALID_RESPONSE), b"".join(self.sent)
         folded = self.folder.result(tuple(self.events)).ended(clean)
         rest = sse.frame(self.carrier.released_events(self.events[self.released :], self.usage_injected))
         return folded, b"".join(self.sent) + rest  # exactly what the client has, and what it would get
@@ -191,6 +210,8 @@ class WindowedRelease:
         folder = self.folder
         if folder.broken is not None:
             return folder.broken
+        if self.reopened:
+            return ReasonCode.UPSTREAM_INVALID_RESPONSE  # a field taken as ended went on
         if folder.is_error:
             return ReasonCode.RESPONSE_INCOMPLETE  # the provider gave up mid-answer
         return None
@@ -204,19 +225,23 @@ class WindowedRelease:
         for path, parts in pieces.items():
             field = self.fields.get(path)
             if field is None:
-                field = self.fields[path] = _Field()
+                field = self.fields[path] = _Field(_lane(path))
             if len(parts) == field.parts_seen:
                 continue
             added = "".join(parts[field.parts_seen :])
             field.parts_seen = len(parts)
             if not added:
                 continue
+            if field.length and field.released == field.length:
+                self.reopened = True  # released whole (as a label, or as quiet): it had ended
             field.chunks.append(added)
             field.length += len(added)
             sig = significant(added)
             field.sig += sig
             self.total_sig += sig
-            field.last_growth = self.total_sig
+            lane_total = self.lane_sig[field.lane] = self.lane_sig.get(field.lane, 0) + sig
+            field.last_growth = lane_total
+            field.last_event = n
             held = not (path and path[-1] in LABELS)
             grew.append(_Contribution(path, field.sig, field.length, held))
         self.contributions.append(tuple(grew))
@@ -224,14 +249,17 @@ class WindowedRelease:
     # --- release -----------------------------------------------------------------------
 
     def _releasable(self, k: int) -> bool:
+        last = len(self.events) - 1
         for c in self.contributions[k]:
-            if not c.held:
-                continue
             field = self.fields[c.path]
+            if not c.held:
+                if c.path[-1] == "name" and field.last_event >= last:
+                    return False  # model text: whole only once another event has followed
+                continue
             if field.sig - c.sig_end >= self.window:
                 continue  # the window after it has arrived
-            if self.total_sig - field.last_growth >= self.window:
-                continue  # quiet: the window arrived elsewhere since it last grew
+            if self.lane_sig[field.lane] - field.last_growth >= self.window:
+                continue  # quiet: the window arrived elsewhere in its lane since it last grew
             return False
         return True
 
