@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from gateway.carriers import CARRIERS
+from gateway.carriers import CARRIERS, sse
 from gateway.carriers.base import CarrierLimits
 from gateway.mockprovider import MockProviderServer
 from tests.conftest import GatewayFactory, LogCapture
@@ -168,3 +168,25 @@ def test_a_response_value_shadowed_by_a_duplicate_key_is_read() -> None:
         folded = CARRIERS["openai.embeddings"].parse_response(raw.encode(), limits)
         assert folded.duplicate_keys, raw
         assert any(SECRET in unit.text for unit in folded.units), raw
+
+
+def test_an_anthropic_event_whose_name_and_data_disagree_is_not_believed() -> None:
+    """The SDK acts on the event's name: an `error` name with other data is an error, and a
+    `ping` whose data says `message_stop` does not end the stream."""
+    limits = CarrierLimits(max_depth=64, embedded_json_depth=4)
+    start = 'event: message_start\ndata: {"type":"message_start","message":{"id":"m1","usage":{}}}\n\n'
+    text = (
+        'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
+        '"delta":{"type":"text_delta","text":"hi"}}\n\n'
+    )
+    stop = 'event: message_stop\ndata: {"type":"message_stop"}\n\n'
+    carrier = CARRIERS["anthropic.messages"]
+    for middle in (
+        'event: error\ndata: {"type":"ping","error":{"type":"overloaded_error"}}\n\n',
+        'event: ping\ndata: {"type":"message_stop"}\n\n',
+    ):
+        events, _ = sse.parse_all((start + text + middle + stop).encode())
+        folded = carrier.fold_stream(events, limits)
+        assert not folded.complete, middle
+    events, _ = sse.parse_all((start + text + stop).encode())
+    assert carrier.fold_stream(events, limits).complete

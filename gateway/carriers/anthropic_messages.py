@@ -221,6 +221,12 @@ class _Folder(common.StreamFolder):
 
     def _event(self, event: SSEEvent, obj: dict[str, Any]) -> None:
         kind = common.get_str(obj, "type") or event.event
+        named = event.event
+        if "error" in (kind, named):  # the SDKs go by the event's name: either one says error
+            self.is_error = True
+        if named and named != kind:  # the SDK would act on the name, we on the data: neither
+            self.broken = ReasonCode.UPSTREAM_INVALID_RESPONSE  # reading can be vouched for
+            return
         if kind == "message_start":
             msg = obj.get("message")
             self.response_id = common.get_str(msg, "id")
@@ -242,5 +248,3 @@ class _Folder(common.StreamFolder):
             _merge_usage(self.merged, obj.get("usage"))
         elif kind == "message_stop":
             self.terminal = True
-        elif kind == "error":
-            self.is_error = True
