@@ -130,6 +130,28 @@ def test_any_split_gives_the_same_events(cuts: list[int]) -> None:
     assert events + tail == EXPECTED and clean
 
 
+def test_a_line_arriving_in_many_pieces_is_read_once_whole() -> None:
+    """Byte by byte, and a long event in many reads (kept in pieces until its line ends, so
+    a large event costs linear time), CR and CRLF endings landing on a read's edge."""
+    parser = sse.SSEParser()
+    events = [event for n in range(len(STREAM)) for event in parser.feed(STREAM[n : n + 1])]
+    tail, clean = parser.close()
+    assert events + tail == EXPECTED and clean
+    long = b"data: " + b"x" * 100_000
+    for ending in (b"\n\n", b"\r\r", b"\r\n\r\n"):
+        data = long + ending + b"data: [DONE]" + ending
+        parser = sse.SSEParser()
+        found = []
+        for at in range(0, len(data), 997):
+            found.extend(parser.feed(data[at : at + 997]))
+        edge = len(long) + 1  # a read that ends right after the first CR or LF
+        split = sse.SSEParser()
+        again = split.feed(data[:edge]) + split.feed(data[edge:]) + split.close()[0]
+        assert [e.data for e in again] == ["x" * 100_000, "[DONE]"]
+        rest, clean = parser.close()
+        assert [e.data for e in found + rest] == ["x" * 100_000, "[DONE]"] and clean
+
+
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.integers(min_value=0, max_value=len(STREAM) + 3), max_size=6))
 def test_one_leading_byte_order_mark_is_ignored(cuts: list[int]) -> None:

@@ -32,10 +32,11 @@ class SSEEvent:
 class SSEParser:
     """Feed bytes as they arrive; get complete events back."""
 
-    __slots__ = ("_buf", "_event", "_data", "_id", "_pending", "_started")
+    __slots__ = ("_buf", "_more", "_event", "_data", "_id", "_pending", "_started")
 
     def __init__(self) -> None:
         self._buf = b""
+        self._more: list[bytes] = []  # later pieces of the line in `_buf`, joined once it ends
         self._started = False  # past the stream's first bytes (and the byte order mark there may be)
         self._event: str | None = None
         self._data: list[str] = []
@@ -43,7 +44,10 @@ class SSEParser:
         self._pending = False  # a field line was seen since the last dispatch
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
-        buf = self._buf + chunk if self._buf else chunk
+        if self._started and self._buf and b"\n" not in chunk and b"\r" not in chunk and not self._buf.endswith(b"\r"):
+            self._more.append(chunk)  # a long line still arriving: kept in pieces, never re-joined
+            return []  # (joining the pending bytes on every read made one large event quadratic)
+        buf = self._pending_bytes() + chunk if self._buf else chunk
         if not self._started:
             if len(buf) < len(BOM) and BOM.startswith(buf):
                 self._buf = buf  # a byte order mark may still be arriving
@@ -71,7 +75,7 @@ class SSEParser:
         events: list[SSEEvent] = []
         clean = True
         if self._buf:
-            rest = self._buf
+            rest = self._pending_bytes()
             self._buf = b""
             if rest == b"\r":
                 self._line(b"", events)  # a lone trailing CR ends a line
@@ -82,6 +86,12 @@ class SSEParser:
             clean = False  # fields with no terminating blank line are discarded, per spec
         self._reset()
         return events, clean
+
+    def _pending_bytes(self) -> bytes:
+        if self._more:
+            self._buf = b"".join((self._buf, *self._more))
+            self._more = []
+        return self._buf
 
     def _reset(self) -> None:
         self._event = None
