@@ -50,6 +50,9 @@ def _cmd_init(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
+    from gateway.startup import EARLY
+
+    EARLY.install()  # from here on a SIGHUP or SIGTERM while starting is kept, not fatal
     from gateway.config.load import ConfigError, read_config
     from gateway.context.store.database import StoreUnavailable
     from gateway.listeners import ListenerError
@@ -283,8 +286,8 @@ def _cmd_attribution(args: argparse.Namespace) -> int:
     from gateway import opsclient
     from gateway.config.load import ConfigError, read_config, resolve
 
-    key = os.environ.get(opsclient.KEY_ENV, "")
-    if not key:
+    key = os.environ.get(opsclient.KEY_ENV, "").strip()  # a key file's trailing newline is not the key
+    if not key or not key.isascii() or not key.isprintable():
         print(f"wiregate attribution: set {opsclient.KEY_ENV} to a gateway key (admin to switch)", file=sys.stderr)
         return 2
     uds = args.uds
@@ -306,8 +309,8 @@ def _cmd_attribution(args: argparse.Namespace) -> int:
         method, path, body = "POST", "/v1/attribution/collection", {"collecting": args.action == "on"}
     try:
         status, answer = opsclient.call(method, path, key, body=body, uds=uds, url=args.url, cafile=args.cacert)
-    except (OSError, ValueError) as exc:
-        print(f"wiregate attribution: {type(exc).__name__}: {exc}", file=sys.stderr)
+    except (OSError, ValueError) as exc:  # the class only: a message may quote the request, key included
+        print(f"wiregate attribution: {type(exc).__name__}", file=sys.stderr)
         return 1
     print(json.dumps(answer, indent=2, sort_keys=True))
     return 0 if status == 200 else 1

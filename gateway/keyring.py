@@ -106,7 +106,7 @@ def load_keyring(path: Path) -> KeyRing:
         data = json.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise KeyRingError(f"{path}: cannot be read ({exc.strerror})") from None
-    except ValueError:
+    except (ValueError, RecursionError):
         raise KeyRingError(f"{path}: not JSON") from None
     try:
         return KeyRing.from_json(data)
@@ -121,7 +121,7 @@ def rotate_keyring_file(path: Path, *, retire_after: bool = False) -> str:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         ring = KeyRing.from_json(data)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise KeyRingError(f"{path}: {exc}") from None
     if ring.digest_secret is None:  # digests keep their key: the one the active key gave them
         data["digest_secret"] = base64.b64encode(ring.log_key()).decode()

@@ -13,6 +13,7 @@ import os
 import signal
 import socket
 import ssl
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,9 +24,10 @@ from gateway.app import create_app
 from gateway.config.load import ConfigError, load_runtime, resolve
 from gateway.config.runtime import RuntimeHolder
 from gateway.http.connections import GuardedRunner, TLSSite
-from gateway.listeners import prepare_socket_path, server_tls_context, socket_umask
+from gateway.listeners import ListenerError, prepare_socket_path, server_tls_context, socket_umask
 from gateway.obs import logging as log
 from gateway.proxy.offload import OFFLOAD
+from gateway.startup import EARLY
 from gateway.state import DRAINING, METRICS, WORKER
 
 
@@ -39,6 +41,7 @@ class RunningGateway:
     sites: list[web.BaseSite] = field(default_factory=list)
     tls_paths: tuple[Path, Path] | None = None
     _tls: ssl.SSLContext | None = None
+    _reloading: asyncio.Lock = field(default_factory=asyncio.Lock)  # one reload at a time
 
     @property
     def app(self) -> web.Application:
@@ -46,24 +49,29 @@ class RunningGateway:
 
     async def reload(self) -> bool:
         """Re-read everything (off the event loop); swap on success, keep the running runtime
-        on failure."""
+        on failure. Reloads run one at a time, in the order asked: two SIGHUPs close together
+        never apply the older files last."""
+        async with self._reloading:
+            return await self._reload()
+
+    async def _reload(self) -> bool:
         metrics = self.app[METRICS]
+        current = self.holder.current.generation
         try:
-            runtime = await asyncio.to_thread(
-                load_runtime, self.config_path, generation=self.holder.current.generation + 1
-            )
+            runtime = await asyncio.to_thread(load_runtime, self.config_path, generation=current + 1)
         except ConfigError as exc:
             metrics.reloads.labels("failed").inc()
-            log.error("config_reload_failed", reason=str(exc), generation=self.holder.current.generation)
+            log.error("config_reload_failed", reason=str(exc), generation=current)
+            return False
+        except Exception as exc:  # a file no loader foresaw: refused the same way, class only
+            metrics.reloads.labels("failed").inc()
+            log.error("config_reload_failed", error_class=type(exc).__name__, generation=current)
             return False
         self.holder.swap(runtime)
         end_lapsed_sessions(self.app, runtime)
         _log_warnings(runtime.warnings)
         if self._tls is not None and self.tls_paths is not None:
-            try:  # new connections get the new certificate
-                await asyncio.to_thread(self._tls.load_cert_chain, str(self.tls_paths[0]), str(self.tls_paths[1]))
-            except (OSError, ssl.SSLError):
-                log.error("tls_reload_failed", reason="certificate or key unreadable")
+            await self._reload_tls(self._tls, *self.tls_paths)
         metrics.reloads.labels("ok").inc()
         log.info(
             "config_reloaded",
@@ -72,6 +80,16 @@ class RunningGateway:
             count=len(runtime.profiles),
         )
         return True
+
+    @staticmethod
+    async def _reload_tls(live: ssl.SSLContext, cert: Path, key: Path) -> None:
+        """New connections get the new certificate — once the pair has loaded into a context
+        of its own: loading into the live one installs the certificate before it finds the key
+        does not match, and every handshake would fail from then on."""
+        try:
+            await asyncio.to_thread(_load_pair, live, cert, key)
+        except (ListenerError, OSError, ssl.SSLError):
+            log.error("tls_reload_failed", reason="certificate or key unreadable or not a pair: the old pair serves")
 
     async def stop(self) -> None:
         """Readiness turns 503 first (for `server.drain_s`), then the listeners close and
@@ -182,6 +200,19 @@ async def start(
     return running
 
 
+def _load_pair(live: ssl.SSLContext, cert: Path, key: Path) -> None:
+    """Both files read once into a private copy, the copy checked as a pair in a context of
+    its own, then loaded into the live one (a file replaced meanwhile changes nothing)."""
+    with tempfile.TemporaryDirectory(prefix="wiregate-tls-") as tmp:
+        copy_cert, copy_key = Path(tmp) / "cert.pem", Path(tmp) / "key.pem"
+        copy_cert.write_bytes(cert.read_bytes())
+        fd = os.open(copy_key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as out:
+            out.write(key.read_bytes())
+        server_tls_context(copy_cert, copy_key)
+        live.load_cert_chain(str(copy_cert), str(copy_key))
+
+
 def _log_warnings(warnings: tuple[str, ...]) -> None:
     for warning in warnings:
         log.warning("insecure_configuration", reason=warning)
@@ -215,6 +246,10 @@ async def serve(config_path: Path, shared: Shared | None = None) -> None:
     loop.add_signal_handler(signal.SIGHUP, reload)
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     loop.add_signal_handler(signal.SIGINT, stop.set)
+    if EARLY.stop:  # asked while starting
+        stop.set()
+    elif EARLY.reload:
+        reload()
     try:
         await stop.wait()
     finally:

@@ -63,8 +63,14 @@ def _read_toml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: not found") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML ({exc.args[0][:120] if exc.args else ''})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not valid TOML (not UTF-8)") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: not valid TOML (nested too deeply)") from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot be read ({exc.strerror})") from None
+    except ValueError:  # a path holding a NUL
+        raise ConfigError(f"{path!r}: cannot be read (not a usable path)") from None
 
 
 class Private:
@@ -156,7 +162,7 @@ def read_secret_values(
         if ref.startswith("file:") and ref.endswith(".json"):
             try:
                 loaded = json.loads(text)
-            except ValueError:
+            except (ValueError, RecursionError):
                 raise ConfigError(f"policy secret_values: {ref[5:]} is not a JSON list") from None
             entries = [_json_secret(v) for v in loaded] if isinstance(loaded, list) else [None]
             if any(e is None for e in entries):
@@ -188,7 +194,10 @@ def _refuse_constant(_: str) -> Any:
 
 
 def parse_profile_json(data: bytes) -> dict[str, Any]:
-    doc = json.loads(data, object_pairs_hook=_no_duplicates, parse_constant=_refuse_constant)
+    try:
+        doc = json.loads(data, object_pairs_hook=_no_duplicates, parse_constant=_refuse_constant)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
     if not isinstance(doc, dict):
         raise ValueError("not a JSON object")
     return doc
@@ -203,7 +212,7 @@ def load_trusted_keys(paths: tuple[str, ...], base: Path) -> dict[str, signing.T
             key = signing.trusted_key(str(doc["key_id"]), str(doc["public_key"]))
         except OSError as exc:
             raise ConfigError(f"{path}: trusted key cannot be read ({exc.strerror})") from None
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):
             raise ConfigError(f"{path}: not a trusted-key file (key_id, public_key)") from None
         keys[key.key_id] = key
     return keys
