@@ -72,6 +72,10 @@ class Limits(_Strict):
     body_total_s: float = Field(120.0, gt=0, le=3600)
     # An idle keep-alive connection is closed after this long.
     idle_connection_s: float = Field(75.0, gt=0, le=3600)
+    # A client that reads nothing of what is written to it for this long (the connection's
+    # send buffer full the whole time) is cut off: it holds no call slot, no buffered
+    # response and no connection past it. A slow reader that keeps reading is never cut.
+    write_stall_s: float = Field(30.0, gt=0, le=600)
     # Open connections, in all and from one client (a TCP peer address, or a Unix-socket
     # peer uid); past either a connection is answered 503 and closed.
     max_connections: int = Field(2048, ge=1, le=1_000_000)

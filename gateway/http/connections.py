@@ -63,6 +63,7 @@ class ConnectionGuard:
     per_client: Counter[str] = field(default_factory=Counter)
     refused: int = 0
     head_timeouts: int = 0
+    write_stalls: int = 0  # connections cut off because their client stopped reading
     bad_requests: int = 0  # requests that could not be read as HTTP
     _unlogged: int = 0  # of those, not yet in a `bad_http` line
     _logged_at: float | None = None
@@ -119,6 +120,8 @@ class GuardedHandler(RequestHandler):
         self._refused = False
         self._awaiting_head = True
         self._head_timer: asyncio.TimerHandle | None = None
+        self._write_timer: asyncio.TimerHandle | None = None
+        self._write_backlog = 0  # bytes waiting to be sent when the stall clock last started
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         client = client_of(transport)
@@ -140,6 +143,7 @@ class GuardedHandler(RequestHandler):
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self._cancel_head_timer()
+        self._cancel_write_timer()
         if self._refused:
             return
         if self._client is not None:
@@ -164,6 +168,42 @@ class GuardedHandler(RequestHandler):
             # would linger reading it): the answer is out, close the connection now.
             self.force_close()
         return result
+
+    def pause_writing(self) -> None:
+        """The send buffer is full: the client has until `write_stall_s` to read some of it
+        (every write in flight — a released body, a heartbeat, a windowed event — waits on
+        this, so one deadline here covers them all)."""
+        super().pause_writing()
+        if self._write_timer is None:
+            self._write_backlog = self._backlog()
+            self._write_timer = self._loop.call_later(self._guard.limits.write_stall_s, self._write_stalled)
+
+    def resume_writing(self) -> None:
+        self._cancel_write_timer()
+        super().resume_writing()
+
+    def _cancel_write_timer(self) -> None:
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+
+    def _backlog(self) -> int:
+        transport = self.transport
+        return transport.get_write_buffer_size() if isinstance(transport, asyncio.WriteTransport) else 0
+
+    def _write_stalled(self) -> None:
+        """`write_stall_s` after the buffer filled: a client that read anything since keeps
+        its connection (the clock starts again); one that read nothing is cut as if it had
+        gone — every write waiting on it fails, the call ends and gives back what it held."""
+        self._write_timer = None
+        backlog = self._backlog()
+        if backlog < self._write_backlog:  # some of it was read: slow, not stalled
+            self._write_backlog = backlog
+            self._write_timer = self._loop.call_later(self._guard.limits.write_stall_s, self._write_stalled)
+            return
+        self._guard.write_stalls += 1
+        if self.transport is not None:
+            self.transport.abort()
 
     def _cancel_head_timer(self) -> None:
         if self._head_timer is not None:
