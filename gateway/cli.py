@@ -236,24 +236,45 @@ def _cmd_profiles_verify(args: argparse.Namespace) -> int:
     return status
 
 
-def _cmd_principals_add(args: argparse.Namespace) -> int:
-    from gateway import devsetup
-    from gateway.config.load import ConfigError, read_config, resolve
+def _profile_id(path: Path) -> str | None:
+    """The id a profile file declares (None when it cannot be read as one)."""
+    try:
+        doc = json.loads(path.read_bytes())
+    except (OSError, ValueError, RecursionError):
+        return None
+    value = doc.get("id") if isinstance(doc, dict) else None
+    return value if isinstance(value, str) else None
 
-    if args.config:
-        cfg_path = Path(args.config).resolve()
-        try:
+
+def _cmd_principals_add(args: argparse.Namespace) -> int:
+    """Append a principal, once the file with it would still load (an entry the gateway
+    refuses would make every reload and the next start fail, and its key would never work)."""
+    from gateway import devsetup
+    from gateway.config.load import ConfigError, check_principals_text, read_config, resolve
+
+    profile_ids: set[str] | None = None
+    try:
+        if args.config:
+            cfg_path = Path(args.config).resolve()
             cfg = read_config(cfg_path)
-        except ConfigError as exc:
-            print(f"wiregate principals add: {exc}", file=sys.stderr)
-            return 1
-        target = resolve(cfg_path.parent, cfg.principals_file)
+            target = resolve(cfg_path.parent, cfg.principals_file)
+            found = (_profile_id(p) for p in resolve(cfg_path.parent, cfg.profiles_dir).glob("*.json"))
+            profile_ids = {pid for pid in found if pid is not None}
+        else:
+            target = Path(args.file)
+        existing = target.read_text(encoding="utf-8") if target.exists() else ""
+        key, digest = devsetup.new_gateway_key()
+        block = devsetup.principal_block(args.id, [digest], args.actions, args.profiles, args.scopes)
+        check_principals_text(existing + block, target, profile_ids)
+    except (ConfigError, OSError, UnicodeDecodeError) as exc:
+        reason = exc if isinstance(exc, ConfigError) else type(exc).__name__
+        print(f"wiregate principals add: {reason}", file=sys.stderr)
+        return 1
+    if existing:
+        with target.open("a", encoding="utf-8") as fh:
+            fh.write(block)
     else:
-        target = Path(args.file)
-    key, digest = devsetup.new_gateway_key()
-    block = devsetup.principal_block(args.id, [digest], args.actions, args.profiles, args.scopes)
-    with target.open("a", encoding="utf-8") as fh:
-        fh.write(block)
+        devsetup.write_private(target, block.encode())
     print(f"added principal {args.id} to {target} (reload the gateway: SIGHUP)")
     print(f"gateway key (shown once): {key}")
     return 0

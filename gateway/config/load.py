@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import tomllib
+from collections.abc import Collection
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -276,7 +277,23 @@ def load_profiles(
 
 
 def load_principals(path: Path, profiles: dict[str, LoadedProfile]) -> tuple[tuple[bytes, Principal], ...]:
-    file = _model(PrincipalsFile, _read_toml(path), str(path))
+    return _principals(_read_toml(path), path, profiles)
+
+
+def check_principals_text(text: str, path: Path, profile_ids: Collection[str] | None) -> None:
+    """Would `text` load as the principals file at `path`? (ConfigError if not.) With
+    `profile_ids` None, the profiles principals name are not checked."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML ({exc.args[0][:120] if exc.args else ''})") from None
+    _principals(data, path, profile_ids)
+
+
+def _principals(
+    data: dict[str, Any], path: Path, profiles: Collection[str] | None
+) -> tuple[tuple[bytes, Principal], ...]:
+    file = _model(PrincipalsFile, data, str(path))
     out: list[tuple[bytes, Principal]] = []
     seen_ids: set[str] = set()
     seen_keys: set[str] = set()
@@ -285,7 +302,7 @@ def load_principals(path: Path, profiles: dict[str, LoadedProfile]) -> tuple[tup
             raise ConfigError(f"{path}: duplicate principal id {entry.id}")
         seen_ids.add(entry.id)
         for pid in entry.profiles:
-            if pid not in profiles:
+            if profiles is not None and pid not in profiles:
                 raise ConfigError(f"{path}: principal {entry.id} names unknown profile {pid}")
         if entry.default_scope not in entry.scopes:
             raise ConfigError(f"{path}: principal {entry.id}: default_scope is not among its scopes")

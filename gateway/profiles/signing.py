@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import rfc8785
-from cryptography.exceptions import InvalidSignature
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
@@ -52,7 +52,10 @@ def private_key_pem(key: Ed25519PrivateKey) -> bytes:
 
 
 def load_private_key(pem: bytes) -> Ed25519PrivateKey:
-    key = serialization.load_pem_private_key(pem, password=None)
+    try:
+        key = serialization.load_pem_private_key(pem, password=None)
+    except (TypeError, UnsupportedAlgorithm):  # encrypted, or a kind of key this build cannot read
+        raise SignatureError("signing key is encrypted or of an unsupported kind") from None
     if not isinstance(key, Ed25519PrivateKey):
         raise SignatureError("signing key is not an Ed25519 private key")
     return key
@@ -63,7 +66,7 @@ def private_key_id(pem: bytes) -> str | None:
     else: other key types, encrypted keys, non-keys)."""
     try:
         key = serialization.load_pem_private_key(pem, password=None)
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, UnsupportedAlgorithm):
         return None
     return key_id_for(key.public_key()) if isinstance(key, Ed25519PrivateKey) else None
 
