@@ -36,7 +36,8 @@ ENV_HTTPS_PORT = "WIREGATE_WORKER_HTTPS_PORT"
 ENV_UDS_FD = "WIREGATE_WORKER_UDS_FD"
 
 QUICK_DEATH_S = 5.0  # a worker that dies sooner than this after starting counts as a failed start
-QUICK_DEATHS = 3  # in a row: stop everything
+QUICK_DEATHS = 3  # in a row: stop everything, unless another worker is still serving
+RESPAWN_BACKOFF_S = 5.0  # then a failing slot is tried again this often (the files may be fixed)
 
 
 @dataclass
@@ -54,6 +55,7 @@ class Supervisor:
         self.stopping = False
         self.reload_pending = False
         self.quick_deaths = 0
+        self._respawn_at: dict[int, float] = {}  # slot → when to try starting it again
         self._port_holder: socket.socket | None = None
         self._uds: socket.socket | None = None
         self._uds_path: Path | None = None
@@ -131,13 +133,25 @@ class Supervisor:
                     status = worker.proc.poll()
                     if status is None:
                         continue
+                    due = self._respawn_at.get(n)
+                    if due is not None:  # a slot that failed to start: tried again in a while
+                        if time.monotonic() >= due:
+                            del self._respawn_at[n]
+                            self.workers[n] = self._spawn(worker.index)
+                        continue
                     log.error("worker_exited", worker=worker.index, exit_status=status)
                     lived = time.monotonic() - worker.started
                     self.quick_deaths = self.quick_deaths + 1 if lived < QUICK_DEATH_S else 0
                     if self.quick_deaths >= QUICK_DEATHS:
-                        failed = True
-                        self.stopping = True
-                        break
+                        if not any(w.proc.poll() is None for w in self.workers):
+                            failed = True  # nothing serves: a start that keeps failing ends the service
+                            self.stopping = True
+                            break
+                        # Others still serve (say the files on disk were broken after they
+                        # loaded): keep them, and try this slot again later.
+                        self._respawn_at[n] = time.monotonic() + RESPAWN_BACKOFF_S
+                        log.warning("worker_respawn_delayed", worker=worker.index)
+                        continue
                     self.workers[n] = self._spawn(worker.index)
                 time.sleep(0.1)
         finally:

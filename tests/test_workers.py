@@ -162,3 +162,35 @@ def test_workers_on_the_embedded_defaults_share_one_mock(tmp_path: Path) -> None
         assert proc.terminate(120) == 0
     finally:
         proc.close()
+
+
+def test_a_worker_that_cannot_restart_leaves_the_others_serving(mock: MockProviderServer, tmp_path: Path) -> None:
+    """The files on disk were broken after the workers loaded them (a SIGHUP was refused and
+    both kept the old configuration), then one worker dies: its restarts fail, but the other
+    keeps serving, and the slot comes back once the files are fixed."""
+    env = build_env(tmp_path / "gw", mock.url)
+    sock = env.dir / "run" / "gw.sock"
+    proc = procs.Proc(
+        [str(WIREGATE), "serve", "--config", str(env.config), "--workers", "2"], dict(os.environ), tmp_path / "log"
+    )
+    policy = env.dir / "policy.toml"
+    good = policy.read_bytes()
+    try:
+        _wait(lambda: sum(1 for r in proc.records() if r.get("event") == "started") == 2)
+        pids = [int(r["pid"]) for r in proc.records() if r.get("event") == "worker_started"]
+        policy.write_bytes(b'version = ""\n')  # refused by every loader
+        proc.popen.send_signal(signal.SIGHUP)
+        _wait(lambda: sum(1 for r in proc.records() if r.get("event") == "config_reload_failed") >= 2, timeout=90)
+        os.kill(pids[0], signal.SIGKILL)
+        _wait(lambda: any(r.get("event") == "worker_respawn_delayed" for r in proc.records()), timeout=90)
+        assert proc.popen.poll() is None  # the supervisor did not give up
+        uds = httpx.HTTPTransport(uds=str(sock))
+        with httpx.Client(transport=uds, base_url="http://localhost", timeout=30) as client:
+            for _ in range(5):
+                assert _chat(client, env.gateway_key) == 200
+        policy.write_bytes(good)
+        _wait(lambda: sum(1 for r in proc.records() if r.get("event") == "started") == 3, timeout=90)
+        assert proc.terminate(120) == 0
+    finally:
+        policy.write_bytes(good)
+        proc.close()
