@@ -30,6 +30,7 @@ from types import FrameType
 from gateway.config.load import read_config, resolve
 from gateway.listeners import prepare_socket_path, socket_umask
 from gateway.obs import logging as log
+from gateway.startup import EARLY
 
 ENV_WORKER = "WIREGATE_WORKER"
 ENV_HTTPS_PORT = "WIREGATE_WORKER_HTTPS_PORT"
@@ -121,10 +122,12 @@ class Supervisor:
         signal.signal(signal.SIGTERM, self._on_stop)
         signal.signal(signal.SIGINT, self._on_stop)
         signal.signal(signal.SIGHUP, self._on_hup)
+        self.stopping |= EARLY.stop  # asked while the supervisor was starting
+        self.reload_pending |= EARLY.reload
         log.info("supervising", workers=self.count)
         failed = False
         try:
-            self.workers = [self._spawn(i) for i in range(self.count)]
+            self.workers = [] if self.stopping else [self._spawn(i) for i in range(self.count)]
             while not self.stopping:
                 if self.reload_pending:
                     self.reload_pending = False

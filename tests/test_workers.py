@@ -17,6 +17,8 @@ import httpx
 
 from gateway import devsetup
 from gateway.mockprovider import MockProviderServer
+from gateway.startup import EARLY
+from gateway.workers import Supervisor
 from tests.deploy import procs
 from tests.harness import build_env
 
@@ -194,3 +196,20 @@ def test_a_worker_that_cannot_restart_leaves_the_others_serving(mock: MockProvid
     finally:
         policy.write_bytes(good)
         proc.close()
+
+
+def test_a_stop_asked_while_the_supervisor_starts_is_honoured(mock: MockProviderServer, tmp_path: Path) -> None:
+    """`wiregate serve` keeps a SIGTERM that arrives before its handlers exist (`EARLY`);
+    the supervisor then starts no worker and returns as a clean stop."""
+    env = build_env(tmp_path / "gw", mock.url)
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    EARLY.stop = True
+    try:
+        supervisor = Supervisor(env.config, 2)
+        assert supervisor.run() == 0
+        assert supervisor.workers == []
+        assert not (env.dir / "run" / "gw.sock").exists()
+    finally:
+        EARLY.stop = False
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)

@@ -14,10 +14,12 @@ Must not: read bodies or know routes (the app does).
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import secrets
 import socket
 import struct
+import termios
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -95,6 +97,19 @@ class ConnectionGuard:
             del self.per_client[client]
 
 
+def _send_queue(transport: asyncio.BaseTransport) -> int | None:
+    """Bytes the kernel holds for the peer on this connection (TCP: not yet acknowledged;
+    a Unix socket: not yet read), through TLS too; None where it cannot be read."""
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return None
+    try:
+        answer = fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0")  # SIOCOUTQ on a socket
+    except (OSError, ValueError):
+        return None
+    return int(struct.unpack("i", answer)[0])
+
+
 def client_of(transport: asyncio.BaseTransport) -> str:
     """Who a connection belongs to: the TCP peer address, or the Unix-socket peer's uid."""
     peer = transport.get_extra_info("peername")
@@ -121,7 +136,7 @@ class GuardedHandler(RequestHandler):
         self._awaiting_head = True
         self._head_timer: asyncio.TimerHandle | None = None
         self._write_timer: asyncio.TimerHandle | None = None
-        self._write_backlog = 0  # bytes waiting to be sent when the stall clock last started
+        self._write_backlog: tuple[int, int | None] = (0, None)  # when the stall clock last started
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         client = client_of(transport)
@@ -187,18 +202,25 @@ class GuardedHandler(RequestHandler):
             self._write_timer.cancel()
             self._write_timer = None
 
-    def _backlog(self) -> int:
+    def _backlog(self) -> tuple[int, int | None]:
+        """What waits to reach the client: bytes in the transport's buffer, and bytes in the
+        kernel's send queue (None where it cannot be read). The client reading shows in the
+        kernel's queue first: the transport's buffer moves only once the kernel says the
+        socket has room again, which may take a large share of its buffer."""
         transport = self.transport
-        return transport.get_write_buffer_size() if isinstance(transport, asyncio.WriteTransport) else 0
+        if not isinstance(transport, asyncio.WriteTransport):
+            return 0, None
+        return transport.get_write_buffer_size(), _send_queue(transport)
 
     def _write_stalled(self) -> None:
         """`write_stall_s` after the buffer filled: a client that read anything since keeps
         its connection (the clock starts again); one that read nothing is cut as if it had
         gone — every write waiting on it fails, the call ends and gives back what it held."""
         self._write_timer = None
-        backlog = self._backlog()
-        if backlog < self._write_backlog:  # some of it was read: slow, not stalled
-            self._write_backlog = backlog
+        (buffered, queued), (was_buffered, was_queued) = self._backlog(), self._write_backlog
+        read = buffered < was_buffered or (queued is not None and was_queued is not None and queued < was_queued)
+        if read:  # some of it reached the client: slow, not stalled
+            self._write_backlog = (buffered, queued)
             self._write_timer = self._loop.call_later(self._guard.limits.write_stall_s, self._write_stalled)
             return
         self._guard.write_stalls += 1

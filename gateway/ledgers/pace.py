@@ -47,8 +47,8 @@ _DOMAIN = b"wiregate/cache-pace/v1\x1f"
 
 
 def session_digest(secret: bytes, cache_key: str) -> str:
-    """The stored name of a session: keyed, so a digest cannot be tested against guessed ids.
-    (A key rotation starts every session afresh, which only means planning without history.)"""
+    """The stored name of a session: keyed (with the key ring's digest secret, which a
+    binding-key rotation leaves alone), so a digest cannot be tested against guessed ids."""
     return hmac_sha256(secret, _DOMAIN + cache_key.encode("utf-8", "surrogatepass")).hex()[:40]
 
 

@@ -37,7 +37,7 @@ async def lookup(app: web.Application, ex: Exchange, party: Party) -> Paced | No
     ctx = caching.CacheContext(
         party.principal, party.scope, profile.id, ex.session, account=profile.account, region=profile.region
     )
-    digest = session_digest(ex.runtime.keyring.active.secret, caching.cache_key(ctx, "principal"))
+    digest = session_digest(ex.runtime.log_key, caching.cache_key(ctx, "principal"))  # survives key rotation
     now = ledger.clock()
     try:
         events = await ledger.get(digest)
