@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import time
 from typing import Any
 
@@ -20,6 +19,7 @@ from gateway.attribution.blocks import ESTIMATOR, LABEL_HEADER
 from gateway.attribution.ledger import TOP_N, Aggregator
 from gateway.errors import ClientError
 from gateway.http.body import read_body
+from gateway.http.params import ascii_int
 from gateway.proxy import projections
 from gateway.state import ATTRIBUTION, CONTEXT, RUNTIME
 from gateway.vocab import ReasonCode
@@ -27,9 +27,6 @@ from gateway.vocab import ReasonCode
 
 def _bad() -> ClientError:
     return ClientError(422, "invalid_request", (ReasonCode.INVALID_REQUEST,))
-
-
-_TOP = re.compile(r"[0-9]{1,3}")
 
 
 def query_number(value: str | None, default: float) -> float:
@@ -81,10 +78,9 @@ async def report(request: web.Request) -> web.Response:
         runtime, request.headers, service.scope_creator if service else None, body_scope=scope
     )
     auth.identify(runtime, request.headers, "observe", body_scope=scope, creator_of=creator_of)
-    top_text = query.get("top") or str(TOP_N)
-    if _TOP.fullmatch(top_text) is None or not 1 <= int(top_text) <= TOP_N:
+    top = ascii_int(query.get("top") or str(TOP_N), 3)
+    if top is None or not 1 <= top <= TOP_N:
         raise _bad()  # a whole number, never rounded ("1.9" is not 1)
-    top = int(top_text)
     since = query_number(query.get("since"), -1.0)
     until = query_number(query.get("until"), -1.0)
     body = await build_report(request, scope, since if since >= 0 else None, until if until >= 0 else None, top)

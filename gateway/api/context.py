@@ -46,12 +46,13 @@ from gateway.checks.store import refusal_reasons, write_verdict
 from gateway.config.runtime import Principal, Runtime
 from gateway.context import errors as cx
 from gateway.context.content import compact_json, utf8_ok
-from gateway.context.model import ArtifactRef, AtomicMemoryInput, MemoryState, valid_scope_id
+from gateway.context.model import ArtifactRef, AtomicMemoryInput, MemoryState
 from gateway.context.service import ContextService, ContextSettings, SearchResult
 from gateway.context.store.base import ScopeRecord
 from gateway.context.store.database import Database
 from gateway.errors import ClientError
 from gateway.http.body import read_body
+from gateway.http.params import ascii_int
 from gateway.obs import logging as log
 from gateway.proxy import internal
 from gateway.state import CALL, CONTEXT, RUNTIME
@@ -350,7 +351,7 @@ class Ctx:
     async def allow(self, scope_id: str, action: str) -> ScopeRecord:
         """The scope, if this principal may `action` on it; else 403 (an unknown scope the
         principal could not see is 404 only when it could act on it: no existence oracle)."""
-        record = await self.service.find_scope(scope_id) if valid_scope_id(scope_id) else None
+        record = await self.service.find_scope(scope_id)  # None for an id no scope can have
         if not may(self.principal, scope_id, action, record):
             raise Forbidden()
         if record is None:
@@ -358,8 +359,7 @@ class Ctx:
         return record
 
     async def may_read(self, scope_id: str) -> bool:
-        record = await self.service.find_scope(scope_id) if valid_scope_id(scope_id) else None
-        return may(self.principal, scope_id, "context.read", record)
+        return may(self.principal, scope_id, "context.read", await self.service.find_scope(scope_id))
 
 
 def may(principal: Principal, scope_id: str, action: str, record: ScopeRecord | None) -> bool:
@@ -451,13 +451,6 @@ def _json(body: Any, status: int = 200, headers: Mapping[str, str] | None = None
     )
 
 
-_DECIMAL = re.compile(r"[0-9]{1,9}")  # ASCII digits only (`str.isdigit` takes "²" and "٣")
-
-
-def _decimal(text: str) -> int | None:
-    return int(text) if _DECIMAL.fullmatch(text) else None
-
-
 def _query(request: web.Request, name: str) -> str | None:
     """A query parameter given at most once (a repeated one is refused, never guessed)."""
     values = request.query.getall(name, [])
@@ -470,7 +463,7 @@ def _int_query(request: web.Request, name: str, default: int | None, low: int, h
     value = _query(request, name)
     if value is None:
         return default
-    number = _decimal(value)
+    number = ascii_int(value, 9)
     if number is None or not low <= number <= high:
         raise cx.InvalidRequest(name, "is out of range")
     return number
@@ -642,7 +635,7 @@ async def list_revisions(ctx: Ctx) -> web.Response:
 async def get_revision(ctx: Ctx) -> web.Response:
     info = ctx.request.match_info
     await ctx.allow(info["scope_id"], "context.read")
-    revision = _decimal(info["revision"])
+    revision = ascii_int(info["revision"], 9)
     if revision is None or revision < 1:
         raise ContractViolation(
             {"errors": [{"type": "int_parsing", "loc": ["path", "revision"], "msg": "Input should be a valid integer"}]}

@@ -19,7 +19,6 @@ Must not: decide (prepared.verify does), or log the binding or pointer.
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Mapping, Sequence
 from urllib.parse import unquote
@@ -30,6 +29,7 @@ from gateway.config.runtime import Principal, Runtime
 from gateway.context.model import ArtifactAddress
 from gateway.context.service import ContextService
 from gateway.errors import ClientError
+from gateway.http.params import ascii_int
 from gateway.vocab import ReasonCode
 
 HEADER = "x-wiregate-prepared-context"
@@ -39,9 +39,6 @@ _MAX_VALUE = 8192
 
 def _bad() -> ClientError:
     return ClientError(422, "invalid_request", (ReasonCode.PREPARED_CONTEXT_MISMATCH,))
-
-
-_OFFSET = re.compile(r"[0-9]{1,12}")  # ASCII digits only ("²" passes str.isdigit, then fails int())
 
 
 def parse(values: Sequence[str]) -> tuple[prepared.Replay, ...]:
@@ -62,10 +59,10 @@ def parse(values: Sequence[str]) -> tuple[prepared.Replay, ...]:
                 fields[name] = raw.strip()
             if set(fields) != {"binding", "pointer", "start", "end"}:
                 raise _bad()
-            start, end = fields["start"], fields["end"]
-            if _OFFSET.fullmatch(start) is None or _OFFSET.fullmatch(end) is None:
+            start, end = ascii_int(fields["start"], 12), ascii_int(fields["end"], 12)
+            if start is None or end is None:
                 raise _bad()
-            out.append(prepared.Replay(fields["binding"], unquote(fields["pointer"]), int(start), int(end)))
+            out.append(prepared.Replay(fields["binding"], unquote(fields["pointer"]), start, end))
             if len(out) > MAX_REPLAYS:
                 raise _bad()
     return tuple(out)
