@@ -238,11 +238,12 @@ def _cmd_profiles_verify(args: argparse.Namespace) -> int:
 
 def _profile_id(path: Path) -> str | None:
     """The id a profile file declares (None when it cannot be read as one)."""
+    from gateway.config.load import parse_profile_json
+
     try:
-        doc = json.loads(path.read_bytes())
-    except (OSError, ValueError, RecursionError):
+        value = parse_profile_json(path.read_bytes()).get("id")
+    except (OSError, ValueError):
         return None
-    value = doc.get("id") if isinstance(doc, dict) else None
     return value if isinstance(value, str) else None
 
 

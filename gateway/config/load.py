@@ -58,20 +58,26 @@ def _model(cls: type[M], data: Any, where: str) -> M:
 
 def _read_toml(path: Path) -> dict[str, Any]:
     try:
-        with path.open("rb") as fh:
-            return tomllib.load(fh)
+        data = path.read_bytes()
     except FileNotFoundError:
         raise ConfigError(f"{path}: not found") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot be read ({exc.strerror})") from None
+    except ValueError:  # a path holding a NUL
+        raise ConfigError(f"{path!r}: cannot be read (not a usable path)") from None
+    return _toml_document(data, path)
+
+
+def _toml_document(data: bytes | str, path: Path) -> dict[str, Any]:
+    """TOML text (of the file at `path`) as a document, or a ConfigError saying why not."""
+    try:
+        return tomllib.loads(data.decode("utf-8") if isinstance(data, bytes) else data)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML ({exc.args[0][:120] if exc.args else ''})") from None
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not valid TOML (not UTF-8)") from None
     except RecursionError:
         raise ConfigError(f"{path}: not valid TOML (nested too deeply)") from None
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot be read ({exc.strerror})") from None
-    except ValueError:  # a path holding a NUL
-        raise ConfigError(f"{path!r}: cannot be read (not a usable path)") from None
 
 
 class Private:
@@ -283,11 +289,7 @@ def load_principals(path: Path, profiles: dict[str, LoadedProfile]) -> tuple[tup
 def check_principals_text(text: str, path: Path, profile_ids: Collection[str] | None) -> None:
     """Would `text` load as the principals file at `path`? (ConfigError if not.) With
     `profile_ids` None, the profiles principals name are not checked."""
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML ({exc.args[0][:120] if exc.args else ''})") from None
-    _principals(data, path, profile_ids)
+    _principals(_toml_document(text, path), path, profile_ids)
 
 
 def _principals(
