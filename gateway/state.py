@@ -115,13 +115,10 @@ class UiSessions:
     def drop(self, token: str) -> None:
         self._by_token.pop(hashlib.sha256(token.encode()).digest(), None)
 
-    def keep_only(self, allowed: Callable[[bytes], bool]) -> int:
+    def keep_only(self, allowed: Callable[[bytes], bool]) -> None:
         """End every session whose key `allowed` refuses (after a reload: a key removed, or
-        no longer allowed to observe, must not come back to life if it is restored later).
-        Returns how many ended."""
-        before = len(self._by_token)
+        no longer allowed to observe, must not come back to life if it is restored later)."""
         self._by_token = {t: s for t, s in self._by_token.items() if allowed(s.key_digest)}
-        return before - len(self._by_token)
 
 
 RUNTIME = web.AppKey("wiregate_runtime", RuntimeHolder)
