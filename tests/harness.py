@@ -61,6 +61,14 @@ def mock_profile(pid: str, provider: str, mock_url: str, **extra: Any) -> dict[s
     return doc
 
 
+def windowed_profiles(url: str) -> list[dict[str, Any]]:
+    """The two mock profiles (OpenAI, Anthropic) releasing strict streams windowed."""
+    return [
+        mock_profile("mock-openai", "openai", url, release="windowed"),
+        mock_profile("mock-anthropic", "anthropic", url, release="windowed"),
+    ]
+
+
 @dataclass
 class Env:
     """A generated configuration directory."""

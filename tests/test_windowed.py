@@ -27,9 +27,9 @@ from tests.harness import (
     GatewayThread,
     anthropic_client,
     chat_chunk_event,
-    mock_profile,
     openai_client,
     raw_client,
+    windowed_profiles,
 )
 
 WINDOW_CAP = 128
@@ -44,10 +44,7 @@ def _openers(text: str, limit: int = 6) -> set[str]:
 
 @pytest.fixture(scope="module")
 def gw(gateways: GatewayFactory, mock: MockProviderServer) -> Iterator[tuple[Env, GatewayThread]]:
-    profiles = [
-        mock_profile("mock-openai", "openai", mock.url, release="windowed"),
-        mock_profile("mock-anthropic", "anthropic", mock.url, release="windowed"),
-    ]
+    profiles = windowed_profiles(mock.url)
     with gateways(
         "windowed", secrets_=[SECRET_VALUE], profiles=profiles, policy_extra=f"stream_window_cap = {WINDOW_CAP}\n"
     ) as started:

@@ -16,7 +16,7 @@ import pytest
 from gateway.carriers import sse
 from gateway.mockprovider import MockProviderServer
 from tests.conftest import GatewayFactory
-from tests.harness import Env, GatewayThread, mock_profile, raw_client
+from tests.harness import Env, GatewayThread, raw_client, windowed_profiles
 
 SECRET = "wg-windowed-literal-7Hq2"
 HEAD, TAIL = SECRET[:12], SECRET[12:]
@@ -25,10 +25,7 @@ FILL = " ".join(f"word{i:03d}" for i in range(60))
 
 @pytest.fixture(scope="module")
 def gw(gateways: GatewayFactory, mock: MockProviderServer) -> Iterator[tuple[Env, GatewayThread]]:
-    profiles = [
-        mock_profile("mock-openai", "openai", mock.url, release="windowed"),
-        mock_profile("mock-anthropic", "anthropic", mock.url, release="windowed"),
-    ]
+    profiles = windowed_profiles(mock.url)
     with gateways(
         "windowed-fields", secrets_=[SECRET], profiles=profiles, policy_extra="stream_window_cap = 128\n"
     ) as started:
