@@ -100,10 +100,10 @@ def _candidates(blocks: list[_Block], regions: dict[str, list[int]]) -> list[tup
             found.append(("last_turn", before[-1]))
         if regions.get(f"message:{newest}"):
             found.append(("tail", regions[f"message:{newest}"][-1]))
-    if regions["system"]:
-        found.append(("system", regions["system"][-1]))
-    if regions["tools"]:
-        found.append(("tools", regions["tools"][-1]))
+    for region in ("system", "tools"):  # the end of what the provider caches of it (a deferred tool is not)
+        if regions[region]:
+            markable = [i for i in regions[region] if blocks[i].part.markable]
+            found.append((region, (markable or regions[region])[-1]))
     for index, block in enumerate(blocks):
         if END_MARKER in block.part.text:
             found.append(("prepared_context", index))
@@ -127,8 +127,14 @@ def plan_markers(
     if not blocks:
         return NOTHING
     markers = {i: b.part.marker for i, b in enumerate(blocks) if b.part.marker is not None}
+    # The client's markers in prompt order: a block's own at its index, those on blocks
+    # nested inside it just before it; the automatic one on the last block.
+    fixed = [(float(i), ttl) for i, ttl in markers.items()]
+    fixed += [(i - 0.5, ttl) for i, b in enumerate(blocks) for ttl in b.part.inner_markers]
     automatic = layout.automatic_marker
-    slots = settings.max_breakpoints - len(markers) - (1 if automatic else 0)
+    if automatic is not None:
+        fixed.append((float(len(blocks) - 1), automatic))
+    slots = settings.max_breakpoints - len(fixed)
     skipped: list[str] = []
     chosen: dict[int, tuple[str, str]] = {}
     if choice is None:
@@ -157,11 +163,11 @@ def plan_markers(
             continue
         chosen[index] = (name, ttl)
         slots -= 1
-    placed = _order_ttls(chosen, markers, automatic, len(blocks), skipped)
+    placed = _order_ttls(chosen, fixed, skipped)
     edits = [carrier.marker_edit(text, blocks[index].part, ttl) for index, (_, ttl) in sorted(placed.items())]
     breakpoints = tuple((name, ttl) for _, (name, ttl) in sorted(placed.items()))
     evidence = [
-        *(["client_markers"] if markers or automatic else []),
+        *(["client_markers"] if fixed else []),
         *(f"ttl_{ttl}" for ttl in ("1h", "5m") if any(t == ttl for _, t in breakpoints)),
         *(["skipped_unprofitable"] if "unprofitable" in skipped else []),
     ]
@@ -169,24 +175,18 @@ def plan_markers(
 
 
 def _order_ttls(
-    chosen: dict[int, tuple[str, str]],
-    markers: dict[int, str],
-    automatic: str | None,
-    n_blocks: int,
-    skipped: list[str],
+    chosen: dict[int, tuple[str, str]], fixed: list[tuple[float, str]], skipped: list[str]
 ) -> dict[int, tuple[str, str]]:
-    """1 h breakpoints must all come before 5 min ones. Ours yield: a 1 h breakpoint after
-    a 5 min one becomes 5 min; a 5 min breakpoint before a 1 h one is dropped."""
-    fixed = dict(markers)
-    if automatic is not None:
-        fixed[n_blocks - 1] = automatic
+    """1 h breakpoints must all come before 5 min ones. Ours yield to the client's
+    (`fixed`: (position in prompt order, TTL)): a 1 h breakpoint after a 5 min one becomes
+    5 min; a 5 min breakpoint before a 1 h one is dropped."""
     placed: dict[int, tuple[str, str]] = {}
     for index in sorted(chosen):
         name, ttl = chosen[index]
-        everything = {**fixed, **{i: t for i, (_, t) in placed.items()}}
-        if ttl == "1h" and any(t == "5m" for i, t in everything.items() if i < index):
+        before = [t for at, t in fixed if at < index] + [t for _, t in placed.values()]
+        if ttl == "1h" and "5m" in before:
             ttl = "5m"
-        if ttl == "5m" and any(t == "1h" for i, t in fixed.items() if i > index):
+        if ttl == "5m" and any(t == "1h" for at, t in fixed if at > index):
             skipped.append("ttl_order")
             continue
         placed[index] = (name, ttl)

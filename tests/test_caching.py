@@ -63,16 +63,16 @@ def _markers(doc: dict[str, Any]) -> list[tuple[str, str]]:
     """(where, ttl) of every cache_control, in prompt order."""
     found = []
     for i, tool in enumerate(doc.get("tools") or ()):
-        if "cache_control" in tool:
+        if isinstance(tool.get("cache_control"), dict):
             found.append((f"tools/{i}", tool["cache_control"].get("ttl", "5m")))
     system = doc.get("system")
     for i, block in enumerate(system if isinstance(system, list) else ()):
-        if "cache_control" in block:
+        if isinstance(block.get("cache_control"), dict):
             found.append((f"system/{i}", block["cache_control"].get("ttl", "5m")))
     for m, msg in enumerate(doc["messages"]):
         content = msg["content"]
         for j, block in enumerate(content if isinstance(content, list) else ()):
-            if "cache_control" in block:
+            if isinstance(block.get("cache_control"), dict):
                 found.append((f"messages/{m}/{j}", block["cache_control"].get("ttl", "5m")))
     return found
 
@@ -238,3 +238,109 @@ def test_jsonspan_locate(doc: Any, path: tuple[Any, ...]) -> None:
     for step in path:
         value = value[step]
     assert json.loads(text[start:end]) == value
+
+
+def _every_marker(node: Any, out: list[str] | None = None) -> list[str]:
+    """The TTL of every `cache_control` object anywhere in a document, depth first in
+    document order (a nested block's before its holder's own)."""
+    out = [] if out is None else out
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key != "cache_control":
+                _every_marker(value, out)
+        if isinstance(node.get("cache_control"), dict):
+            out.append(node["cache_control"].get("ttl", "5m"))
+    elif isinstance(node, list):
+        for value in node:
+            _every_marker(value, out)
+    return out
+
+
+def _no_duplicate_keys(text: str) -> None:
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        keys = [k for k, _ in items]
+        assert len(keys) == len(set(keys)), keys
+        return dict(items)
+
+    json.loads(text, object_pairs_hook=pairs)
+
+
+def test_a_null_cache_control_is_the_clients_decision() -> None:
+    """`cache_control: null` on a block or a tool: no marker is added beside it (a second
+    member of the same name is a duplicate key the gateway itself would refuse), and it
+    takes no slot; the planner uses the block before it instead."""
+    doc = _conversation()
+    doc["system"] = [{"type": "text", "text": LONG}, {"type": "text", "text": LONG, "cache_control": None}]
+    doc["tools"][1]["cache_control"] = None
+    planned, plan = _plan(doc)
+    _no_duplicate_keys(planned)
+    after = json.loads(planned)
+    assert after["system"][1]["cache_control"] is None and after["tools"][1]["cache_control"] is None
+    assert ("system/0", "5m") in _markers(after) and ("tools/0", "5m") in _markers(after)
+    assert len(_every_marker(after)) == 4 and "client_markers" not in plan.evidence
+
+
+def _nested_markers(ttl: str | None, count: int) -> dict[str, Any]:
+    doc = _conversation()
+    marker = {"type": "ephemeral"} if ttl is None else {"type": "ephemeral", "ttl": ttl}
+    doc["messages"][5]["content"][0]["content"] = [
+        {"type": "text", "text": f"part {i} " * 30, "cache_control": marker} for i in range(count)
+    ]
+    return doc
+
+
+@pytest.mark.parametrize("count", [1, 2, 4])
+def test_markers_nested_in_a_tool_result_count_towards_the_limit(count: int) -> None:
+    planned, plan = _plan(_nested_markers(None, count))
+    assert len(_every_marker(json.loads(planned))) == 4
+    assert len(plan.breakpoints) == 4 - count and "client_markers" in plan.evidence
+
+
+def test_markers_in_a_documents_source_count_too() -> None:
+    doc = _conversation()
+    doc["messages"][0]["content"] = [
+        {
+            "type": "document",
+            "source": {
+                "type": "content",
+                "content": [{"type": "text", "text": "page " * 50, "cache_control": {"type": "ephemeral"}}] * 3,
+            },
+        },
+        {"type": "text", "text": "summarise"},
+    ]
+    planned, plan = _plan(doc)
+    assert len(_every_marker(json.loads(planned))) == 4 and len(plan.breakpoints) == 1
+
+
+def test_a_tools_input_is_data_not_a_marker() -> None:
+    """A member named `cache_control` inside a tool call's input or a schema is the
+    client's data: it takes no slot."""
+    doc = _conversation()
+    doc["messages"][1]["content"][1]["input"] = {"cache_control": {"type": "ephemeral"}}
+    doc["tools"][0]["input_schema"] = {"type": "object", "properties": {"cache_control": {"type": "object"}}}
+    _, plan = _plan(doc)
+    assert len(plan.breakpoints) == 4
+
+
+@pytest.mark.parametrize(
+    ("nested", "profile"),
+    [("5m", CacheSettings(mode="anthropic-cache-control", min_prefix_tokens=100, ttl="1h")), ("1h", ANTHROPIC)],
+)
+def test_nested_client_markers_keep_one_hour_before_five_minutes(nested: str, profile: CacheSettings) -> None:
+    planned, _ = _plan(_nested_markers(nested, 1), profile)
+    ttls = _every_marker(json.loads(planned))
+    assert ttls == sorted(ttls, key=lambda t: t != "1h"), ttls  # every 1h before every 5m
+    assert nested in ttls and len(ttls) >= 2
+
+
+def test_no_marker_on_a_tool_loaded_on_demand() -> None:
+    """A `defer_loading` tool cannot carry `cache_control` (the provider refuses both): the
+    tools breakpoint goes on the last tool the prompt holds."""
+    doc = _conversation()
+    doc["tools"].append(
+        {"name": "later", "description": "d", "input_schema": {"type": "object"}, "defer_loading": True}
+    )
+    planned, plan = _plan(doc)
+    after = json.loads(planned)
+    assert "cache_control" not in after["tools"][2] and "cache_control" in after["tools"][1]
+    assert ("tools", "5m") in plan.breakpoints

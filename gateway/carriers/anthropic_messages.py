@@ -174,15 +174,41 @@ def _block_text(block: Any) -> str:
     return json.dumps(stripped, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
+def _inner_markers(block: dict[str, Any], out: list[str]) -> list[str]:
+    """TTLs of the client's markers on the blocks a block holds, in prompt order: a tool
+    result's or search result's `content` blocks, a document's `source.content` blocks (and
+    theirs in turn). Only block lists are read: a tool's `input` or a schema is data, even
+    where it has a member named `cache_control`."""
+    source = block.get("source")
+    for inner in (block.get("content"), source.get("content") if isinstance(source, dict) else None):
+        if not isinstance(inner, list):
+            continue
+        for item in inner:
+            if isinstance(item, dict):
+                _inner_markers(item, out)
+                ttl = _ttl_of(item.get("cache_control"))
+                if ttl is not None:
+                    out.append(ttl)
+    return out
+
+
 def _part(path: Path, value: Any, region: Any, message: int | None, role: str | None) -> PromptPart:
+    """A block, a tool or a bare string as a prompt part. A `cache_control` member of any
+    value (null included) is the client's decision for that block: it counts as a
+    breakpoint when it is an object, and wiregate never adds one beside it; nor on a tool
+    loaded on demand (`defer_loading`, which the provider refuses to cache), a thinking
+    block, or an empty text."""
     text = _block_text(value)
     is_string = isinstance(value, str)
     kind = str(value.get("type")) if isinstance(value, dict) else ("tool" if region == "tools" else "text")
     if region == "tools":
         kind = "tool"
-    markable = kind not in _UNMARKABLE and not (kind == "text" and not text)
-    marker = None if is_string else _ttl_of(value.get("cache_control") if isinstance(value, dict) else None)
-    return PromptPart(path, region, message, role, kind, text, is_string, marker, markable)
+    block = value if isinstance(value, dict) else None
+    decided = block is not None and ("cache_control" in block or block.get("defer_loading") is True)
+    markable = not decided and kind not in _UNMARKABLE and not (kind == "text" and not text)
+    marker = _ttl_of(block.get("cache_control")) if block is not None else None
+    inner = tuple(_inner_markers(block, [])) if block is not None and region != "tools" else ()
+    return PromptPart(path, region, message, role, kind, text, is_string, marker, markable, inner)
 
 
 def _texts(blocks: list[Any], where: str, opaque: list[str]) -> list[str]:

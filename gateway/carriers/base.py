@@ -104,7 +104,8 @@ class PromptPart(NamedTuple):
     text: str  # what it says (a non-text block as compact JSON, cache markers left out)
     is_string: bool  # a bare string (system or content), not a block object
     marker: str | None = None  # the TTL of a cache marker the client already put here
-    markable: bool = False  # the provider accepts a cache marker here
+    markable: bool = False  # the provider accepts a cache marker here (and the client left it to us)
+    inner_markers: tuple[str, ...] = ()  # TTLs of the client's markers on blocks nested inside it
 
 
 @dataclass(frozen=True, slots=True)

@@ -131,13 +131,19 @@ def prefix_totals(unit_tokens: Iterable[int]) -> tuple[int, ...]:
 
 
 def resolve_breakpoints(
-    explicit: Sequence[Breakpoint], automatic: Ttl | None, unit_count: int
+    explicit: Sequence[Breakpoint],
+    automatic: Ttl | None,
+    unit_count: int,
+    nested: Sequence[tuple[float, Ttl]] = (),
 ) -> tuple[Breakpoint, ...]:
     """All breakpoints of a request in prompt order, validated like the API does.
 
     `explicit` are the blocks' own markers (at most one per position); `automatic` is
     the TTL of a top-level ``cache_control``, which puts a breakpoint on the last block
-    -- a no-op when that block already carries a marker with the same TTL.
+    -- a no-op when that block already carries a marker with the same TTL. `nested`:
+    markers on blocks inside a block (a tool result's content), at a position just before
+    their block's; they count towards the limit and the TTL order like the others (this
+    mock caches at whole blocks, so they are not returned as breakpoints).
     """
     by_position = {bp.position: bp for bp in explicit}
     if automatic is not None and unit_count > 0:
@@ -149,13 +155,14 @@ def resolve_breakpoints(
             )
         by_position[last] = Breakpoint(last, automatic)
     breakpoints = tuple(sorted(by_position.values(), key=lambda bp: bp.position))
-    if len(breakpoints) > MAX_BREAKPOINTS:
+    every = sorted([(float(bp.position), bp.ttl) for bp in breakpoints] + list(nested))
+    if len(every) > MAX_BREAKPOINTS:
         raise BreakpointError(
-            f"A maximum of {MAX_BREAKPOINTS} blocks with cache_control may be provided. Found {len(breakpoints)}."
+            f"A maximum of {MAX_BREAKPOINTS} blocks with cache_control may be provided. Found {len(every)}."
         )
     seen_5m = False
-    for bp in breakpoints:
-        if bp.ttl == "5m":
+    for _, ttl in every:
+        if ttl == "5m":
             seen_5m = True
         elif seen_5m:
             raise BreakpointError(

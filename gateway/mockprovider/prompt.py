@@ -168,15 +168,38 @@ def parse_cache_control(value: Any, where: str) -> Ttl | None:
 def anthropic_breakpoints(request: Mapping[str, Any]) -> tuple[Breakpoint, ...]:
     """The request's breakpoints (explicit and automatic), validated."""
     explicit: list[Breakpoint] = []
+    nested: list[tuple[float, Ttl]] = []
     count = 0
     for position, block in enumerate(_anthropic_blocks(request)):
         count = position + 1
         control = block.raw.get("cache_control") if isinstance(block.raw, dict) else None
         ttl = parse_cache_control(control, block.path)
         if ttl is not None:
+            if block.section == "tools" and block.raw.get("defer_loading") is True:
+                raise BreakpointError(f"{block.path}: a tool cannot have both defer_loading=true and cache_control set")
             explicit.append(Breakpoint(position, ttl))
+        if isinstance(block.raw, dict) and block.section != "tools":
+            nested += [(position - 0.5, inner) for inner in _inner_breakpoints(block.raw, block.path)]
     automatic = parse_cache_control(request.get("cache_control"), "request")
-    return resolve_breakpoints(explicit, automatic, count)
+    return resolve_breakpoints(explicit, automatic, count, nested)
+
+
+def _inner_breakpoints(block: Mapping[str, Any], where: str) -> list[Ttl]:
+    """TTLs of the markers on blocks nested in a block (a tool result's or search result's
+    content, a document's `source.content`), in order."""
+    out: list[Ttl] = []
+    source = block.get("source")
+    source_content = source.get("content") if isinstance(source, dict) else None
+    for key, inner in (("content", block.get("content")), ("source.content", source_content)):
+        if not isinstance(inner, list):
+            continue
+        for index, item in enumerate(inner):
+            if isinstance(item, dict):
+                out += _inner_breakpoints(item, f"{where}.{key}.{index}")
+                ttl = parse_cache_control(item.get("cache_control"), f"{where}.{key}.{index}")
+                if ttl is not None:
+                    out.append(ttl)
+    return out
 
 
 def anthropic_cache_query(request: Mapping[str, Any], workspace: str) -> AnthropicCacheQuery:
