@@ -105,20 +105,26 @@ class UiSessions:
             self._by_token.pop(next(iter(self._by_token)))
         token = secrets.token_urlsafe(32)
         session = UiSession(key_digest, secrets.token_urlsafe(24), now + self.ttl_s)
-        self._by_token[hashlib.sha256(token.encode()).digest()] = session
+        self._by_token[_token_digest(token)] = session
         return token, session
 
     def get(self, token: str, now: float) -> UiSession | None:
-        session = self._by_token.get(hashlib.sha256(token.encode()).digest())
+        session = self._by_token.get(_token_digest(token))
         return session if session is not None and session.expires > now else None
 
     def drop(self, token: str) -> None:
-        self._by_token.pop(hashlib.sha256(token.encode()).digest(), None)
+        self._by_token.pop(_token_digest(token), None)
 
     def keep_only(self, allowed: Callable[[bytes], bool]) -> None:
         """End every session whose key `allowed` refuses (after a reload: a key removed, or
         no longer allowed to observe, must not come back to life if it is restored later)."""
         self._by_token = {t: s for t, s in self._by_token.items() if allowed(s.key_digest)}
+
+
+def _token_digest(token: str) -> bytes:
+    """What a session is found by. A presented cookie is any header text (undecodable bytes
+    arrive as lone surrogates): it digests, and finds nothing, rather than fail."""
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
 
 
 RUNTIME = web.AppKey("wiregate_runtime", RuntimeHolder)

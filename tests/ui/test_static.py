@@ -12,8 +12,8 @@ import pytest
 from gateway import devsetup
 from gateway.api.ui import SECURITY_HEADERS, STATIC_DIR
 from gateway.state import UiSessions
-from tests.conftest import GatewayFactory
-from tests.harness import Env, GatewayThread, raw_client, sensitive
+from tests.conftest import GatewayFactory, LogCapture
+from tests.harness import Env, GatewayThread, raw_client, raw_socket, read_until_closed, sensitive
 
 
 def test_the_pages_have_no_inline_script_or_style_and_no_foreign_asset() -> None:
@@ -186,3 +186,30 @@ def test_a_key_removed_by_a_reload_never_comes_back(gw: tuple[Env, GatewayThread
     finally:
         principals.write_text(original)
         assert gateway.reload()
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [("GET", "/ui/"), ("GET", "/ui/api/session"), ("GET", "/ui/api/attribution"), ("POST", "/ui/logout")],
+)
+def test_an_undecodable_session_cookie_is_no_session(
+    gw: tuple[Env, GatewayThread], captured_logs: LogCapture, method: str, path: str
+) -> None:
+    """A cookie that is not UTF-8 (no key at all) finds no session: the sign-in page or
+    401, never a 500 and never an error line anyone could fill the log with."""
+    _, gateway = gw
+    mark = captured_logs.mark()
+    for cookie in (b"\xff", b"\xed\xa0\x80", b"ok\xc3"):
+        with raw_socket(gateway) as sock:
+            sock.sendall(
+                f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n".encode()
+                + b"Cookie: wiregate_ui="
+                + cookie
+                + b"\r\n\r\n"
+            )
+            answer = read_until_closed(sock)
+        status = int(answer.split(b" ", 2)[1])
+        assert status == (200 if path == "/ui/" else 401), (path, cookie, answer[:200])
+        if path == "/ui/":
+            assert b'id="login"' in answer or b"sign in" in answer.lower()
+    assert '"level":"error"' not in captured_logs.since(mark)
