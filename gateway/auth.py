@@ -97,6 +97,12 @@ def _delegation(principal: Principal, headers: Mapping[str, str]) -> str | None:
     return subject
 
 
+def reaches_every_scope(principal: Principal) -> bool:
+    """Does the principal reach every scope (a `*` among its `scopes`)? Only such a
+    principal reads a view across scopes (the attribution report without a scope)."""
+    return "*" in principal.scopes
+
+
 def reaches(principal: Principal, scope_id: str) -> bool:
     """Does one of the principal's `scopes` patterns name this scope?"""
     return any(fnmatch.fnmatchcase(scope_id, pattern) for pattern in principal.scopes)

@@ -77,7 +77,11 @@ async def report(request: web.Request) -> web.Response:
     creator_of = await auth.creators(
         runtime, request.headers, service.scope_creator if service else None, body_scope=scope
     )
-    auth.identify(runtime, request.headers, "observe", body_scope=scope, creator_of=creator_of)
+    identity = auth.identify(runtime, request.headers, "observe", body_scope=scope, creator_of=creator_of)
+    if scope is None and (
+        request.headers.get(auth.SCOPE_HEADER) is not None or not auth.reaches_every_scope(identity.principal)
+    ):
+        scope = identity.scope  # the header's or the principal's default: every scope only for one that reaches all
     top = ascii_int(query.get("top") or str(TOP_N), 3)
     if top is None or not 1 <= top <= TOP_N:
         raise _bad()  # a whole number, never rounded ("1.9" is not 1)

@@ -203,6 +203,8 @@ def _since(request: web.Request) -> float | None:
 async def attribution(request: web.Request) -> web.Response:
     _, principal = _session(request)
     scope = request.query.get("scope") or None
+    if scope is None and not auth.reaches_every_scope(principal):
+        scope = principal.default_scope  # a view across scopes only for a principal that reaches them all
     if scope is not None:
         if len(scope) > 256:
             raise ClientError(422, "invalid_request", (ReasonCode.INVALID_REQUEST,))

@@ -13,14 +13,18 @@ materialized figure without naming the estimator, or read anything but records.
 Evidence. Exposure needs a stable invocation identity (the provider's response id) and
 the complete active-block set of that invocation. A request that carries its whole context
 (chat, messages, a Responses call without server-side state) is its own complete set, plus
-what its session carries; one that continues server-side state without a session to carry
-it is incomplete. All correlated and complete: `supported`; some: `limited`; none:
+what its session carries; one that continues server-side state is complete only in a
+session whose whole context was seen before it (its carried blocks stand for what the
+provider holds), and incomplete otherwise. Every copy of a block in the context counts:
+two identical tool results are two blocks of one invocation (count-once is for the same
+invocation recorded again, not for repeated text). All correlated and complete: `supported`; some: `limited`; none:
 `unsupported`, and every exposure figure is absent.
 """
 
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -98,7 +102,9 @@ class Aggregator:
         self.since = since
         self.max_entries = max_entries
         self.entries: dict[str, _Entry] = {}
-        self.sessions: dict[str, dict[Key, Block]] = {}
+        # session → its carried blocks, each with the copies of it the context holds
+        self.sessions: dict[str, dict[Key, tuple[Block, int]]] = {}
+        self.launched: set[str] = set()  # sessions a full-context request was seen in
         self.seen: dict[str, set[Key]] = {}  # invocation → block identities already counted
         self.boundaries = 0
         self.correlated = 0
@@ -120,12 +126,12 @@ class Aggregator:
             entry = self.entries[spec.id] = _Entry(spec)
         return entry
 
-    def _carry(self, record: Record) -> dict[Key, Block]:
+    def _carry(self, record: Record) -> dict[Key, tuple[Block, int]]:
         """The session's active blocks before this record, after this record's
-        compaction and replacements; then updated with what it materialises. Returns the
-        carried set as it stood for this invocation."""
+        compaction and replacements; then updated with what it materialises (with the
+        copies of each it holds). Returns the carried set as it stood for this invocation."""
         carried = dict(self.sessions.get(record.session, {})) if record.session is not None else {}
-        here = {(b.block_id, b.instance) for b in record.blocks}
+        here = Counter((b.block_id, b.instance) for b in record.blocks)
         specs = [self.registry.resolve(b.block_id) for b in record.blocks]
         if any(
             s.compacts and (b.block_id, b.instance) not in carried for s, b in zip(specs, record.blocks, strict=True)
@@ -140,7 +146,8 @@ class Aggregator:
         before = dict(carried)
         for spec, block in zip(specs, record.blocks, strict=True):
             if spec.lifetime in ("session_persistent", "until_replaced"):
-                carried[(block.block_id, block.instance)] = block
+                key = (block.block_id, block.instance)
+                carried[key] = (block, here[key])
         if record.session is not None:
             self.sessions[record.session] = carried
         return before
@@ -148,6 +155,7 @@ class Aggregator:
     def add(self, record: Record) -> None:
         counted = record.ts >= self.since
         fresh = list(record.blocks)
+        here = {(b.block_id, b.instance) for b in record.blocks}
         replay = False
         if record.invocation is not None:
             seen = self.seen.get(record.invocation)
@@ -160,6 +168,11 @@ class Aggregator:
                     return
             self.seen.setdefault(record.invocation, set()).update((b.block_id, b.instance) for b in fresh)
         carried = self._carry(record)
+        # A continuation (server-side state) is complete only in a session whose whole
+        # context was seen before it: what that launch carried stands for what the provider holds.
+        complete = record.full_context or (record.session is not None and record.session in self.launched)
+        if record.full_context and record.session is not None:
+            self.launched.add(record.session)
         if not counted:
             return
         if record.truncated:
@@ -189,16 +202,17 @@ class Aggregator:
             return
         if not replay:
             self.correlated += 1
-            if not record.full_context and record.session is None:
+            if not complete:
                 self.incomplete += 1
-        active: dict[Key, Block] = dict(carried)
-        for block in fresh:
-            active[(block.block_id, block.instance)] = block
+        # The invocation's active blocks, every copy: the request's own (two identical tool
+        # results are two), and what its session carries that it does not repeat. On a
+        # replay only what the first sighting lacked: the rest was counted then.
+        active = list(fresh)
+        if not replay:
+            active += [block for key, (block, n) in carried.items() if key not in here for _ in range(n)]
         per_block: dict[str, int] = {}
-        for (block_id, _), block in active.items():
-            if replay and (block_id, block.instance) not in {(b.block_id, b.instance) for b in fresh}:
-                continue  # this invocation's exposure was counted when it was first seen
-            spec_id = self.registry.resolve(block_id).id
+        for block in active:
+            spec_id = self.registry.resolve(block.block_id).id
             per_block[spec_id] = per_block.get(spec_id, 0) + block.estimate
         for spec_id, tokens in per_block.items():
             entry = self._entry(spec_id)

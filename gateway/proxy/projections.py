@@ -176,13 +176,22 @@ def attribution_record(
         ts=time.time() if ts is None else ts,
         blocks=made.split.blocks,
         invocation=runtime.log_digest("invocation\x00" + response_id) if response_id else None,
-        session=_kept_digest(runtime.log_key, "session\x00" + ex.session) if ex.session else None,
+        session=_kept_digest(runtime.log_key, _session_name(ex)) if ex.session else None,
         full_context=made.full_context,
         usage={kind: (c.value, c.provenance) for kind, c in counts.items()},
         truncated=made.split.truncated,
         profile=trail.profile_id or "",
     )
     return scope_digest(runtime, ex.identity.scope), record
+
+
+def _session_name(ex: Exchange) -> str:
+    """What a session's digest names: the caller's session id within its scope, principal
+    and delegated subject (two agents that both call their session "main" never share
+    carried blocks), each part length-prefixed so no two names run together."""
+    identity = ex.identity
+    parts = (identity.scope, identity.principal.id, identity.on_behalf_of or "", ex.session or "")
+    return "session\x00" + "".join(f"{len(part)}:{part}" for part in parts)
 
 
 BLOCK_DIGEST = "b3p:"  # names the construction (the earlier "b3:" hashed "id\0text" unpadded; "h:" was HMAC-SHA256)

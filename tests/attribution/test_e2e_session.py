@@ -62,9 +62,16 @@ def api(env: Env, gw: GatewayThread, method: str, path: str, body: Any = None, *
     return response.json()
 
 
+OPERATOR: dict[str, str] = {}  # the key of a principal that observes every scope
+
+
+def _operator(env: Env) -> None:
+    OPERATOR[str(env.dir)] = env.add_principal("operator", ["observe"], [], ["*"])
+
+
 @pytest.fixture(scope="module")
 def gw(gateways: GatewayFactory) -> Iterator[tuple[Env, GatewayThread]]:
-    with gateways("attribution-e2e") as started:
+    with gateways("attribution-e2e", prepare=_operator) as started:
         yield started
 
 
@@ -222,7 +229,7 @@ def test_the_same_session_through_the_anthropic_sdk_reports_what_was_computed_by
     prepared context) is top-level, tool calls are `tool_use` blocks of the assistant and
     their results `tool_result` blocks of a user message, and wiregate puts its own cache
     markers on the request, which the report must not count as prompt text."""
-    with gateways("attribution-e2e-anthropic") as (env, gateway):
+    with gateways("attribution-e2e-anthropic", prepare=_operator) as (env, gateway):
         scope, prepared = _prepare(env, gateway)
         client = anthropic_client(gateway, env)
         headers = {"x-wiregate-scope": scope, "x-wiregate-session": SESSION}
@@ -352,8 +359,15 @@ def _verify(
         assert kinds[kind]["known"] == total_tokens, kind
     assert report["providerUsage"]["invocations"] == TURNS
 
-    # The report without a scope covers every scope: the same here.
-    assert api(env, gateway, "GET", "/v1/attribution/report")["boundaries"] == TURNS
+    # Without a scope: every scope for a principal that reaches them all (the same here);
+    # the principal's own default scope (where this session did not run) for any other.
+    everything = raw_client(gateway, env).get(
+        "/v1/attribution/report", headers={"authorization": f"Bearer {OPERATOR[str(env.dir)]}"}
+    )
+    assert everything.status_code == 200 and everything.json()["scope"] == "all"
+    assert everything.json()["boundaries"] >= TURNS
+    own = api(env, gateway, "GET", "/v1/attribution/report")
+    assert own["scope"] == "selected" and own["boundaries"] == 0
     # A window that ends before the session holds nothing.
     assert api(env, gateway, "GET", "/v1/attribution/report", until=str(time.time() - 3600))["boundaries"] == 0
 

@@ -296,3 +296,43 @@ def test_records_before_the_window_build_session_state_only() -> None:
     sys = row(report, SYS)
     assert sys["cumulativeMaterializedEstimate"] == 0 and sys["injectionCount"] == 0
     assert sys["cumulativeExposureEstimate"] == 100  # carried into the window
+
+
+def test_identical_blocks_in_one_request_are_each_exposed() -> None:
+    """Two identical tool results (or two "continue" turns) are two blocks the provider
+    reads: with one invocation, exposure equals what was materialised."""
+    request = (b(RESULT, "same", 73), b(HASSIST, "call", 22), b(RESULT, "same", 73), b(HASSIST, "call", 22))
+    report = aggregate([Record(1.0, (*request, b(CUR, "U", 5)), invocation="i1", session="s")], REG)
+    assert report["exposure"]["status"] == "supported" and report["boundaries"] == 1
+    for block_id in (RESULT, HASSIST):
+        assert (
+            row(report, block_id)["cumulativeExposureEstimate"]
+            == row(report, block_id)["cumulativeMaterializedEstimate"]
+        )
+    assert row(report, RESULT)["cumulativeExposureEstimate"] == 146
+    # A session carries every copy of a persistent block into a continuation that does not repeat it.
+    doubled = (b(SYS, "A", 100), b(SYS, "A", 100), b(CUR, "U1", 5))
+    follow = Record(2.0, (b(CUR, "U2", 5),), invocation="i2", session="s", full_context=False)
+    carried = aggregate([Record(1.0, doubled, invocation="i1", session="s"), follow], REG)
+    assert row(carried, SYS)["cumulativeExposureEstimate"] == 400 and carried["exposure"]["status"] == "supported"
+    # A replay of the invocation still counts once.
+    again = aggregate([Record(1.0, request, invocation="i1"), Record(2.0, request, invocation="i1")], REG)
+    assert again["replaysDeduplicated"] == 1 and row(again, RESULT)["cumulativeExposureEstimate"] == 146
+
+
+def test_a_continuation_is_complete_only_after_its_session_was_seen_whole() -> None:
+    """A request that continues server-side state in a session whose whole context was
+    never recorded (collection was off, or it fell out of retention) is incomplete."""
+    cont = Record(2.0, (b(CUR, "U2", 4),), invocation="i2", session="s", full_context=False)
+    unseen = aggregate([cont], REG)
+    assert unseen["exposure"] == {"status": "limited", "correlatedInvocations": 1, "incompleteInvocations": 1}
+    launch = Record(1.0, (b(SYS, "A", 100), b(CUR, "U1", 4)), invocation="i1", session="s")
+    seen = aggregate([launch, cont], REG)
+    assert seen["exposure"] == {"status": "supported", "correlatedInvocations": 2, "incompleteInvocations": 0}
+    # a launch before the report's window still counts as seen (it builds session state)
+    windowed = Aggregator(REG, since=1.5)
+    for record in (launch, cont):
+        windowed.add(record)
+    assert windowed.report()["exposure"]["status"] == "supported"
+    other = aggregate([Record(1.0, launch.blocks, invocation="i1", session="t"), cont], REG)
+    assert other["exposure"]["incompleteInvocations"] == 1  # another session's launch says nothing
