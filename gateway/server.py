@@ -28,7 +28,7 @@ from gateway.listeners import ListenerError, prepare_socket_path, server_tls_con
 from gateway.obs import logging as log
 from gateway.proxy.offload import OFFLOAD
 from gateway.startup import EARLY
-from gateway.state import DRAINING, METRICS, WORKER
+from gateway.state import ATTRIBUTION, DRAINING, METRICS, WORKER
 
 
 @dataclass
@@ -69,6 +69,10 @@ class RunningGateway:
             return False
         self.holder.swap(runtime)
         end_lapsed_sessions(self.app, runtime)
+        attribution = self.app.get(ATTRIBUTION)
+        if attribution is not None:  # its bounds follow the file like the registry does
+            settings = runtime.config.attribution
+            attribution.configure(retention_s=settings.retention_days * 86400, max_records=settings.max_records)
         _log_warnings(runtime.warnings)
         if self._tls is not None and self.tls_paths is not None:
             await self._reload_tls(self._tls, *self.tls_paths)

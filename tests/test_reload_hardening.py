@@ -22,7 +22,7 @@ import pytest
 
 from gateway.config.load import ConfigError, load_runtime
 from gateway.listeners import generate_dev_tls
-from gateway.state import METRICS
+from gateway.state import ATTRIBUTION, METRICS
 from tests.conftest import GatewayFactory, LogCapture
 from tests.deploy.procs import free_port
 from tests.harness import Env, GatewayThread, build_env, mock_profile
@@ -200,3 +200,21 @@ def test_the_attribution_cli_never_prints_the_key(tmp_path: Path) -> None:
         )
         assert done.returncode != 0
         assert secret not in done.stdout + done.stderr, done.stderr
+
+
+def test_attribution_bounds_follow_a_reload(gw: tuple[Env, GatewayThread]) -> None:
+    """`[attribution] retention_days` and `max_records` apply on reload, not only at start
+    (an operator who shortens the retention has it at once)."""
+    env, gateway = gw
+    assert gateway.running is not None
+    ledger = gateway.running.app[ATTRIBUTION]
+    original = env.config.read_text()
+    assert "[attribution]" not in original and ledger.retention_s == 7 * 86400
+    try:
+        env.config.write_text(original + "\n[attribution]\nretention_days = 1\nmax_records = 500\n")
+        assert gateway.reload()
+        assert (ledger.retention_s, ledger.max_records) == (86400, 500)
+    finally:
+        env.config.write_text(original)
+    assert gateway.reload()
+    assert (ledger.retention_s, ledger.max_records) == (7 * 86400, 100_000)

@@ -52,6 +52,7 @@ RETENTION_S = 7 * 86400.0  # raw records are kept at most seven days (SPEC §11)
 MAX_DEFERRED_BYTES = 8 * 1024 * 1024  # request bytes held by records still to be made (see `defer`)
 SLICE_S = 0.002  # deferred records are made in slices of the loop this long, yielding between
 MAX_RECORDS = 100_000  # records one report reads; more makes the report `limited`
+MIN_PURGE_INTERVAL_S = 1.0  # the idle purge's shortest period
 
 
 class AttributionLedger:
@@ -85,6 +86,7 @@ class AttributionLedger:
         self._max_deferred_bytes = max_deferred_bytes
         self._flusher: asyncio.Task[None] | None = None
         self._refresher: asyncio.Task[None] | None = None
+        self._purger: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
         self._held: set[asyncio.Task[None]] = set()  # records being made off the loop
         self._enabled = False  # off by default (SPEC §11)
@@ -94,10 +96,31 @@ class AttributionLedger:
     # --- the switch --------------------------------------------------------------------
 
     async def load(self) -> None:
-        """Read the switch now and purge what is past the retention (at start)."""
+        """Read the switch now and purge what is past the retention (at start); from then
+        on the purge also runs on an idle gateway (every `purge_every_s`)."""
         self._enabled = await self._read_switch()
         self._read_at = time.monotonic()
         await self.flush()
+        if self._purger is None:
+            self._purger = asyncio.create_task(self._purge_periodically(), name="attribution-purge")
+
+    def configure(self, *, retention_s: float, max_records: int) -> None:
+        """The `[attribution]` bounds of a reloaded configuration (retention capped at seven
+        days): a shorter retention is applied by the next write or purge, at once."""
+        retention = min(retention_s, RETENTION_S)
+        if retention < self.retention_s:
+            self._next_purge = 0.0
+        self.retention_s = retention
+        self.max_records = max_records
+
+    async def _purge_periodically(self) -> None:
+        """Raw records never outlive the retention, calls or none: the purge's own clock."""
+        while True:
+            await asyncio.sleep(max(self._purge_every, MIN_PURGE_INTERVAL_S))
+            try:
+                await self.flush()
+            except Exception as exc:  # the database is away: the next round retries
+                log.error("attribution_flush_failed", error_class=type(exc).__name__, count=len(self._pending))
 
     @property
     def collecting(self) -> bool:
@@ -274,7 +297,7 @@ class AttributionLedger:
     async def close(self) -> None:
         if self._held:
             await asyncio.wait(set(self._held), timeout=5.0)
-        for task in (self._flusher, self._refresher):
+        for task in (self._flusher, self._refresher, self._purger):
             if task is not None and not task.done():
                 task.cancel()
                 try:

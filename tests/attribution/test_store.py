@@ -85,6 +85,8 @@ async def test_the_switch_is_off_by_default_and_shared(databases: tuple[Database
     await second.set_collecting(False)
     await first.load()
     assert not first.collecting
+    await first.close()
+    await second.close()
 
 
 async def test_the_purge_runs_while_collection_is_off(databases: tuple[Database, Database]) -> None:
@@ -108,6 +110,43 @@ async def test_the_purge_runs_while_collection_is_off(databases: tuple[Database,
         if await writer.count() == 1:
             break
     assert await writer.count() == 1
+    await reader.close()
+
+
+async def test_an_idle_ledger_still_purges(databases: tuple[Database, Database]) -> None:
+    """No call and no report for a while: raw records still leave at their retention."""
+    db, other = databases
+    ledger = AttributionLedger(db, retention_s=1.0, flush_after_s=0.0, purge_every_s=0.0)
+    await ledger.load()
+    ledger.add("h:scope", _record(time.time(), 1))
+    await ledger.flush()
+    observer = AttributionLedger(other)  # another replica's handle: counting it never purges
+    observer._next_purge = float("inf")
+    assert await observer.count() == 1
+    for _ in range(80):
+        await asyncio.sleep(0.05)
+        if await observer.count() == 0:
+            break
+    assert await observer.count() == 0
+    await ledger.close()
+
+
+async def test_reloaded_bounds_apply_at_once(databases: tuple[Database, Database]) -> None:
+    db, _ = databases
+    ledger = AttributionLedger(db, flush_after_s=0.0)
+    await ledger.load()
+    now = time.time()
+    ledger.add("h:scope", _record(now - 2 * 86400, 1))
+    ledger.add("h:scope", _record(now - 60, 2))
+    await ledger.flush()
+    assert await ledger.count() == 2
+    ledger.configure(retention_s=86400.0, max_records=10)
+    assert (ledger.retention_s, ledger.max_records) == (86400.0, 10)
+    records, _ = await ledger.records(None, now, now=now)
+    assert [r.invocation for r in records] == ["h:inv2"] and await ledger.count() == 1
+    ledger.configure(retention_s=30 * 86400.0, max_records=10)
+    assert ledger.retention_s == 7 * 86400  # never past seven days
+    await ledger.close()
 
 
 async def test_the_queue_is_bounded_and_says_what_it_dropped(databases: tuple[Database, Database]) -> None:
