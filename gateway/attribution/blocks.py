@@ -7,7 +7,8 @@ results and the current user turn — the host's own labels (`x-wiregate-blocks`
 estimator `ceil(runes/4)`. Each block leaves only its registered id, a keyed digest of its
 identity and its estimate.
 Must not: keep or return any text, path or pointer of the request; fail on odd input (an
-unreadable label header is ignored and said so, an unknown part is unattributed).
+unreadable label header is ignored, and `parse_labels` says so for the metrics; an
+unknown part is unattributed).
 """
 
 from __future__ import annotations
@@ -60,7 +61,6 @@ class Block(NamedTuple):
 class Split:
     blocks: tuple[Block, ...]
     truncated: bool = False  # past MAX_BLOCKS_PER_CALL: the rest folded into one unattributed block
-    labels_invalid: bool = False  # a label header was present but unreadable or too large
 
 
 @dataclass(frozen=True, slots=True)

@@ -146,7 +146,8 @@ class Metrics:
         self.attribution_records = Labelled(
             Counter(
                 "wiregate_attribution_records",
-                "Attribution records of proxied calls by outcome (queued, failed), while collection is on",
+                "Attribution records of proxied calls by outcome (queued, failed; labels_ignored: a call's"
+                " x-wiregate-blocks header was unreadable and its labels ignored), while collection is on",
                 ["outcome"],
                 registry=r,
             )

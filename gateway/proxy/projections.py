@@ -140,7 +140,19 @@ def labels_to_split(request: web.Request) -> dict[str, str] | None:
     ledger = request.app.get(ATTRIBUTION)
     if ledger is None or not ledger.collecting:
         return None
-    return blocks.parse_labels(request.headers.get(blocks.LABEL_HEADER))[0]
+    labels, invalid = blocks.parse_labels(request.headers.get(blocks.LABEL_HEADER))
+    if invalid:
+        _labels_ignored(request.app)
+    return labels
+
+
+def _labels_ignored(app: web.Application) -> None:
+    """A label header that is unreadable, too large or holds entries that are not pointers
+    to ids: its labels are ignored (never refused) and the metrics say so, so that the host
+    can find out."""
+    metrics = app.get(METRICS)
+    if metrics is not None:
+        metrics.attribution_records.labels("labels_ignored").inc()
 
 
 def attribute(
@@ -300,6 +312,8 @@ def _made_record(
     thread for a large body — with the CPU time of the thread that made it (None when the call
     was not an input boundary, or when making it failed: logged and counted, never raised)."""
     started = time.thread_time()
+    if ex.attributed is None and blocks.parse_labels(ex.client_headers.get(blocks.LABEL_HEADER))[1]:
+        _labels_ignored(app)  # an offloaded body's were read, and counted, before the worker split it
     try:
         made = attribution_record(ex, trail, records, ts)
     except Exception as exc:

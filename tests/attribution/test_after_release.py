@@ -12,6 +12,7 @@ import pytest
 from aiohttp import web
 
 from gateway.proxy import projections
+from gateway.state import METRICS
 from tests.conftest import GatewayFactory
 from tests.harness import Env, GatewayThread, openai_client, raw_client
 
@@ -81,3 +82,41 @@ def test_the_record_is_made_after_the_response_is_written(
             break
         time.sleep(0.2)
     assert calls == 2
+
+
+@pytest.fixture(scope="module")
+def offloading(gateways: GatewayFactory) -> Iterator[tuple[Env, GatewayThread]]:
+    """Bodies past 1 KiB are parsed (and split) in a check worker."""
+    with gateways(
+        "attribution-offloaded", config_extra="[server]\ncheck_workers = 1\n[limits]\noffload_bytes = 1024\n"
+    ) as started:
+        yield started
+
+
+@pytest.mark.parametrize("large", [False, True])
+def test_an_unreadable_label_header_is_ignored_and_counted(
+    gw: tuple[Env, GatewayThread], offloading: tuple[Env, GatewayThread], large: bool
+) -> None:
+    """A host's unreadable `x-wiregate-blocks` never fails its call; the metrics say its
+    labels were ignored (once per call, whether the body was split on the loop or by the
+    check worker that parsed it), and a readable one is not counted."""
+    env, gateway = offloading if large else gw
+    assert gateway.running is not None
+    _api(env, gateway, "POST", "/v1/attribution/collection", {"collecting": True})
+    ignored = gateway.running.app[METRICS].attribution_records.labels("labels_ignored")
+    queued = gateway.running.app[METRICS].attribution_records.labels("queued")
+    client = openai_client(gateway, env)
+    turns = [{"role": "user", "content": f"turn {n}: " + "padding words " * 50} for n in range(4 if large else 1)]
+    for header, counted in (('{"/messages/0":', 1), ('{"/messages/0": "host.task"}', 0), ('["x"]', 1)):
+        before, made = ignored._value.get(), queued._value.get()
+        client.chat.completions.create(
+            model="gpt-4.1",
+            messages=turns,  # type: ignore[arg-type]
+            extra_headers={"x-wiregate-blocks": header},
+        )
+        for _ in range(100):  # the record is made with the ledger's next batched write
+            if queued._value.get() > made:
+                break
+            time.sleep(0.05)
+        assert queued._value.get() == made + 1
+        assert ignored._value.get() == before + counted, header
