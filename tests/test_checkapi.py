@@ -37,8 +37,24 @@ def gw(
     env.scoped_key = env.add_principal(
         "multi", ["context.check"], ["mock-openai", "other-openai"], ["default", "team-b"]
     )  # type: ignore[attr-defined]
+    env.proxy_key = env.add_principal("proxy-only", ["proxy"], ["mock-openai"])  # type: ignore[attr-defined]
     with GatewayThread(env.config) as gateway:
         yield env, gateway
+
+
+@pytest.mark.parametrize("body", [b"{", b'{"scope_id": "default"}', b"x" * 70_000])
+def test_a_key_without_the_action_is_refused_before_its_body_is_read(
+    gw: tuple[Env, GatewayThread], body: bytes
+) -> None:
+    """Known key, no `context.check`: 403 whatever the body (never a 422 that tells it
+    what the route would have made of its body)."""
+    env, gateway = gw
+    r = raw_client(gateway, env).post(
+        "/v1/context/check",
+        content=body,
+        headers={"authorization": f"Bearer {env.proxy_key}", "content-type": "application/json"},  # type: ignore[attr-defined]
+    )
+    assert r.status_code == 403 and r.json()["error"]["details"]["reason_codes"] == ["forbidden_action"], r.text
 
 
 def _check(env: Env, gateway: GatewayThread, body: dict[str, Any], *, key: str | None = None, uds: bool = True) -> Any:

@@ -133,7 +133,7 @@ async def handle(request: web.Request) -> web.Response:
     runtime = request.app[RUNTIME].current
     call = request[CALL]
     call.carrier = "context.check"
-    auth.authenticate(runtime, request.headers)  # 401 before reading a byte
+    auth.require(auth.authenticate(runtime, request.headers), "context.check")  # 401 / 403 before reading a byte
     raw = await read_body(request, runtime.config.limits)
     call.bytes_in = len(raw)
     try:
