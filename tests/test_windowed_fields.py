@@ -11,12 +11,23 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import anthropic
+import openai
 import pytest
 
 from gateway.carriers import sse
 from gateway.mockprovider import MockProviderServer
 from tests.conftest import GatewayFactory
-from tests.harness import Env, GatewayThread, raw_client, windowed_profiles
+from tests.harness import (
+    Env,
+    GatewayThread,
+    anthropic_client,
+    direct_anthropic,
+    direct_openai,
+    openai_client,
+    raw_client,
+    windowed_profiles,
+)
 
 SECRET = "wg-windowed-literal-7Hq2"
 HEAD, TAIL = SECRET[:12], SECRET[12:]
@@ -84,6 +95,27 @@ def _choice_resumes() -> list[str]:
         *[_chunk(_choice({"content": " " + FILL[i : i + 10]}, 0)) for i in range(0, 300, 10)],
         _chunk(_choice({"content": TAIL + " tail " + FILL[:200]}, 1)),
         _chunk(_choice({}, 0, "stop"), _choice({}, 1, "stop")),
+        "data: [DONE]\n\n",
+    ]
+
+
+def _interleaved_calls(first: str, resumed: str) -> list[str]:
+    """Two parallel tool calls whose argument fragments interleave (OpenAI allows it): call
+    0 pauses while call 1 streams more than a window, then goes on."""
+    calls = [
+        {"index": i, "id": f"call{i}", "type": "function", "function": {"name": "write_file", "arguments": ""}}
+        for i in (0, 1)
+    ]
+    return [
+        _chunk(_choice({"role": "assistant", "content": None, "tool_calls": calls[:1]})),
+        _chunk(_choice({"tool_calls": calls[1:]})),
+        _chunk(_choice({"tool_calls": [{"index": 0, "function": {"arguments": '{"text": "' + first}}]})),
+        *[
+            _chunk(_choice({"tool_calls": [{"index": 1, "function": {"arguments": piece}}]}))
+            for piece in ('{"text": "', FILL[:150], FILL[150:300], '"}')
+        ],
+        _chunk(_choice({"tool_calls": [{"index": 0, "function": {"arguments": resumed + " " + FILL[:200] + '"}'}}]})),
+        _chunk(_choice({}, 0, "tool_calls")),
         "data: [DONE]\n\n",
     ]
 
@@ -165,3 +197,73 @@ def test_a_clean_stream_with_tool_calls_still_arrives_whole(
     assert answer.status_code == 200
     released = _released_text(answer.content)
     assert "get_weather" in released and released.endswith("[DONE]") and "error" not in released
+
+
+def test_interleaved_parallel_tool_calls_arrive_whole(gw: tuple[Env, GatewayThread], mock: MockProviderServer) -> None:
+    """A paused call is not an ended one: another call's fragments never make it quiet, so
+    the stream is delivered whole, exactly as sent direct (the official SDK reads both)."""
+    env, gateway = gw
+    events = _interleaved_calls("first half " + FILL[:60], "second half")
+    sid = "wf" + uuid.uuid4().hex[:10]
+    mock.state.add_scenario(sid, [{"raw_events": events, "drip_ms": 30}, {"raw_events": events}])
+    prompt = [{"role": "user", "content": f"mock-scenario:{sid}"}]
+
+    def calls(client: openai.OpenAI) -> list[tuple[int, str]]:
+        out: dict[int, str] = {}
+        for chunk in client.chat.completions.create(model="gpt-4.1", stream=True, messages=prompt):  # type: ignore[arg-type]
+            for call in chunk.choices[0].delta.tool_calls or () if chunk.choices else ():
+                out[call.index] = out.get(call.index, "") + ((call.function and call.function.arguments) or "")
+        return sorted(out.items())
+
+    through = calls(openai_client(gateway, env, uds=True))
+    direct = calls(direct_openai(mock.url))
+    assert through == direct and len(through) == 2
+    assert json.loads(through[0][1])["text"].startswith("first half") and "second half" in through[0][1]
+
+
+def test_a_value_split_across_a_calls_pause_never_leaves(
+    gw: tuple[Env, GatewayThread], mock: MockProviderServer
+) -> None:
+    """The first half of a configured value, then another call's fragments, then the rest:
+    the first half is held with its call (never released as quiet), and the stream is
+    refused before either half leaves."""
+    answer = _send(gw, mock, _interleaved_calls(HEAD, TAIL), False)
+    released = _released_text(answer.content)
+    assert HEAD not in released and TAIL not in released, released[:400]
+    assert "secret_value" in released or answer.status_code == 403
+
+
+def test_two_citations_in_one_text_block_arrive_whole(gw: tuple[Env, GatewayThread], mock: MockProviderServer) -> None:
+    """Each citation is a whole object of its own (content[i].citations[n]): a second one
+    after a window of text is a new field, not an ended one growing again."""
+    env, gateway = gw
+
+    def citation(n: int) -> dict[str, Any]:
+        cited = {"type": "char_location", "cited_text": f"quoted passage {n}", "document_index": 0}
+        return {"index": 0, "delta": {"type": "citations_delta", "citation": {**cited, "document_title": "Report"}}}
+
+    def text(words: str) -> dict[str, Any]:
+        return {"index": 0, "delta": {"type": "text_delta", "text": words}}
+
+    start = {"index": 0, "content_block": {"type": "text", "text": "", "citations": []}}
+    events = [
+        MESSAGE_START,
+        _event("content_block_start", start),
+        _event("content_block_delta", citation(1)),
+        _event("content_block_delta", text(FILL[:300])),
+        _event("content_block_delta", citation(2)),
+        _event("content_block_delta", text(" the end.")),
+        _event("content_block_stop", {"index": 0}),
+        *MESSAGE_END,
+    ]
+    sid = "wf" + uuid.uuid4().hex[:10]
+    mock.state.add_scenario(sid, [{"raw_events": events, "drip_ms": 30}, {"raw_events": events}])
+    prompt = [{"role": "user", "content": f"mock-scenario:{sid}"}]
+
+    def final(client: anthropic.Anthropic) -> Any:
+        with client.messages.stream(model="claude-x", max_tokens=99, messages=prompt) as stream:  # type: ignore[list-item]
+            return stream.get_final_message().model_dump()["content"]
+
+    through = final(anthropic_client(gateway, env, uds=True))
+    assert through == final(direct_anthropic(mock.url))
+    assert [c["cited_text"] for c in through[0]["citations"]] == ["quoted passage 1", "quoted passage 2"]

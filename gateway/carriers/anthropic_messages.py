@@ -244,6 +244,7 @@ class _Folder(common.StreamFolder):
         super().__init__(limits)
         self.merged: dict[str, Any] = {}  # message_start's usage, then message_delta's
         self.usage = self.merged
+        self.citations: dict[int, int] = {}  # per block: the citations it holds so far
 
     def _event(self, event: SSEEvent, obj: dict[str, Any]) -> None:
         kind = common.get_str(obj, "type") or event.event
@@ -262,12 +263,18 @@ class _Folder(common.StreamFolder):
             if isinstance(block, dict):  # text it already holds starts the folded field
                 index = common.get_int(obj, "index") or 0
                 common.string_leaves(block, ("content", index), self.pieces, skip=_NOT_TEXT)
+                held = block.get("citations")
+                self.citations[index] = len(held) if isinstance(held, list) else 0
         elif kind == "content_block_delta":
             delta = obj.get("delta")
             if isinstance(delta, dict):
                 index = common.get_int(obj, "index") or 0
                 for field, value in delta.items():
-                    if field not in _NOT_TEXT:
+                    if field == "citation":  # each a whole object of its own: content[i].citations[n]
+                        n = self.citations.get(index, 0)
+                        self.citations[index] = n + 1
+                        common.string_leaves(value, ("content", index, "citations", n), self.pieces)
+                    elif field not in _NOT_TEXT:
                         name = _FOLDED_NAME.get(str(field), str(field))
                         common.string_leaves(value, ("content", index, name), self.pieces)
         elif kind == "message_delta":

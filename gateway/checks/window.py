@@ -14,10 +14,13 @@ may be released when, for each field it extends, either
 * at least `window` significant characters have arrived in that field after it (any match
   that includes one of its characters is then complete, and has been inspected), or
 * the field is quiet: `window` significant characters have arrived in other fields of its
-  lane since it last grew (a role, a finished text block before a tool call). A lane is what
-  one generation writes in order: the whole answer, except that each of OpenAI chat's
-  `choices` is its own lane (choices stream side by side, so one choice's text says nothing
-  about whether another's has ended), or
+  lane, or of the lanes within it, since it last grew (a role, a finished text block before
+  a tool call). A lane is what one generation writes in order: the whole answer, except
+  that each of OpenAI chat's `choices` is its own lane (choices stream side by side, so one
+  choice's text says nothing about whether another's has ended), and each of a choice's
+  tool calls is a lane within its choice (the fragments of parallel calls may interleave,
+  so one call's arguments say nothing about whether another's have ended; the choice's
+  text, which comes before its calls, is quiet once they have run a window), or
 * the field labels structure (`role`, `type`, `id`, a tool's `name`...), which a provider
   sends whole in one event (a tool's `name`, which the model chooses, once an event that
   does not extend it has followed: a name split over events is read whole before any of it
@@ -99,13 +102,23 @@ class Step:
 
 
 def _lane(path: Path) -> Path:
-    """The lane a folded field belongs to (see the theory above)."""
-    return path[:2] if len(path) > 1 and path[0] == "choices" else ()
+    """The lane a folded field belongs to (see the theory above): a chat tool call's
+    (`choices`, i, `message`, `tool_calls`, j) within its choice's (`choices`, i), else the
+    whole answer's ()."""
+    if len(path) > 1 and path[0] == "choices":
+        return path[:5] if len(path) > 5 and path[3] == "tool_calls" else path[:2]
+    return ()
+
+
+def _enclosing(lane: Path) -> tuple[Path, ...]:
+    """A lane and every lane it lies within (its prefixes): where its growth is counted."""
+    return tuple(lane[:n] for n in range(len(lane), -1, -1))
 
 
 @dataclass(slots=True)
 class _Field:
     lane: Path = ()
+    enclosing: tuple[Path, ...] = ((),)  # the lane and the lanes it lies within
     last_event: int = 0  # the event that last grew it
     parts_seen: int = 0  # deltas already taken into `chunks`
     chunks: list[str] = dataclasses.field(default_factory=list)  # joined only to be read
@@ -225,7 +238,8 @@ class WindowedRelease:
         for path, parts in pieces.items():
             field = self.fields.get(path)
             if field is None:
-                field = self.fields[path] = _Field(_lane(path))
+                lane = _lane(path)
+                field = self.fields[path] = _Field(lane, _enclosing(lane))
             if len(parts) == field.parts_seen:
                 continue
             added = "".join(parts[field.parts_seen :])
@@ -239,8 +253,9 @@ class WindowedRelease:
             sig = significant(added)
             field.sig += sig
             self.total_sig += sig
-            lane_total = self.lane_sig[field.lane] = self.lane_sig.get(field.lane, 0) + sig
-            field.last_growth = lane_total
+            for lane in field.enclosing:
+                self.lane_sig[lane] = self.lane_sig.get(lane, 0) + sig
+            field.last_growth = self.lane_sig[field.lane]
             field.last_event = n
             held = not (path and path[-1] in LABELS)
             grew.append(_Contribution(path, field.sig, field.length, held))
