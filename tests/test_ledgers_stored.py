@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -103,6 +104,36 @@ async def test_a_stop_flushes_queued_usage(databases: tuple[Database, Database])
     assert (await reader.report())["profiles"] == {}
     await writer.close()
     assert (await reader.report())["profiles"]["p"]["records"] == 7
+
+
+def slow_acknowledgement(db: Database, monkeypatch: pytest.MonkeyPatch, seconds: float = 0.3) -> None:
+    """The database commits a write, and its acknowledgement takes `seconds` to arrive."""
+    store: Any = db.sqlite if db.sqlite is not None else db.postgres
+    original = store.write
+
+    async def write(fn: Any) -> Any:
+        result = await original(fn)
+        await asyncio.sleep(seconds)  # committed: the reply is still on its way
+        return result
+
+    monkeypatch.setattr(store, "write", write)
+
+
+async def test_a_stop_during_a_commit_counts_nothing_twice(
+    databases: tuple[Database, Database], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stop cancels the flush task while its COMMIT is on its way: the batch it wrote is
+    not written again by the stop's own flush."""
+    db, other = databases
+    slow_acknowledgement(db, monkeypatch)
+    ledger = StoredUsageLedger(db, flush_after_s=0.0)
+    record = UsageRecord("req-1", 1, "p", "openai", "ok", 200, {kind: Count(5, "known") for kind in KINDS})
+    await ledger.add(record)
+    await asyncio.sleep(0.1)  # the flush task is waiting for its acknowledgement
+    await ledger.close()
+    report = await StoredUsageLedger(other).report()
+    assert report["profiles"]["p"]["records"] == 1
+    assert [r.request_id for r in await StoredUsageLedger(other).recent()] == ["req-1"]
 
 
 async def test_the_queue_is_bounded_while_the_database_is_away(tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ from gateway.attribution.ledger import Record
 from gateway.context.store.database import Database
 from gateway.context.store.migrations import Migration
 from gateway.context.store.postgres import Conn
+from gateway.ledgers.batches import to_the_end
 from gateway.obs import logging as log
 
 ATTRIBUTION_MIGRATIONS: tuple[Migration, ...] = (
@@ -271,7 +272,7 @@ class AttributionLedger:
                         conn.execute("DELETE FROM wg_attr_records WHERE ts < ?", (purge_before,))
                     spent.append(time.thread_time() - started)
 
-                await self._db.sqlite.write(lite)
+                written = self._db.sqlite.write(lite)
             else:
 
                 async def pg(conn: Conn) -> None:
@@ -286,13 +287,18 @@ class AttributionLedger:
                             await cur.execute("DELETE FROM wg_attr_records WHERE ts < %s", (purge_before,))
 
                 assert self._db.postgres is not None
-                await self._db.postgres.write(pg)
-            if self._on_write is not None and batch:
-                self._on_write(sum(spent))
-            if purge_before is not None:
-                self._next_purge = now + self._purge_every
-            for _ in batch:
-                self._pending.popleft()
+                written = self._db.postgres.write(pg)
+
+            async def write() -> None:
+                await written
+                if self._on_write is not None and batch:
+                    self._on_write(sum(spent))
+                if purge_before is not None:
+                    self._next_purge = now + self._purge_every
+                for _ in batch:
+                    self._pending.popleft()
+
+            await to_the_end(write())  # a stop mid-COMMIT never leaves the batch queued to be written again
 
     async def close(self) -> None:
         if self._held:

@@ -31,6 +31,7 @@ from typing import Any
 from gateway.context.store.database import Database
 from gateway.context.store.migrations import Migration
 from gateway.context.store.postgres import Conn
+from gateway.ledgers.batches import to_the_end
 from gateway.obs import logging as log
 from gateway.usage import KINDS, UsageRecord
 
@@ -237,7 +238,7 @@ class StoredUsageLedger:
                         (self._keep,),
                     )
 
-                await self._db.sqlite.write(lite)
+                written = self._db.sqlite.write(lite)
             else:
 
                 async def pg(conn: Conn) -> None:
@@ -255,12 +256,17 @@ class StoredUsageLedger:
                         )
 
                 assert self._db.postgres is not None
-                await self._db.postgres.write(pg)
-            for _ in batch:
-                self._pending.popleft()
+                written = self._db.postgres.write(pg)
+
+            async def write() -> None:
+                await written
+                for _ in batch:
+                    self._pending.popleft()
+
+            await to_the_end(write())  # a stop mid-COMMIT never leaves the batch queued to be added again
 
     async def close(self) -> None:
-        """Flush what is queued (a stop loses nothing)."""
+        """Flush what is queued (a stop loses nothing, and adds nothing twice)."""
         if self._flusher is not None and not self._flusher.done():
             self._flusher.cancel()
             try:

@@ -20,6 +20,7 @@ from gateway.attribution.ledger import Record, aggregate
 from gateway.context.store.database import Database
 from gateway.ledgers.attribution import AttributionLedger
 from tests.context.conftest import replica_databases
+from tests.test_ledgers_stored import slow_acknowledgement
 
 pytestmark = pytest.mark.asyncio
 
@@ -189,3 +190,19 @@ async def test_deferred_records_are_made_by_the_batched_write_within_their_budge
     await ledger.close()  # a stop makes and writes what is deferred
     again, _ = await AttributionLedger(db).records("h:scope", now, now=now)
     assert [r.invocation for r in again] == ["h:inv0", "h:inv1", "h:inv4", "h:inv5"]
+
+
+async def test_a_stop_during_a_commit_writes_nothing_twice(
+    databases: tuple[Database, Database], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stop cancels the batched write while its COMMIT is on its way: the records it
+    wrote are not written again by the stop's own flush."""
+    db, other = databases
+    slow_acknowledgement(db, monkeypatch)
+    ledger = AttributionLedger(db, flush_after_s=0.0)
+    ledger.add("h:scope", _record(time.time(), 1))
+    await asyncio.sleep(0.1)  # the batched write is waiting for its acknowledgement
+    await ledger.close()
+    observer = AttributionLedger(other)
+    observer._next_purge = float("inf")
+    assert await observer.count() == 1
