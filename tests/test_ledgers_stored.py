@@ -5,6 +5,7 @@ usage totals that agree with the in-memory ledger's arithmetic; a stop flushes q
 from __future__ import annotations
 
 import asyncio
+import secrets
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -12,11 +13,12 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
+from gateway.app import STORE_MIGRATIONS
 from gateway.context.store.database import Database, open_database
 from gateway.ledgers.stored import LEDGER_MIGRATIONS, StoredReleaseLedger, StoredUsageLedger
 from gateway.ledgers.usage import MemoryUsageLedger
 from gateway.usage import KINDS, UNKNOWN, Count, UsageRecord
-from tests.context.conftest import replica_databases
+from tests.context.conftest import PG_DSN, drop_schema, replica_databases, require_pg
 
 pytestmark = pytest.mark.asyncio
 
@@ -145,3 +147,23 @@ async def test_the_queue_is_bounded_while_the_database_is_away(tmp_path: Path) -
     await ledger.close()
     assert (await ledger.report())["profiles"]["p"]["records"] == 3
     await db.close()
+
+
+async def test_replicas_starting_together_on_an_empty_database_all_open() -> None:
+    """Four replicas open one fresh PostgreSQL schema at the same moment: every one opens
+    (the schema is created under the migrations' lock, not raced)."""
+    require_pg()
+    for _ in range(8):
+        schema = f"together_{secrets.token_hex(4)}"
+        try:
+            opened = await asyncio.gather(
+                *(open_database("postgres", dsn=PG_DSN, schema=schema, migrations=STORE_MIGRATIONS) for _ in range(4)),
+                return_exceptions=True,
+            )
+            failures = [type(o).__name__ for o in opened if isinstance(o, BaseException)]
+            for o in opened:
+                if not isinstance(o, BaseException):
+                    await o.close()
+            assert failures == []
+        finally:
+            drop_schema(schema)
