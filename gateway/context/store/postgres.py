@@ -116,10 +116,10 @@ class PostgresDatabase:
         if self._schema is not None:
             # Under the migrations' lock: replicas starting together on an empty database
             # would otherwise race on the schema (IF NOT EXISTS is not safe concurrently).
-            async with await psycopg.AsyncConnection.connect(self._conninfo, autocommit=True) as conn:
-                async with conn.transaction():
-                    await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
-                    await conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{self._schema}"')
+            connect = psycopg.AsyncConnection.connect(self._conninfo, autocommit=True)
+            async with await connect as conn, conn.transaction():
+                await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+                await conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{self._schema}"')
         await self._pool.open(wait=True)
         await self.write(self._migrate)
 
