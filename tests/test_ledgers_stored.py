@@ -15,6 +15,7 @@ import pytest_asyncio
 
 from gateway.app import STORE_MIGRATIONS
 from gateway.context.store.database import Database, open_database
+from gateway.ledgers.release import PURGE_GRACE_S, MemoryReleaseLedger
 from gateway.ledgers.stored import LEDGER_MIGRATIONS, StoredReleaseLedger, StoredUsageLedger
 from gateway.ledgers.usage import MemoryUsageLedger
 from gateway.usage import KINDS, UNKNOWN, Count, UsageRecord
@@ -56,8 +57,25 @@ async def test_expired_entries_are_purged(databases: tuple[Database, Database]) 
     assert await ledger.admit("old", "d", 100.0, 50.0)
     assert await ledger.admit("live", "d", 10_000.0, 50.0)
     assert await ledger.size() == 2
-    assert await ledger.admit("new", "d", 10_000.0, 200.0)  # the purge runs first: "old" ended at 100
-    assert await ledger.size() == 2
+    assert await ledger.admit("new", "d", 10_000.0, 200.0)  # the purge runs first, but "old" ended only now
+    assert await ledger.size() == 3
+    assert await ledger.admit("newer", "d", 10_000.0, 100.0 + PURGE_GRACE_S + 1)  # "old" is past its grace
+    assert await ledger.size() == 3
+
+
+async def test_a_purge_never_opens_a_binding_for_a_second_payload(databases: tuple[Database, Database]) -> None:
+    """Replica B (its clock a little ahead, or a later request) purges just past a binding's
+    deadline while replica A, whose request read its clock just before it, admits another
+    payload under the binding: A finds the first payload and refuses."""
+    a, b = StoredReleaseLedger(databases[0]), StoredReleaseLedger(databases[1])
+    deadline = 1_010.0
+    assert await a.admit("bind", "d1", deadline, 1_009.0)
+    assert await b.admit("other", "x", 5_000.0, 1_011.0)  # B's purge runs at 1_011
+    assert not await a.admit("bind", "d2", deadline, 1_009.5)
+    memory = MemoryReleaseLedger()
+    assert await memory.admit("bind", "d1", deadline, 1_009.0)
+    assert await memory.admit("other", "x", 5_000.0, 1_011.0)
+    assert not await memory.admit("bind", "d2", deadline, 1_009.5)
 
 
 def _record(n: int, profile: str) -> UsageRecord:

@@ -12,6 +12,11 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Protocol
 
+# An entry outlives its binding's deadline by this much before it is purged: a request that
+# read its clock before an await (or another replica's clock, a little behind) may still
+# admit under the binding, and must find the payload it holds, never an empty slot.
+PURGE_GRACE_S = 300.0
+
 
 class ReleaseLedger(Protocol):
     async def admit(self, binding_id: str, payload_digest: str, until: float, now: float) -> bool:
@@ -34,7 +39,8 @@ class MemoryReleaseLedger:
         known = self._seen.get(binding_id)
         if known is not None:
             return known[0] == payload_digest
-        while self._seen and (len(self._seen) >= self._capacity or next(iter(self._seen.values()))[1] < now):
+        expired = now - PURGE_GRACE_S
+        while self._seen and (len(self._seen) >= self._capacity or next(iter(self._seen.values()))[1] < expired):
             self._seen.popitem(last=False)
         self._seen[binding_id] = (payload_digest, until)
         return True

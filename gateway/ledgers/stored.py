@@ -32,6 +32,7 @@ from gateway.context.store.database import Database
 from gateway.context.store.migrations import Migration
 from gateway.context.store.postgres import Conn
 from gateway.ledgers.batches import to_the_end
+from gateway.ledgers.release import PURGE_GRACE_S
 from gateway.obs import logging as log
 from gateway.usage import KINDS, UsageRecord
 
@@ -68,7 +69,10 @@ LEDGER_MIGRATIONS: tuple[Migration, ...] = (
 
 
 class StoredReleaseLedger:
-    """`ReleaseLedger` in the database. Expired entries are purged every `purge_every_s`."""
+    """`ReleaseLedger` in the database. Expired entries are purged every `purge_every_s`,
+    `PURGE_GRACE_S` after their deadline: a replica's clock (or a request that read its
+    clock before waiting for the database) may still admit under a binding a moment past
+    another replica's idea of its deadline, and must find the payload it already holds."""
 
     def __init__(self, db: Database, *, purge_every_s: float = 60.0) -> None:
         self._db = db
@@ -116,11 +120,12 @@ class StoredReleaseLedger:
 
     async def _purge(self, now: float) -> None:
         if self._db.sqlite is not None:
-            await self._db.sqlite.write(lambda c: c.execute("DELETE FROM wg_release_ledger WHERE until_ts < ?", (now,)))
+            before = now - PURGE_GRACE_S
+            await self._db.sqlite.write(lambda c: c.execute("DELETE FROM wg_release_ledger WHERE until_ts < ?", (before,)))
         else:
 
             async def pg(conn: Conn) -> None:
-                await conn.execute("DELETE FROM wg_release_ledger WHERE until_ts < %s", (now,))
+                await conn.execute("DELETE FROM wg_release_ledger WHERE until_ts < %s", (now - PURGE_GRACE_S,))
 
             assert self._db.postgres is not None
             await self._db.postgres.write(pg)
