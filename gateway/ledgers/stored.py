@@ -121,7 +121,9 @@ class StoredReleaseLedger:
     async def _purge(self, now: float) -> None:
         if self._db.sqlite is not None:
             before = now - PURGE_GRACE_S
-            await self._db.sqlite.write(lambda c: c.execute("DELETE FROM wg_release_ledger WHERE until_ts < ?", (before,)))
+            await self._db.sqlite.write(
+                lambda c: c.execute("DELETE FROM wg_release_ledger WHERE until_ts < ?", (before,))
+            )
         else:
 
             async def pg(conn: Conn) -> None:
