@@ -69,6 +69,9 @@ def windowed_profiles(url: str) -> list[dict[str, Any]]:
     ]
 
 
+SERVICE_TASKS = frozenset({"attribution-purge"})  # long-lived tasks of a running gateway (not left by a call)
+
+
 @dataclass
 class Env:
     """A generated configuration directory."""
@@ -213,6 +216,8 @@ class GatewayThread:
                 name = getattr(coro, "__qualname__", repr(coro))
                 if "RequestHandler.start" in name or "Server" in name or "_serve" in name:
                     continue  # keep-alive connection handlers and listening servers
+                if task.get_name() in SERVICE_TASKS:
+                    continue  # the gateway's own for its whole life, never a call's
                 out.append(name)
             return out
 
