@@ -14,6 +14,7 @@ import asyncio
 import base64
 import json
 import os
+import signal
 import time
 import uuid
 from collections.abc import Iterator
@@ -30,7 +31,7 @@ from gateway.obs.metrics import Metrics
 from gateway.proxy import offload
 from gateway.state import METRICS, RUNTIME
 from tests.conftest import GatewayFactory
-from tests.harness import Env, GatewayThread, raw_client
+from tests.harness import Env, GatewayThread, policy_text, raw_client
 
 SECRET = "sk-offload-TEST-51c0ffee9a"
 PAD = "lorem ipsum dolor sit amet " * 80  # 2 KiB of ordinary text
@@ -308,3 +309,31 @@ def test_the_worker_that_parses_a_body_also_splits_it_for_attribution(pair: Any)
     assert summary.attributed == expected
     assert [b.block_id for b in expected.split.blocks] == ["host.workspace_configuration", "prompt.current_user_turn"]
     assert workers.call(pool.parse(runtime, "openai.chat", raw), timeout=60).attributed is None  # not collecting
+
+
+def test_a_worker_lost_while_idle_is_replaced_by_the_next_warm_up(make_env: Any) -> None:
+    """A worker dies between calls; the warm-up for the next runtime (a reload's, or the
+    next large call's) finds the pool broken: it starts a fresh one and warms it, rather
+    than leave every large body to the loop until a restart."""
+    env: Env = make_env()
+    pool = offload.Offload(env.config, 1, Metrics())
+
+    async def go() -> None:
+        try:
+            assert await pool.warm(await asyncio.to_thread(load_runtime, env.config))
+            first = pool._pool
+            assert first is not None
+            for pid in list(first._processes):  # type: ignore[attr-defined]
+                os.kill(pid, signal.SIGKILL)
+            for _ in range(200):
+                if first._broken:  # type: ignore[attr-defined]
+                    break
+                await asyncio.sleep(0.05)
+            await asyncio.to_thread(env.write_policy, policy_text(version="after-the-loss"))
+            assert await pool.warm(await asyncio.to_thread(load_runtime, env.config))
+            assert pool._pool is not None and pool._pool is not first
+            assert await pool._run("parse", _nap, 0.0) == 0.0
+        finally:
+            await pool.close()
+
+    asyncio.run(go())

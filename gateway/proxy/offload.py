@@ -324,6 +324,7 @@ class Offload:
         self._in_flight += 1
         self.metrics.offload_in_flight.inc()
         outcome = "failed"
+        pool: ProcessPoolExecutor | None = None
         try:
             pool = await self._executor()
             # Submitting writes to the workers' pipes: from a thread, never the loop.
@@ -337,18 +338,23 @@ class Offload:
         except BrokenProcessPool:
             # A worker died (killed, out of memory): this call is not decided (fail closed);
             # the next one gets a fresh pool.
-            if self._pool is not None:
-                held = [self._pool]
-                self._pool = None
-                self._starting = None
-                self._warm_key = None  # the next pool's workers start cold
-                await asyncio.to_thread(_dispose, held)
             log.error("check_worker_lost", stage=stage)
+            await self._drop_broken(pool)
             raise ServiceError(503, "gateway_busy", (ReasonCode.CAPACITY_EXCEEDED,), retryable=True) from None
         finally:
             self._in_flight -= 1
             self.metrics.offload_in_flight.dec()
             self.metrics.offloaded.labels(stage, outcome).inc()
+
+    async def _drop_broken(self, pool: ProcessPoolExecutor | None) -> None:
+        """Forget a pool a worker died in (the next use starts a fresh one, cold) and stop
+        what is left of it; a pool already replaced meanwhile is left to its replacer."""
+        if pool is None or self._pool is not pool:
+            return
+        self._pool = None
+        self._starting = None
+        self._warm_key = None
+        await asyncio.to_thread(_dispose, [pool])
 
     async def _ready(self, runtime: Runtime, stage: str) -> str:
         """The runtime's key once every worker holds it. A call that finds them cold waits for
@@ -395,8 +401,12 @@ class Offload:
                 warmed.update(await asyncio.gather(*(asyncio.wrap_future(f) for f in futures)))
             except Stale:
                 return False
-            except BrokenProcessPool:
-                return False  # the next call's _run replaces the pool
+            except BrokenProcessPool:  # a worker died (while idle, or now): a fresh pool, warmed from the start
+                log.error("check_worker_lost", stage="warm")
+                await self._drop_broken(pool)
+                pool = await self._executor()
+                warmed = set()
+                continue
             if len(warmed) >= self.workers:
                 self._warm_key = key
                 return True
