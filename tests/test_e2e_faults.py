@@ -17,6 +17,7 @@ import openai
 import pytest
 
 from gateway.mockprovider import MockProviderServer
+from gateway.state import METRICS
 from tests.conftest import GatewayFactory
 from tests.harness import Env, GatewayThread, anthropic_client, mock_profile, openai_client, raw_client
 
@@ -31,6 +32,13 @@ def gw(mock: MockProviderServer, gateways: GatewayFactory) -> Iterator[tuple[Env
         ),
         mock_profile("mock-anthropic", "anthropic", mock.url),
         mock_profile("single", "openai", mock.url),  # retries, but no fallback
+        mock_profile(  # retries, then its total runs out mid-attempt
+            "impatient",
+            "openai",
+            mock.url,
+            retry={"attempts": 2, "backoff_initial_ms": 10, "backoff_max_ms": 50},
+            timeouts={"connect_s": 1, "read_s": 5, "total_s": 1.5},
+        ),
         mock_profile(
             "hangy-anthropic",
             "anthropic",
@@ -718,3 +726,27 @@ def test_fault_matrix(
             assert [r.status for r in _records(mock, sid)] == [307]
             assert "location" not in error.response.headers and error.response.headers["x-should-retry"] == "false"
     assert _settled(gateway, fds_before) == []
+
+
+@pytest.mark.parametrize("first", [{"status": 500}, {"status": 429, "headers": {"retry-after": "0"}}])
+def test_a_deadline_mid_retry_keeps_the_attempts_made(
+    gw: tuple[Env, GatewayThread], mock: MockProviderServer, first: dict[str, Any]
+) -> None:
+    """The profile's total runs out while its second attempt hangs: the answer is a 503
+    timeout that still counts both attempts — the metrics say so, and the SDK is told not
+    to retry what the gateway already retried."""
+    env, gateway = gw
+    assert gateway.running is not None
+    attempts = gateway.running.app[METRICS].upstream_attempts
+    before = {o: attempts.labels("impatient", o)._value.get() for o in ("retry", "timeout")}
+    sid = _sid(mock, first, {"fault": "hang"})
+    client = openai_client(gateway, env, max_retries=2).with_options(
+        default_headers={"x-wiregate-profile": "impatient"}
+    )
+    with pytest.raises(openai.APIStatusError) as info:
+        client.chat.completions.create(**_chat(sid))
+    assert info.value.status_code == 503 and info.value.response.headers["x-should-retry"] == "false"
+    assert info.value.body["code"] == "upstream_timeout"  # type: ignore[index]
+    assert len(_records(mock, sid)) == 2  # the SDK sent nothing again
+    assert attempts.labels("impatient", "retry")._value.get() == before["retry"] + 1
+    assert attempts.labels("impatient", "timeout")._value.get() == before["timeout"] + 1

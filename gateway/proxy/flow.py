@@ -265,11 +265,12 @@ async def _send(
         raise errors.upstream_unavailable(ReasonCode.UPSTREAM_TIMEOUT)
     metrics = app[METRICS]
     started = time.perf_counter()
+    sent = Sent(response=None)
     try:
         async with asyncio.timeout(min(remaining, loaded.profile.timeouts.total_s)):
-            sent = await app[UPSTREAM].send(target, loaded, body, headers, deadline=ex.wait_deadline)
+            await app[UPSTREAM].send(target, loaded, body, headers, deadline=ex.wait_deadline, into=sent)
     except TimeoutError:
-        sent = Sent(response=None, failure=ReasonCode.UPSTREAM_TIMEOUT)
+        sent.timed_out()  # what was tried before the deadline still counts (metrics, retry advice)
     metrics.stages["upstream"].observe(time.perf_counter() - started)  # to the response headers
     for attempt in sent.attempts:
         metrics.upstream_attempts.labels(loaded.profile.id, attempt.outcome).inc()

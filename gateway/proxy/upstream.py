@@ -52,6 +52,16 @@ class Sent:
     failure: str | None = None  # a reason code when no response could be had
     attempts: list[AttemptRecord] = field(default_factory=list)
 
+    def timed_out(self) -> None:
+        """The send was stopped by a deadline (the profile's total, the call's): no
+        response, the attempt under way a timeout; the attempts before it still count."""
+        if self.response is not None:
+            self.response.close()
+            self.response = None
+        self.failure = ReasonCode.UPSTREAM_TIMEOUT
+        if self.attempts and self.attempts[-1].outcome == AttemptOutcome.RESPONSE and self.attempts[-1].status is None:
+            self.attempts[-1].outcome = AttemptOutcome.TIMEOUT
+
 
 def upstream_headers(
     profile: UpstreamProfile, credential: str | None, client_headers: Mapping[str, str]
@@ -136,16 +146,18 @@ class Upstream:
         headers: Mapping[str, str],
         *,
         deadline: float,
+        into: Sent | None = None,
     ) -> Sent:
         """Send with the profile's retry policy. Returns the first non-retryable response
         (or the last one when retries run out, or when the wait before the next attempt
-        would not end before `deadline`), or a failure reason."""
+        would not end before `deadline`), or a failure reason. `into`: the record to fill
+        as attempts are made (a caller that cancels the send still holds what was tried)."""
         profile = loaded.profile
         policy = profile.retry
         timeout = aiohttp.ClientTimeout(
             total=None, connect=profile.timeouts.connect_s, sock_read=profile.timeouts.read_s
         )
-        sent = Sent(response=None)
+        sent = into if into is not None else Sent(response=None)
         for attempt in range(policy.attempts + 1):
             started = time.monotonic()
             record = AttemptRecord(profile.id, attempt, AttemptOutcome.RESPONSE)
