@@ -77,7 +77,7 @@ def test_prompt_layout_and_markers() -> None:
     assert [(p.region, p.kind, p.marker, p.markable) for p in layout.parts] == [
         ("tools", "tool", None, True),
         ("system", "text", None, True),
-        ("message", "text", "1h", True),
+        ("message", "text", "1h", False),  # the client decided here: nothing is added beside it
         ("message", "thinking", None, False),
         ("message", "text", None, True),
     ]
