@@ -12,7 +12,7 @@ import pytest
 
 from gateway.mockprovider import MockProviderServer
 from tests.conftest import GatewayFactory
-from tests.harness import Env, GatewayThread, anthropic_client, openai_client
+from tests.harness import Env, GatewayThread, anthropic_client, openai_client, post_json
 
 IMAGE = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk"
 PROMPT = "describe-this-picture-please-4417"
@@ -89,3 +89,134 @@ def test_allowed_profile_passes_the_image(gateways: GatewayFactory) -> None:
             ],
         )
         assert reply.choices[0].message.content
+
+
+PDF = "data:application/pdf;base64,JVBERi0xLjQKJcfsj6IKNSAwIG9iago8PC9MZW5ndGggNiAwIFI+PgpzdHJlYW0K"
+PDF_SOURCE = {"type": "base64", "media_type": "application/pdf", "data": PDF.split(",", 1)[1]}
+_CALL = {"type": "function_call", "call_id": "c1", "name": "fetch", "arguments": "{}"}
+_FILE = {"type": "input_file", "filename": "notes.pdf", "file_data": PDF}
+_TOOL_USE = {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {}}]}
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/responses", {"input": [_CALL, {"type": "function_call_output", "call_id": "c1", "output": [_FILE]}]}),
+        (
+            "/v1/responses",
+            {
+                "input": [
+                    {"type": "custom_tool_call", "call_id": "c2", "name": "fetch", "input": "x"},
+                    {"type": "custom_tool_call_output", "call_id": "c2", "output": [_FILE]},
+                ]
+            },
+        ),
+        (
+            "/v1/responses",
+            {
+                "input": [
+                    {"type": "computer_call", "call_id": "c3", "action": {"type": "screenshot"}},
+                    {
+                        "type": "computer_call_output",
+                        "call_id": "c3",
+                        "output": {"type": "computer_screenshot", "image_url": "data:image/png;base64," + IMAGE},
+                    },
+                ]
+            },
+        ),
+        (
+            "/v1/responses",
+            {"prompt": {"id": "pmpt_1", "variables": {"doc": _FILE}}, "input": "summarise the document"},
+        ),
+        *[
+            (
+                route,
+                {
+                    "max_tokens": 64,
+                    "messages": [
+                        {"role": "user", "content": "fetch it"},
+                        {
+                            "role": "assistant",
+                            "content": [
+                                {"type": "server_tool_use", "id": "s1", "name": "web_fetch", "input": {"url": "x"}},
+                                {
+                                    "type": "web_fetch_tool_result",
+                                    "tool_use_id": "s1",
+                                    "content": {
+                                        "type": "web_fetch_result",
+                                        "url": "https://example.com/a.pdf",
+                                        "content": {"type": "document", "source": PDF_SOURCE},
+                                    },
+                                },
+                            ],
+                        },
+                        {"role": "user", "content": "what does it say?"},
+                    ],
+                },
+            )
+            for route in ("/v1/messages", "/v1/messages/count_tokens")
+        ],
+        (
+            "/v1/messages",
+            {
+                "max_tokens": 64,
+                "messages": [
+                    _TOOL_USE,
+                    {
+                        "role": "user",
+                        "content": [
+                            {
+                                "type": "tool_result",
+                                "tool_use_id": "t1",
+                                "content": [
+                                    {
+                                        "type": "search_result",
+                                        "source": "https://example.com",
+                                        "title": "t",
+                                        "content": [{"type": "document", "source": PDF_SOURCE}],
+                                    }
+                                ],
+                            }
+                        ],
+                    },
+                ],
+            },
+        ),
+    ],
+)
+def test_files_anywhere_the_provider_reads_them_are_refused(
+    gw: tuple[Env, GatewayThread], mock: MockProviderServer, path: str, body: dict[str, object]
+) -> None:
+    """A file or an image is opaque wherever it sits — a tool's output, a server tool's
+    fetched document, a search result, a prompt template's variables — not only in a
+    message's content: refused, and nothing reaches the provider."""
+    env, gateway = gw
+    model = "claude-test" if path.startswith("/v1/messages") else "gpt-4.1"
+    before = len(mock.state.records())
+    answer = post_json(gateway, env, path, {"model": model, **body})
+    assert answer.status_code == 422, answer.text
+    assert "opaque_content" in answer.text and PDF not in answer.text
+    assert len(mock.state.records()) == before
+
+
+def test_a_tool_calls_own_input_is_not_taken_for_a_file(
+    gw: tuple[Env, GatewayThread], mock: MockProviderServer
+) -> None:
+    """What the model wrote as a tool's input is data, even shaped like an image block."""
+    env, gateway = gw
+    tool_use = {"type": "tool_use", "id": "t1", "name": "draw", "input": {"type": "image", "source": {"type": "url"}}}
+    answer = post_json(
+        gateway,
+        env,
+        "/v1/messages",
+        {
+            "model": "claude-test",
+            "max_tokens": 64,
+            "messages": [
+                {"role": "user", "content": "draw"},
+                {"role": "assistant", "content": [tool_use]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "done"}]},
+            ],
+        },
+    )
+    assert answer.status_code == 200, answer.text

@@ -29,6 +29,7 @@ from gateway.vocab import Dialect, ReasonCode
 # A delta field and the content-block field it extends (tool input arrives as JSON text).
 _FOLDED_NAME: dict[str, str] = {"partial_json": "input"}
 _NOT_TEXT = frozenset({"type"})
+_DATA_MEMBERS = frozenset({"input"})  # a tool call's input: what the model wrote, not content it reads
 
 
 def _is_opaque_block(block: dict[str, Any]) -> bool:
@@ -75,13 +76,16 @@ class AnthropicMessages(base.NoEdits):
                 unit = base.joined(("messages", i, "content"), texts)
                 if unit is not None:
                     units.append(unit)
+        # Files and images anywhere the provider reads them: a server tool's result, a search result.
+        swept = common.opaque_anywhere(system, ("system",), _is_opaque_block, _DATA_MEMBERS, [])
+        common.opaque_anywhere(messages, ("messages",), _is_opaque_block, _DATA_MEMBERS, swept)
         return ParsedRequest(
             carrier=self.name,
             doc=doc,
             model=model,
             stream=stream,
             units=tuple(units),
-            opaque=tuple(opaque),
+            opaque=common.merged(opaque, swept),
             duplicate_keys=tuple(found.dups),
             too_deep=tuple(found.deep),
         )

@@ -6,7 +6,7 @@ Must not: do I/O or know any one provider's schema.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 from gateway import units
@@ -181,6 +181,33 @@ def fold(folder: StreamFolder, events: Sequence[Any]) -> FoldedResponse:
     for n, event in enumerate(events):
         folder.add(n, event)
     return folder.result(tuple(events))
+
+
+def opaque_anywhere(
+    node: Any, path: Path, is_opaque: Callable[[dict[str, Any]], bool], skip: frozenset[str], out: list[str]
+) -> list[str]:
+    """The pointer of every object under `node` that `is_opaque` says the provider reads
+    but no check can (a file, an image, audio), wherever it sits: in a message's content, a
+    tool's output, a server tool's result, a template's variables. Members named in `skip`
+    are data, not content (a tool call's own input); an opaque object's insides are not
+    searched further (it is refused whole)."""
+    if isinstance(node, dict):
+        if is_opaque(node):
+            out.append(units.pointer(path))
+            return out
+        for key, value in node.items():
+            if key not in skip and isinstance(value, (dict, list)):
+                opaque_anywhere(value, (*path, key), is_opaque, skip, out)
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            if isinstance(value, (dict, list)):
+                opaque_anywhere(value, (*path, i), is_opaque, skip, out)
+    return out
+
+
+def merged(found: list[str], swept: list[str]) -> tuple[str, ...]:
+    """Opaque pointers found by a carrier's own reading and by `opaque_anywhere`, once each."""
+    return tuple(dict.fromkeys([*found, *swept]))
 
 
 def string_leaves(node: Any, path: Path, out: dict[Path, list[str]], skip: frozenset[str] = frozenset()) -> None:

@@ -25,6 +25,14 @@ from gateway.usage import Count
 from gateway.vocab import Dialect, ReasonCode
 
 _OPAQUE_PARTS = frozenset({"image_url", "input_audio", "file"})
+_DATA_MEMBERS = frozenset({"function"})  # a tool call's name and arguments: what the model wrote
+
+
+def _opaque_part(node: dict[str, Any]) -> bool:
+    kind = node.get("type")
+    return jsonraw.is_str(kind) and kind in _OPAQUE_PARTS
+
+
 _TOOL_CALLS = frozenset({"tool_calls"})
 _NULL_USAGE = ',"usage":null}'
 _INDEX = frozenset({"index"})
@@ -65,13 +73,14 @@ class OpenAIChat:
                     units.append(unit)
             if isinstance(msg.get("audio"), dict):
                 opaque.append(f"/messages/{i}/audio")
+        swept = common.opaque_anywhere(messages, ("messages",), _opaque_part, _DATA_MEMBERS, [])
         return ParsedRequest(
             carrier=self.name,
             doc=doc,
             model=model,
             stream=stream,
             units=tuple(units),
-            opaque=tuple(opaque),
+            opaque=common.merged(opaque, swept),
             duplicate_keys=tuple(found.dups),
             too_deep=tuple(found.deep),
         )

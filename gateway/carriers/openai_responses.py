@@ -25,7 +25,14 @@ from gateway.units import Path
 from gateway.usage import Count
 from gateway.vocab import Dialect, ReasonCode
 
-_OPAQUE_PARTS = frozenset({"input_image", "input_file", "input_audio"})
+_OPAQUE_PARTS = frozenset({"input_image", "input_file", "input_audio", "computer_screenshot"})
+
+
+def _opaque_part(node: dict[str, Any]) -> bool:
+    kind = node.get("type")
+    return jsonraw.is_str(kind) and kind in _OPAQUE_PARTS
+
+
 _TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed", "error"})
 
 
@@ -64,13 +71,16 @@ class OpenAIResponses(base.NoEdits):
                 unit = base.joined(("input", i, "content"), texts)
                 if unit is not None:
                     units.append(unit)
+        # Files and images anywhere the provider reads them: a tool's output, a template's variables.
+        swept = common.opaque_anywhere(items, ("input",), _opaque_part, frozenset(), [])
+        common.opaque_anywhere(doc.get("prompt"), ("prompt",), _opaque_part, frozenset(), swept)
         return ParsedRequest(
             carrier=self.name,
             doc=doc,
             model=model,
             stream=stream,
             units=tuple(units),
-            opaque=tuple(opaque),
+            opaque=common.merged(opaque, swept),
             duplicate_keys=tuple(found.dups),
             too_deep=tuple(found.deep),
         )
