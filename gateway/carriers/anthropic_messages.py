@@ -261,7 +261,12 @@ class _Folder(common.StreamFolder):
         if kind == "message_start":
             msg = obj.get("message")
             self.response_id = common.get_str(msg, "id")
-            _merge_usage(self.merged, msg.get("usage") if isinstance(msg, dict) else None)
+            start = msg.get("usage") if isinstance(msg, dict) else None
+            # Its output figure is a starting value: the count is known only once message_delta says it.
+            _merge_usage(
+                self.merged,
+                {k: v for k, v in start.items() if k != "output_tokens"} if isinstance(start, dict) else None,
+            )
         elif kind == "content_block_start":
             block = obj.get("content_block")
             if isinstance(block, dict):  # text it already holds starts the folded field

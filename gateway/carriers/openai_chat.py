@@ -114,9 +114,12 @@ class OpenAIChat:
         if doc.get("stream") is not True:
             return [], False
         options = doc.get("stream_options")
-        if options is None:
+        if "stream_options" not in doc:
             top = jsonspan.locate(text, ())
             return [jsonspan.add_member(text, top, '"stream_options":{"include_usage":true}')], True
+        if options is None:  # null, as the SDKs may send it: the value, not a second member
+            start, end = jsonspan.locate(text, ("stream_options",))
+            return [(start, end, '{"include_usage":true}')], True
         if not isinstance(options, dict) or options.get("include_usage") is True:
             return [], False
         if "include_usage" in options:

@@ -31,7 +31,7 @@ from gateway.errors import ClientError
 from gateway.inspection.verdict import Verdict
 from gateway.obs import logging as log
 from gateway.proxy import release
-from gateway.vocab import Mode, ReasonCode
+from gateway.vocab import Mode, Phase, ReasonCode
 
 
 def parse_request(carrier: Carrier, raw: bytes, runtime: Runtime) -> ParsedRequest:
@@ -58,12 +58,14 @@ def plan(
     session: str | None,
     runtime: Runtime,
     pace: SessionPace | None = None,
+    route: str | None = None,
 ) -> Plan:
     """Step 4: native cache markers for this profile, and usage for streams that would
-    otherwise not report it. The received bytes are never mutated; when planning changes
-    the body, the new bytes are parsed again so that before_send sees exactly what leaves.
-    A plan that cannot be made leaves the body as sent (an optimisation that fails never
-    turns a check off)."""
+    otherwise not report it (only where the answer is released by its checks, which take
+    the extra usage out again: observe and off pass the stream through as it comes). The
+    received bytes are never mutated; when planning changes the body, the new bytes are
+    parsed again so that before_send sees exactly what leaves. A plan that cannot be made
+    leaves the body as sent (an optimisation that fails never turns a check off)."""
     profile = party.profile.profile
     estimator = admission.ESTIMATORS[profile.estimator.name]
     unchanged = Plan(raw, parsed, caching.NOTHING, False)
@@ -77,7 +79,10 @@ def plan(
         cache = caching.plan(
             carrier, text, parsed.doc, profile.cache, ctx, estimator.count, pace=pace, prices=profile.cache_prices
         )
-        usage_edits, injected = carrier.usage_edits(text, parsed.doc)
+        usage_edits: list[jsonspan.Edit] = []
+        injected = False
+        if runtime.policy.mode(Phase.BEFORE_RELEASE, profile=profile.id, route=route) is Mode.ENFORCE:
+            usage_edits, injected = carrier.usage_edits(text, parsed.doc)
         edits = [*cache.edits, *usage_edits]
         if not edits:
             return dataclasses.replace(unchanged, cache=cache)  # its evidence says why nothing was placed
@@ -131,7 +136,7 @@ def prepare_send(
     eligible: Mapping[str, bool] | None = None,
     pace: SessionPace | None = None,
 ) -> Prepared:
-    planned = plan(carrier, parsed, raw, party, session, runtime, pace)  # 4
+    planned = plan(carrier, parsed, raw, party, session, runtime, pace, route)  # 4
     estimate = admit(planned.parsed, carrier, party.profile)  # 5
     if replays and planned.body is not raw:
         replays = prepared.follow_wrapping(replays, parsed.doc, planned.parsed.doc)

@@ -710,6 +710,10 @@ async def pass_through(
         )
         trail.add(Decoded(read.complete, read.usage, read.response_id, None))
         trail.add(Checked(attempt.target.profile_id, outcome))
+    elif not broken and size <= limit:  # off: nothing is checked, but the provider's usage is still recorded
+        folded, _ = decide.decode(ex.carrier, b"".join(copy), _is_stream(response), ex.runtime)
+        usage = dict(folded.usage.fields) if folded.usage else None
+        trail.add(Decoded(folded.complete, usage, folded.response_id, None))
     trail.add(Released(response.status, size, Outcome.INCOMPLETE if broken else Outcome.OBSERVED))
     if broken:
         # Do not end the stream cleanly: the client must see that it was cut.
