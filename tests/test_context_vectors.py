@@ -5,15 +5,17 @@ outbound call; a failure under `auto` falls back to fts and the receipt records 
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
 from gateway.mockprovider import MockProviderServer
 from tests.conftest import GatewayFactory
-from tests.harness import Env, GatewayThread, post_json
+from tests.harness import Env, GatewayThread, mock_profile, post_json
 
 TEXT = "The ledger service stores amounts in integer cents."
 
@@ -83,3 +85,30 @@ def test_auto_falls_back_to_fts_and_the_receipt_says_why(
     # an explicit vector search cannot fall back: it says the provider is unavailable
     r = post_json(gateway, env, "/v1/atomic-memory/search", {"scope_id": sid, "query": query, "mode": "vector"})
     assert r.status_code == 503 and r.json()["error"]["code"] == "inference_unavailable"
+
+
+@pytest.mark.parametrize(
+    ("case", "profile", "extra", "policy"),
+    [
+        ("model", {"models": ["text-embedding-3-small"]}, 'embeddings_model = "text-embedding-3-large"\n', ""),
+        ("retention", {}, "", 'retention_required = ["zero-data-retention"]\n'),
+        ("expired", {}, "", ""),  # expires 3 s after it is signed
+    ],
+)
+def test_the_embeddings_profile_obeys_the_rules_of_any_call(
+    gateways: GatewayFactory, mock: MockProviderServer, case: str, profile: dict[str, Any], extra: str, policy: str
+) -> None:
+    """A profile a client could not use for this model — it does not serve it, its
+    retention is not one the policy accepts, it has expired — receives no memory text from
+    the gateway either: the write succeeds, its vector is missing."""
+    ends = datetime.now(UTC) + timedelta(seconds=3)
+    if case == "expired":
+        profile = {"expires": ends.strftime("%Y-%m-%dT%H:%M:%SZ")}
+    profiles = [mock_profile("emb", "openai", mock.url, carriers=["embeddings"], **profile)]
+    config = '[context]\nembeddings_profile = "emb"\n' + extra
+    with gateways(f"vectors-{case}", profiles=profiles, config_extra=config, policy_extra=policy) as (env, gateway):
+        if case == "expired":
+            time.sleep(max(0.0, (ends - datetime.now(UTC)).total_seconds()) + 1.0)
+        since = mock.state.records()[-1].seq if mock.state.records() else 0
+        _scope_with_memories(env, gateway, [TEXT])
+        assert _embedding_calls(mock, since) == []

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 from aiohttp import web
@@ -27,10 +28,10 @@ from gateway.checks.runner import Party
 from gateway.context.errors import InferenceTimeout, InferenceUnavailable
 from gateway.errors import GatewayError
 from gateway.obs import logging as log
-from gateway.proxy import decide
+from gateway.proxy import decide, routing
 from gateway.proxy.upstream import UPSTREAM, upstream_headers
 from gateway.state import LOCAL_RELEASE_LEDGER, RUNTIME
-from gateway.vocab import Mode
+from gateway.vocab import Mode, ReasonCode
 
 PRINCIPAL = "wiregate.context"
 SCOPE = "~context"
@@ -41,9 +42,15 @@ async def embed(app: web.Application, texts: list[str]) -> list[list[float]]:
     runtime = app[RUNTIME].current
     cfg = runtime.config.context
     loaded = runtime.profiles.get(cfg.embeddings_profile or "")
-    if loaded is None or loaded.credential_error is not None:
-        raise InferenceUnavailable()
     carrier = CARRIERS["openai.embeddings"]
+    # The same profile rules as any call: valid now, a retention the policy accepts, the model served.
+    if (
+        loaded is None
+        or loaded.credential_error is not None
+        or not routing.usable(runtime, loaded, carrier.short_name, cfg.embeddings_model, datetime.now(UTC))
+    ):
+        log.info("embedding_withheld", reason_codes=[ReasonCode.NO_PROFILE], profile=cfg.embeddings_profile or "")
+        raise InferenceUnavailable()
     request: dict[str, Any] = {"model": cfg.embeddings_model, "input": texts, "encoding_format": "float"}
     if cfg.embeddings_dimensions is not None:
         request["dimensions"] = cfg.embeddings_dimensions

@@ -17,7 +17,9 @@ from gateway.vocab import ReasonCode
 PROFILE_HEADER = "x-wiregate-profile"
 
 
-def _usable(runtime: Runtime, loaded: LoadedProfile, short: str, model: str, now: datetime) -> bool:
+def usable(runtime: Runtime, loaded: LoadedProfile, short: str, model: str, now: datetime) -> bool:
+    """May a call of this schema and model go to this profile now (it carries and serves
+    them, it is within its validity, and the policy accepts its retention)?"""
     p = loaded.profile
     return p.carries(short) and p.serves(model) and loaded.valid_at(now) and runtime.policy.retention_ok(p)
 
@@ -33,7 +35,7 @@ def primary(
         loaded = runtime.profiles[requested]
         if not runtime.policy.retention_ok(loaded.profile):
             raise errors.forbidden(ReasonCode.RETENTION_NOT_ALLOWED)
-        if not _usable(runtime, loaded, short, model, now):
+        if not usable(runtime, loaded, short, model, now):
             raise errors.forbidden(ReasonCode.FORBIDDEN_PROFILE)
         return loaded
     matching = [runtime.profiles[pid] for pid in principal.profiles if pid in runtime.profiles]
@@ -65,7 +67,7 @@ def fallbacks(
         loaded = runtime.profiles.get(pid)
         if loaded is None:
             continue
-        if pid in principal.profiles and _usable(runtime, loaded, short, model, now):
+        if pid in principal.profiles and usable(runtime, loaded, short, model, now):
             chain.append(loaded)
         queue.extend(loaded.profile.fallbacks)
     return chain
