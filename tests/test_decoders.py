@@ -134,3 +134,15 @@ def test_decoding_budget_withholds_instead_of_stopping_silently() -> None:
     assert _engine().inspect(_subject(text)).allowed
     verdict = _engine(decode_budget=0.0).inspect(_subject(text * 20))
     assert not verdict.allowed and "decode_limit" in verdict.reason_codes
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        f"&#{ord(VALUE[0])}{VALUE[1:]}",  # one reference without its ';'
+        "".join(f"&#{ord(c)}" for c in VALUE),  # every one without
+        "".join(f"&#x{ord(c):x}" for c in VALUE),
+    ],
+)
+def test_numeric_references_without_a_semicolon_are_read(text: str) -> None:
+    assert _engine().inspect(_subject(f"see {text} here")).reason_codes == ("secret_value",)

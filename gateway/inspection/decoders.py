@@ -195,7 +195,8 @@ MIN_HEX_RUN = 16
 _B64_RUN = re.compile(rb"[A-Za-z0-9+/_-]{%d,}={0,2}" % MIN_B64_RUN)
 _HEX_RUN = re.compile(rb"[0-9A-Fa-f]{%d,}" % MIN_HEX_RUN)
 _PERCENT = re.compile(rb"%[0-9A-Fa-f]{2}")
-_ENTITY = re.compile(rb"&(?:#[0-9]{1,8}|#[xX][0-9A-Fa-f]{1,7}|[A-Za-z][A-Za-z0-9]{1,31});")
+# A numeric reference needs no ';' (`html.unescape`, and every browser, read "&#119g" as "wg").
+_ENTITY = re.compile(rb"&(?:#[0-9]{1,8};?|#[xX][0-9A-Fa-f]{1,7};?|[A-Za-z][A-Za-z0-9]{1,31};)")
 _BACKSLASH = re.compile(rb"\\(?:x[0-9A-Fa-f]{2}|u[0-9A-Fa-f]{4}|u\{[0-9A-Fa-f]{1,6}\}|U[0-9A-Fa-f]{8}|[0-7]{3})")
 
 
