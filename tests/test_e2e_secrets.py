@@ -82,6 +82,34 @@ OPENAI_REQUESTS: dict[str, dict[str, Any]] = {
             {"role": "tool", "tool_call_id": "call_1", "content": json.dumps({"out": f"x{SECRET}y"})},
         ]
     },
+    "split_across_argument_values": {  # JSON held in a string: its values read in order
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "call_1",
+                        "type": "function",
+                        "function": {"name": "f", "arguments": json.dumps({"a": SECRET[:9], "b": SECRET[9:]})},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": "call_1", "content": "done"},
+        ]
+    },
+    "split_across_json_result_values": {
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
+            },
+            {"role": "tool", "tool_call_id": "call_1", "content": json.dumps([SECRET_2[:4], 1, SECRET_2[4:]])},
+        ]
+    },
     "split_across_parts": {
         "messages": [
             {"role": "user", "content": [{"type": "text", "text": SECRET[:9]}, {"type": "text", "text": SECRET[9:]}]}

@@ -270,12 +270,14 @@ def _decode_embedded(text: str, path: Path, limits: CarrierLimits, budget: int, 
     try:
         if "\\" not in text:
             # No escape inside: every key, string and number of the inner document stands
-            # verbatim in `text`, which is itself a unit. Only its shape is left to check.
-            _, has_dups = jsonraw.decode_shape(text, limits.max_depth)
+            # verbatim in `text`, which is itself a unit. Its shape is left to check, and its
+            # strings read in order.
+            doc, has_dups = jsonraw.decode_shape(text, limits.max_depth)
             if has_dups:
                 found.dups.append(units.pointer(path))
+            _values_joined(doc, path, found)
             return
-        _, texts, has_dups = jsonraw.decode_texts(text, limits.max_depth)
+        doc, texts, has_dups = jsonraw.decode_texts(text, limits.max_depth)
     except JsonError as exc:
         if exc.reason == ReasonCode.TOO_DEEP:
             found.deep.append(units.pointer(path))  # too deep to inspect: never silently accepted
@@ -283,6 +285,7 @@ def _decode_embedded(text: str, path: Path, limits: CarrierLimits, budget: int, 
     if has_dups:
         found.dups.append(units.pointer(path))
     found.units.append(TextUnit(path, "\n".join(texts), "embedded"))
+    _values_joined(doc, path, found)
     match = _JSON_START.match
     for inner_text in texts:
         if not match(inner_text):
@@ -292,6 +295,25 @@ def _decode_embedded(text: str, path: Path, limits: CarrierLimits, budget: int, 
         elif _holds_more_json(inner_text, limits):
             found.deep.append(units.pointer(path))
             return
+
+
+def _values_joined(doc: Any, path: Path, found: Collected) -> None:
+    """The string values of JSON held in a string, read in order with no boundary (keys
+    and numbers left out): a value split across two members of tool arguments is seen
+    whole, as the text parts of one message are (`joined`)."""
+    values: list[str] = []
+    stack = [doc]
+    while stack:
+        node = stack.pop()
+        if jsonraw.is_str(node):
+            values.append(node)
+        elif isinstance(node, dict):
+            stack.extend(reversed(list(node.values())))
+        elif isinstance(node, list):
+            stack.extend(reversed(node))
+    unit = joined(path, values)
+    if unit is not None:
+        found.units.append(unit)
 
 
 def joined(path: Path, parts: Sequence[str]) -> TextUnit | None:
