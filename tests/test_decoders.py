@@ -146,3 +146,10 @@ def test_decoding_budget_withholds_instead_of_stopping_silently() -> None:
 )
 def test_numeric_references_without_a_semicolon_are_read(text: str) -> None:
     assert _engine().inspect(_subject(f"see {text} here")).reason_codes == ("secret_value",)
+
+
+def test_a_value_written_in_three_encodings_at_once_is_read() -> None:
+    """Part a character reference, part percent-encoded, part a backslash escape: decoding
+    each kind on its own (and one level again) never shows it whole; all kinds at once do."""
+    mixed = f"&#{ord(VALUE[0])};{VALUE[1:4]}%{ord(VALUE[4]):02X}{VALUE[5:8]}\\x{ord(VALUE[8]):02x}{VALUE[9:]}"
+    assert _engine().inspect(_subject(f"see {mixed} here")).reason_codes == ("secret_value",)

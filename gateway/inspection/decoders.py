@@ -292,13 +292,23 @@ def _run_decodings(data: bytes) -> Iterator[tuple[int, bytes]]:
 
 def text_decodings(text: bytes) -> Iterator[bytes]:
     """The whole text with its percent-encoding, HTML character references or backslash
-    escapes decoded (each kind on its own)."""
+    escapes decoded (each kind on its own), and, where it mixes kinds, all of them at once
+    (a value written part as a reference, part percent-encoded, part escaped reads whole
+    only then; a second round of decoding would need a third)."""
+    present = []
     if b"%" in text and _PERCENT.search(text):
-        yield _percent(text)
+        present.append(_percent)
     if b"&" in text and _ENTITY.search(text):
-        yield _entities(text)
+        present.append(_entities)
     if b"\\" in text and _BACKSLASH.search(text):
-        yield _backslashes(text)
+        present.append(_backslashes)
+    for decode in present:
+        yield decode(text)
+    if len(present) > 1:
+        mixed = text
+        for decode in present:
+            mixed = decode(mixed)
+        yield mixed
 
 
 # --- the native path ------------------------------------------------------------------
