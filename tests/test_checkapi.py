@@ -16,6 +16,7 @@ from gateway import keyring
 from gateway.checks import bindings
 from gateway.checks.prepared import BEGIN_MARKER, END_MARKER
 from gateway.mockprovider import MockProviderServer
+from gateway.state import METRICS
 from tests.harness import Env, GatewayThread, build_env, mock_profile, raw_client
 
 SECRET = "sk-check-api-SECRET-42"
@@ -168,6 +169,9 @@ def test_send_dto_is_strict(gw: tuple[Env, GatewayThread], mutate: Any) -> None:
         lambda b: b.pop("completion"),
         lambda b: b.update(completion="partial"),
         lambda b: b.update(usage={"input_tokens": -1}),
+        lambda b: b.update(usage={"input_tokens": True}),  # a JSON boolean is not a count
+        lambda b: b.update(usage={"output_tokens": "7"}),
+        lambda b: b.update(usage={"cache_read_input_tokens": 3.0}),
     ],
 )
 def test_release_dto_is_strict(gw: tuple[Env, GatewayThread], mutate: Any) -> None:
@@ -442,3 +446,18 @@ def test_prepared_context_replay(gw: tuple[Env, GatewayThread], case: str, reaso
         assert result["decision"] == "allow", result
     else:
         assert result["decision"] == "withhold" and reason in result["reason_codes"], result
+
+
+def test_usage_given_to_a_release_check_is_counted_like_the_proxys(gw: tuple[Env, GatewayThread]) -> None:
+    """The usage a host reports with its release check reaches the metrics, not only the
+    ledger: the report and Prometheus agree."""
+    env, gateway = gw
+    assert gateway.running is not None
+    tokens = gateway.running.app[METRICS].usage_tokens
+    before = tokens.labels("output", "mock-openai", "known")._value.get()
+    binding = _allowed_send(env, gateway)
+    r = _check(env, gateway, _release(binding, usage={"input_tokens": 11, "output_tokens": 7}))
+    assert r.status_code == 200 and r.json()["decision"] == "allow", r.text
+    assert tokens.labels("output", "mock-openai", "known")._value.get() == before + 7
+    unknown = gateway.running.app[METRICS].usage_unknown.labels("cache_write_5m", "mock-openai")._value.get()
+    assert unknown >= 1

@@ -32,8 +32,8 @@ from gateway.checks.runner import Party
 from gateway.config.runtime import LoadedProfile, Runtime
 from gateway.http.body import read_body
 from gateway.inspection.verdict import Verdict, withhold
-from gateway.proxy import replay
-from gateway.state import CALL, CONTEXT, RELEASE_LEDGER, RUNTIME, USAGE_LEDGER
+from gateway.proxy import projections, replay
+from gateway.state import CALL, CONTEXT, RELEASE_LEDGER, RUNTIME
 from gateway.vocab import Decision, Mode, Outcome, Phase, ReasonCode
 
 RESULT_SCHEMA = "powercontext.context-check.v1"
@@ -68,6 +68,10 @@ class PreparedContextRef(_Strict):
 
 
 class UsageIn(_Strict):
+    """Counts as JSON integers only: `true`, `"7"` or `3.0` is refused, never read as a number."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True, strict=True)
+
     input_tokens: int | None = Field(None, ge=0, le=usage.MAX_COUNT)
     output_tokens: int | None = Field(None, ge=0, le=usage.MAX_COUNT)
     cache_read_input_tokens: int | None = Field(None, ge=0, le=usage.MAX_COUNT)
@@ -326,4 +330,4 @@ async def _record_usage(
         account=profile.account,
         region=profile.region,
     )
-    await request.app[USAGE_LEDGER].add(record)
+    await projections.count_usage(request.app, record)  # the ledger, the metrics and the timeline alike

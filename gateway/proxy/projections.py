@@ -95,26 +95,31 @@ async def record_usage(app: web.Application, ex: Exchange, trail: Trail) -> list
     final attempt's event into its session's cache pace. Never raises into the request."""
     records: list[usage.UsageRecord] = []
     try:
-        metrics = app[METRICS]
-        metrics.stages["checks"].observe(sum(c.seconds for c in trail.checks))
-        ledger = app[USAGE_LEDGER]
-        timeline = app.get(TIMELINE)
-        now = time.time()
+        app[METRICS].stages["checks"].observe(sum(c.seconds for c in trail.checks))
         records = usage_records(ex, trail)
         for record in records:
-            await ledger.add(record)
-            for kind, count in record.counts.items():
-                if count.value is not None:
-                    metrics.usage_tokens.labels(kind, record.profile, count.provenance).inc(count.value)
-                    if timeline is not None:
-                        timeline.note_usage(now, kind, count.provenance, record.profile, count.value)
-                else:
-                    metrics.usage_unknown.labels(kind, record.profile).inc()
+            await count_usage(app, record)
         if records:
             await pacing.record(app, ex, trail, records[-1])
     except Exception as exc:  # accounting never fails a request
         log.error("usage_record_failed", request_id=ex.request_id, error_class=type(exc).__name__)
     return records
+
+
+async def count_usage(app: web.Application, record: usage.UsageRecord) -> None:
+    """One usage record into the ledger, the metrics and the UI's timeline (the proxy's
+    records and those the check API is given alike)."""
+    await app[USAGE_LEDGER].add(record)
+    metrics = app[METRICS]
+    timeline = app.get(TIMELINE)
+    now = time.time()
+    for kind, count in record.counts.items():
+        if count.value is not None:
+            metrics.usage_tokens.labels(kind, record.profile, count.provenance).inc(count.value)
+            if timeline is not None:
+                timeline.note_usage(now, kind, count.provenance, record.profile, count.value)
+        else:
+            metrics.usage_unknown.labels(kind, record.profile).inc()
 
 
 _REGISTRIES: dict[int, tuple[AttributionConfig, Registry]] = {}
