@@ -16,13 +16,15 @@ Path = tuple[str | int, ...]
 KIND_STRING = "string"
 KIND_KEY = "key"
 KIND_NUMBER = "number"
+KIND_VALUES = "values"
 
 
 class TextUnit(NamedTuple):
     """One piece of text, with the path of where it sits. A plain tuple: payloads produce
     thousands of these. `kind`: string | key | number (a number's lexical form) |
     embedded (inside JSON held in a string) | joined (text parts of one message) | folded
-    (a reassembled stream)."""
+    (a reassembled stream) | values (the string values of JSON held in a string, read in
+    order: for configured values only, like the engine's own joined reading)."""
 
     path: Path
     text: str

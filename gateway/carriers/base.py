@@ -299,8 +299,10 @@ def _decode_embedded(text: str, path: Path, limits: CarrierLimits, budget: int, 
 
 def _values_joined(doc: Any, path: Path, found: Collected) -> None:
     """The string values of JSON held in a string, read in order with no boundary (keys
-    and numbers left out): a value split across two members of tool arguments is seen
-    whole, as the text parts of one message are (`joined`)."""
+    and numbers left out): a configured value split across two members of tool arguments
+    is seen whole (the engine reads this unit for configured values only, as it reads the
+    document's own strings joined: a format rule could match across a boundary a reader
+    sees)."""
     values: list[str] = []
     stack = [doc]
     while stack:
@@ -311,9 +313,8 @@ def _values_joined(doc: Any, path: Path, found: Collected) -> None:
             stack.extend(reversed(list(node.values())))
         elif isinstance(node, list):
             stack.extend(reversed(node))
-    unit = joined(path, values)
-    if unit is not None:
-        found.units.append(unit)
+    if len(values) >= 2:
+        found.units.append(TextUnit(path, "".join(values), units.KIND_VALUES))
 
 
 def joined(path: Path, parts: Sequence[str]) -> TextUnit | None:

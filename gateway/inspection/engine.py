@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from gateway.inspection import decoders
 from gateway.inspection.rules import LITERAL, Hit, Matcher, ScanResult
 from gateway.inspection.verdict import Finding, Verdict, decide
-from gateway.units import STRUCTURAL_FIELDS, Path, TextUnit
+from gateway.units import KIND_VALUES, STRUCTURAL_FIELDS, Path, TextUnit
 from gateway.vocab import ReasonCode
 
 _SEPARATOR = b"\x00"  # never part of a configured value; a boundary for every format rule
@@ -93,7 +93,11 @@ class Engine:
         truncated = False
         if subject.raw is not None:
             truncated |= self._record(self.matcher.scan(subject.raw), findings, None)
-        units = [*subject.units, *subject.extra_units]
+        values = [u for u in subject.units if u.kind == KIND_VALUES]
+        read = [u for u in subject.units if u.kind != KIND_VALUES] if values else subject.units
+        units = [*read, *subject.extra_units]
+        if values:
+            truncated |= self._scan_values(values, findings)
         if units:
             encoded = [u.text.encode("utf-8", "surrogatepass") for u in units]
             buf = _SEPARATOR + _SEPARATOR.join(encoded)
@@ -116,7 +120,7 @@ class Engine:
                     truncated |= self._scan_batch(nested, findings)
             if over:
                 withhold.append(ReasonCode.DECODE_LIMIT)
-            truncated |= self._scan_joined(subject.units, encoded, squeezed_all, findings)
+            truncated |= self._scan_joined(read, encoded, squeezed_all, findings)
         complete = subject.complete and not withhold
         if not subject.complete:
             withhold.extend(subject.incomplete_reasons or (ReasonCode.RESPONSE_INCOMPLETE,))
@@ -150,6 +154,22 @@ class Engine:
         result = self.matcher.scan_literals(buf) if literals_only else self.matcher.scan(buf)
         locator = _Locator(batch.parts, batch.origins, len(separator), start=len(separator))
         return self._record(result, findings, locator)
+
+    def _scan_values(self, values: Sequence[TextUnit], findings: dict[tuple[str, Path | None], Finding]) -> bool:
+        """Configured literals (as written, and squeezed) over JSON-in-a-string values read
+        in order (`KIND_VALUES`): no format rule, no decoding (each value is a unit of its
+        own, or inside one, for those)."""
+        batch, squeezed = _Batch(), _Batch()
+        encoded = [u.text.encode("utf-8", "surrogatepass") for u in values]
+        _, flats = decoders.encoded_forms([u.text for u in values], encoded)
+        for unit, data, flat in zip(values, encoded, flats, strict=True):
+            batch.add(data, unit.path)
+            if flat != data:
+                squeezed.add(flat, unit.path)
+        truncated = self._scan_batch(batch, findings, literals_only=True)
+        if squeezed.parts:
+            truncated |= self._scan_batch(squeezed, findings, literals_only=True)
+        return truncated
 
     def _scan_joined(
         self,
