@@ -61,10 +61,9 @@ class AnthropicMessages(base.NoEdits):
         messages = doc.get("messages")
         if not isinstance(messages, list):
             raise JsonError(ReasonCode.UNSUPPORTED_CARRIER)
-        opaque: list[str] = []
         system = doc.get("system")
         if isinstance(system, list):
-            unit = base.joined(("system",), _texts(system, "/system", opaque))
+            unit = base.joined(("system",), _texts(system))
             if unit is not None:
                 units.append(unit)
         for i, msg in enumerate(messages):
@@ -72,20 +71,20 @@ class AnthropicMessages(base.NoEdits):
                 raise JsonError(ReasonCode.UNSUPPORTED_CARRIER)
             content = msg.get("content")
             if isinstance(content, list):
-                texts = _texts(content, f"/messages/{i}/content", opaque)
-                unit = base.joined(("messages", i, "content"), texts)
+                unit = base.joined(("messages", i, "content"), _texts(content))
                 if unit is not None:
                     units.append(unit)
-        # Files and images anywhere the provider reads them: a server tool's result, a search result.
-        swept = common.opaque_anywhere(system, ("system",), _is_opaque_block, _DATA_MEMBERS, [])
-        common.opaque_anywhere(messages, ("messages",), _is_opaque_block, _DATA_MEMBERS, swept)
+        # Files and images anywhere the provider reads them: a message's blocks, a tool result's,
+        # a server tool's fetched document, a search result.
+        opaque = common.opaque_anywhere(system, ("system",), _is_opaque_block, _DATA_MEMBERS, [])
+        common.opaque_anywhere(messages, ("messages",), _is_opaque_block, _DATA_MEMBERS, opaque)
         return ParsedRequest(
             carrier=self.name,
             doc=doc,
             model=model,
             stream=stream,
             units=tuple(units),
-            opaque=common.merged(opaque, swept),
+            opaque=tuple(opaque),
             duplicate_keys=tuple(found.dups),
             too_deep=tuple(found.deep),
         )
@@ -215,24 +214,12 @@ def _part(path: Path, value: Any, region: Any, message: int | None, role: str | 
     return PromptPart(path, region, message, role, kind, text, is_string, marker, markable, inner)
 
 
-def _texts(blocks: list[Any], where: str, opaque: list[str]) -> list[str]:
-    """Text of the text blocks in a block list; opaque blocks (also inside tool results)
-    are recorded by pointer."""
-    texts: list[str] = []
-    for j, block in enumerate(blocks):
-        if not isinstance(block, dict):
-            continue
-        if _is_opaque_block(block):
-            opaque.append(f"{where}/{j}")
-        elif block.get("type") == "text" and isinstance(block.get("text"), str):
-            texts.append(block["text"])
-        inner = block.get("content")
-        if block.get("type") == "tool_result" and isinstance(inner, list):
-            _texts(inner, f"{where}/{j}/content", opaque)
-        source = block.get("source")
-        if isinstance(source, dict) and isinstance(source.get("content"), list):
-            _texts(source["content"], f"{where}/{j}/source/content", opaque)
-    return texts
+def _texts(blocks: list[Any]) -> list[str]:
+    """Text of the text blocks in a block list (joined, so a value split across them is
+    read whole)."""
+    return [
+        b["text"] for b in blocks if isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str)
+    ]
 
 
 def _merge_usage(into: dict[str, Any], usage: Any) -> None:

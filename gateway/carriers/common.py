@@ -205,9 +205,14 @@ def opaque_anywhere(
     return out
 
 
-def merged(found: list[str], swept: list[str]) -> tuple[str, ...]:
-    """Opaque pointers found by a carrier's own reading and by `opaque_anywhere`, once each."""
-    return tuple(dict.fromkeys([*found, *swept]))
+def of_type(kinds: frozenset[str]) -> Callable[[dict[str, Any]], bool]:
+    """An `opaque_anywhere` test: is the object's `type` one of `kinds`?"""
+
+    def test(node: dict[str, Any]) -> bool:
+        kind = node.get("type")
+        return jsonraw.is_str(kind) and kind in kinds
+
+    return test
 
 
 def string_leaves(node: Any, path: Path, out: dict[Path, list[str]], skip: frozenset[str] = frozenset()) -> None:

@@ -15,7 +15,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from gateway.carriers import base, common, jsonraw, jsonspan
+from gateway.carriers import base, common, jsonspan
 from gateway.carriers.base import CarrierLimits, FoldedResponse, ParsedRequest, PromptLayout, PromptPart
 from gateway.carriers.jsonraw import JsonError
 from gateway.carriers.jsonspan import Edit
@@ -25,12 +25,8 @@ from gateway.usage import Count
 from gateway.vocab import Dialect, ReasonCode
 
 _OPAQUE_PARTS = frozenset({"image_url", "input_audio", "file"})
+_OPAQUE = common.of_type(_OPAQUE_PARTS)
 _DATA_MEMBERS = frozenset({"function"})  # a tool call's name and arguments: what the model wrote
-
-
-def _opaque_part(node: dict[str, Any]) -> bool:
-    kind = node.get("type")
-    return jsonraw.is_str(kind) and kind in _OPAQUE_PARTS
 
 
 _TOOL_CALLS = frozenset({"tool_calls"})
@@ -55,32 +51,27 @@ class OpenAIChat:
         messages = doc.get("messages")
         if not isinstance(messages, list):
             raise JsonError(ReasonCode.UNSUPPORTED_CARRIER)
-        opaque: list[str] = []
+        # Images, audio and files wherever a message holds them (content parts, a tool's
+        # content); an assistant's earlier audio by reference.
+        opaque = common.opaque_anywhere(messages, ("messages",), _OPAQUE, _DATA_MEMBERS, [])
         for i, msg in enumerate(messages):
             if not isinstance(msg, dict):
                 raise JsonError(ReasonCode.UNSUPPORTED_CARRIER)
             content = msg.get("content")
             if isinstance(content, list):
-                texts: list[str] = []
-                for j, part in enumerate(content):
-                    kind = part.get("type") if isinstance(part, dict) else None
-                    if jsonraw.is_str(kind) and kind in _OPAQUE_PARTS:
-                        opaque.append(f"/messages/{i}/content/{j}")
-                    elif isinstance(part, dict) and isinstance(part.get("text"), str):
-                        texts.append(part["text"])
+                texts = [p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)]
                 unit = base.joined(("messages", i, "content"), texts)
                 if unit is not None:
                     units.append(unit)
             if isinstance(msg.get("audio"), dict):
                 opaque.append(f"/messages/{i}/audio")
-        swept = common.opaque_anywhere(messages, ("messages",), _opaque_part, _DATA_MEMBERS, [])
         return ParsedRequest(
             carrier=self.name,
             doc=doc,
             model=model,
             stream=stream,
             units=tuple(units),
-            opaque=common.merged(opaque, swept),
+            opaque=tuple(opaque),
             duplicate_keys=tuple(found.dups),
             too_deep=tuple(found.deep),
         )

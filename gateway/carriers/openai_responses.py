@@ -16,7 +16,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from gateway.carriers import base, common, jsonraw
+from gateway.carriers import base, common
 from gateway.carriers.base import CarrierLimits, FoldedResponse, ParsedRequest, PromptLayout, PromptPart
 from gateway.carriers.jsonraw import JsonError
 from gateway.carriers.jsonspan import Edit
@@ -25,12 +25,7 @@ from gateway.units import Path
 from gateway.usage import Count
 from gateway.vocab import Dialect, ReasonCode
 
-_OPAQUE_PARTS = frozenset({"input_image", "input_file", "input_audio", "computer_screenshot"})
-
-
-def _opaque_part(node: dict[str, Any]) -> bool:
-    kind = node.get("type")
-    return jsonraw.is_str(kind) and kind in _OPAQUE_PARTS
+_OPAQUE = common.of_type(frozenset({"input_image", "input_file", "input_audio", "computer_screenshot"}))
 
 
 _TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed", "error"})
@@ -53,7 +48,10 @@ class OpenAIResponses(base.NoEdits):
         items = doc.get("input")
         if items is not None and not isinstance(items, (str, list)):
             raise JsonError(ReasonCode.UNSUPPORTED_CARRIER)
-        opaque: list[str] = []
+        # Files and images anywhere the provider reads them: a message's content, a tool's
+        # output, a template's variables; and reasoning state the provider encrypted.
+        opaque = common.opaque_anywhere(items, ("input",), _OPAQUE, frozenset(), [])
+        common.opaque_anywhere(doc.get("prompt"), ("prompt",), _OPAQUE, frozenset(), opaque)
         for i, item in enumerate(items if isinstance(items, list) else ()):
             if not isinstance(item, dict):
                 raise JsonError(ReasonCode.UNSUPPORTED_CARRIER)
@@ -61,26 +59,17 @@ class OpenAIResponses(base.NoEdits):
                 opaque.append(f"/input/{i}/encrypted_content")
             content = item.get("content")
             if isinstance(content, list):
-                texts: list[str] = []
-                for j, part in enumerate(content):
-                    kind = part.get("type") if isinstance(part, dict) else None
-                    if jsonraw.is_str(kind) and kind in _OPAQUE_PARTS:
-                        opaque.append(f"/input/{i}/content/{j}")
-                    elif isinstance(part, dict) and isinstance(part.get("text"), str):
-                        texts.append(part["text"])
+                texts = [p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)]
                 unit = base.joined(("input", i, "content"), texts)
                 if unit is not None:
                     units.append(unit)
-        # Files and images anywhere the provider reads them: a tool's output, a template's variables.
-        swept = common.opaque_anywhere(items, ("input",), _opaque_part, frozenset(), [])
-        common.opaque_anywhere(doc.get("prompt"), ("prompt",), _opaque_part, frozenset(), swept)
         return ParsedRequest(
             carrier=self.name,
             doc=doc,
             model=model,
             stream=stream,
             units=tuple(units),
-            opaque=common.merged(opaque, swept),
+            opaque=tuple(opaque),
             duplicate_keys=tuple(found.dups),
             too_deep=tuple(found.deep),
         )
