@@ -240,23 +240,23 @@ def test_jsonspan_locate(doc: Any, path: tuple[Any, ...]) -> None:
     assert json.loads(text[start:end]) == value
 
 
-def _every_marker(node: Any, out: list[str] | None = None) -> list[str]:
+def every_marker(node: Any, out: list[str] | None = None) -> list[str]:
     """The TTL of every `cache_control` object anywhere in a document, depth first in
     document order (a nested block's before its holder's own)."""
     out = [] if out is None else out
     if isinstance(node, dict):
         for key, value in node.items():
             if key != "cache_control":
-                _every_marker(value, out)
+                every_marker(value, out)
         if isinstance(node.get("cache_control"), dict):
             out.append(node["cache_control"].get("ttl", "5m"))
     elif isinstance(node, list):
         for value in node:
-            _every_marker(value, out)
+            every_marker(value, out)
     return out
 
 
-def _no_duplicate_keys(text: str) -> None:
+def no_duplicate_keys(text: str) -> None:
     def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
         keys = [k for k, _ in items]
         assert len(keys) == len(set(keys)), keys
@@ -273,11 +273,11 @@ def test_a_null_cache_control_is_the_clients_decision() -> None:
     doc["system"] = [{"type": "text", "text": LONG}, {"type": "text", "text": LONG, "cache_control": None}]
     doc["tools"][1]["cache_control"] = None
     planned, plan = _plan(doc)
-    _no_duplicate_keys(planned)
+    no_duplicate_keys(planned)
     after = json.loads(planned)
     assert after["system"][1]["cache_control"] is None and after["tools"][1]["cache_control"] is None
     assert ("system/0", "5m") in _markers(after) and ("tools/0", "5m") in _markers(after)
-    assert len(_every_marker(after)) == 4 and "client_markers" not in plan.evidence
+    assert len(every_marker(after)) == 4 and "client_markers" not in plan.evidence
 
 
 def _nested_markers(ttl: str | None, count: int) -> dict[str, Any]:
@@ -292,7 +292,7 @@ def _nested_markers(ttl: str | None, count: int) -> dict[str, Any]:
 @pytest.mark.parametrize("count", [1, 2, 4])
 def test_markers_nested_in_a_tool_result_count_towards_the_limit(count: int) -> None:
     planned, plan = _plan(_nested_markers(None, count))
-    assert len(_every_marker(json.loads(planned))) == 4
+    assert len(every_marker(json.loads(planned))) == 4
     assert len(plan.breakpoints) == 4 - count and "client_markers" in plan.evidence
 
 
@@ -309,7 +309,7 @@ def test_markers_in_a_documents_source_count_too() -> None:
         {"type": "text", "text": "summarise"},
     ]
     planned, plan = _plan(doc)
-    assert len(_every_marker(json.loads(planned))) == 4 and len(plan.breakpoints) == 1
+    assert len(every_marker(json.loads(planned))) == 4 and len(plan.breakpoints) == 1
 
 
 def test_a_tools_input_is_data_not_a_marker() -> None:
@@ -328,7 +328,7 @@ def test_a_tools_input_is_data_not_a_marker() -> None:
 )
 def test_nested_client_markers_keep_one_hour_before_five_minutes(nested: str, profile: CacheSettings) -> None:
     planned, _ = _plan(_nested_markers(nested, 1), profile)
-    ttls = _every_marker(json.loads(planned))
+    ttls = every_marker(json.loads(planned))
     assert ttls == sorted(ttls, key=lambda t: t != "1h"), ttls  # every 1h before every 5m
     assert nested in ttls and len(ttls) >= 2
 

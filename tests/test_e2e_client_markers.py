@@ -16,6 +16,7 @@ import pytest
 from gateway.mockprovider import MockProviderServer
 from tests.conftest import GatewayFactory
 from tests.harness import Env, GatewayThread, anthropic_client, direct_anthropic
+from tests.test_caching import every_marker, no_duplicate_keys
 
 LONG = "Policy sentence that is long enough to matter. " * 200
 
@@ -47,31 +48,11 @@ TOOLS = [
 ]
 
 
-def _markers(node: Any, out: list[str] | None = None) -> list[str]:
-    out = [] if out is None else out
-    if isinstance(node, dict):
-        for key, value in node.items():
-            if key != "cache_control":
-                _markers(value, out)
-        if isinstance(node.get("cache_control"), dict):
-            out.append(node["cache_control"].get("ttl", "5m"))
-    elif isinstance(node, list):
-        for value in node:
-            _markers(value, out)
-    return out
-
-
 def _sent(mock: MockProviderServer, before: int) -> dict[str, Any]:
     records = mock.state.records()[before:]
     assert len(records) == 1
-    seen: list[list[str]] = []
-
-    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
-        seen.append([k for k, _ in items])
-        return dict(items)
-
-    doc: dict[str, Any] = json.loads(records[0].body, object_pairs_hook=pairs)
-    assert all(len(keys) == len(set(keys)) for keys in seen)  # the gateway added no second member
+    no_duplicate_keys(records[0].body.decode())  # the gateway added no second member
+    doc: dict[str, Any] = json.loads(records[0].body)
     return doc
 
 
@@ -124,7 +105,7 @@ def test_nested_client_markers_count_towards_four(
         model="claude-test", max_tokens=16, system=LONG, messages=_conversation(_nested(count))
     )
     assert reply.content
-    assert len(_markers(_sent(mock, before))) == 4  # the gateway filled the slots the client left, no more
+    assert len(every_marker(_sent(mock, before))) == 4  # the gateway filled the slots the client left, no more
 
 
 def test_nested_one_hour_marker_keeps_the_ttl_order(gw: tuple[Env, GatewayThread], mock: MockProviderServer) -> None:
@@ -134,7 +115,7 @@ def test_nested_one_hour_marker_keeps_the_ttl_order(gw: tuple[Env, GatewayThread
         model="claude-test", max_tokens=16, system=LONG, messages=_conversation(_nested(1, "1h"))
     )
     assert reply.content
-    ttls = _markers(_sent(mock, before))
+    ttls = every_marker(_sent(mock, before))
     assert "1h" in ttls and ttls == sorted(ttls, key=lambda t: t != "1h")
 
 

@@ -49,67 +49,28 @@ def gw(gateways: GatewayFactory) -> Iterator[tuple[Env, GatewayThread]]:
         yield started
 
 
+def _tool_exchange(arguments: str, result: str) -> dict[str, Any]:
+    """A chat body whose history holds one tool call (`arguments`) and its `result`."""
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": arguments}}
+    return {
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_1", "content": result},
+        ]
+    }
+
+
 OPENAI_REQUESTS: dict[str, dict[str, Any]] = {
     "message_text": {"messages": [{"role": "user", "content": f"my key is {SECRET} ok"}]},
     "system_prompt": {
         "messages": [{"role": "system", "content": f"use {SECRET_2}"}, {"role": "user", "content": "hi"}]
     },
-    "tool_call_arguments": {
-        "messages": [
-            {"role": "user", "content": "hi"},
-            {
-                "role": "assistant",
-                "content": None,
-                "tool_calls": [
-                    {
-                        "id": "call_1",
-                        "type": "function",
-                        "function": {"name": "f", "arguments": json.dumps({"token": SECRET_2})},
-                    }
-                ],
-            },
-            {"role": "tool", "tool_call_id": "call_1", "content": "done"},
-        ]
-    },
-    "tool_result": {
-        "messages": [
-            {"role": "user", "content": "hi"},
-            {
-                "role": "assistant",
-                "content": None,
-                "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
-            },
-            {"role": "tool", "tool_call_id": "call_1", "content": json.dumps({"out": f"x{SECRET}y"})},
-        ]
-    },
-    "split_across_argument_values": {  # JSON held in a string: its values read in order
-        "messages": [
-            {"role": "user", "content": "hi"},
-            {
-                "role": "assistant",
-                "content": None,
-                "tool_calls": [
-                    {
-                        "id": "call_1",
-                        "type": "function",
-                        "function": {"name": "f", "arguments": json.dumps({"a": SECRET[:9], "b": SECRET[9:]})},
-                    }
-                ],
-            },
-            {"role": "tool", "tool_call_id": "call_1", "content": "done"},
-        ]
-    },
-    "split_across_json_result_values": {
-        "messages": [
-            {"role": "user", "content": "hi"},
-            {
-                "role": "assistant",
-                "content": None,
-                "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
-            },
-            {"role": "tool", "tool_call_id": "call_1", "content": json.dumps([SECRET_2[:4], 1, SECRET_2[4:]])},
-        ]
-    },
+    "tool_call_arguments": _tool_exchange(json.dumps({"token": SECRET_2}), "done"),
+    "tool_result": _tool_exchange("{}", json.dumps({"out": f"x{SECRET}y"})),
+    # JSON held in a string: its values are read in order too
+    "split_across_argument_values": _tool_exchange(json.dumps({"a": SECRET[:9], "b": SECRET[9:]}), "done"),
+    "split_across_json_result_values": _tool_exchange("{}", json.dumps([SECRET_2[:4], 1, SECRET_2[4:]])),
     "split_across_parts": {
         "messages": [
             {"role": "user", "content": [{"type": "text", "text": SECRET[:9]}, {"type": "text", "text": SECRET[9:]}]}
