@@ -84,3 +84,33 @@ def test_a_principals_file_others_can_read_is_a_warning(initialised: tuple[Path,
     os.chmod(work / "principals.toml", 0o644)
     runtime = load_runtime(work / "wiregate.toml")
     assert any("principals" in w for w in runtime.warnings)
+
+
+@pytest.mark.parametrize(
+    "which", ["configuration", "policy", "principals", "trusted profile key", "binding key ring", "secret values"]
+)
+def test_files_that_decide_enforcement_writable_by_others_refuse_the_load(
+    initialised: tuple[Path, dict[str, Any]], which: str
+) -> None:
+    """Whoever can write the policy or the secret values can empty what the gateway stops;
+    the principals, a trusted key or the configuration, who may call and what is trusted."""
+    work, _ = initialised
+    path = {
+        "configuration": work / "wiregate.toml",
+        "policy": work / "policy.toml",
+        "principals": work / "principals.toml",
+        "trusted profile key": work / "keys" / "profile-signing.pub.json",
+        "binding key ring": work / "keys" / "bindings-keyring.json",
+        "secret values": work / "secrets" / "secret-values.txt",
+    }[which]
+    assert path.is_file()
+    private = (path.stat().st_mode & 0o777) == 0o600
+    os.chmod(path, 0o602 if private else 0o646)
+    with pytest.raises(ConfigError, match="writable by others") as refused:
+        load_runtime(work / "wiregate.toml")
+    assert str(path) in str(refused.value)
+    os.chmod(path, 0o620 if private else 0o664)  # group-writable: loads, and says so
+    runtime = load_runtime(work / "wiregate.toml")
+    assert any(str(path) in w and "writable by its group" in w for w in runtime.warnings)
+    os.chmod(path, 0o600 if private else 0o644)
+    assert not any("writable" in w for w in load_runtime(work / "wiregate.toml").warnings)

@@ -84,16 +84,34 @@ class Private:
     """Files whose content is a secret (key ring, provider credentials, configured secret
     values) and the principals file, collected while loading and checked together: a
     secret file that others may read refuses the load; one the group may read, and a
-    principals file anyone else may read, are warnings the server logs loudly."""
+    principals file anyone else may read, are warnings the server logs loudly.
+
+    Files that decide what the gateway enforces or trusts (the configuration, the policy,
+    the principals, the trusted profile keys, and every secret file) must not be writable
+    by others: whoever can write them can empty the secret values, add a principal or a
+    signing key, so that refuses the load; writable by the group is a warning."""
 
     def __init__(self) -> None:
         self.secret_files: dict[Path, str] = {}
+        self.guarded_files: dict[Path, str] = {}
         self.warnings: list[str] = []
 
     def secret(self, path: Path, what: str) -> None:
         self.secret_files.setdefault(path, what)
 
+    def guarded(self, path: Path, what: str) -> None:
+        self.guarded_files.setdefault(path, what)
+
     def check(self, principals: Path) -> tuple[str, ...]:
+        self.guarded(principals, "principals")
+        for path, what in {**self.guarded_files, **self.secret_files}.items():
+            mode = _mode(path)
+            if mode is None:
+                continue
+            if mode & 0o002:
+                raise ConfigError(f"{what}: {path} is writable by others (mode {mode:04o}); chmod o-w it")
+            if mode & 0o020:
+                self.warnings.append(f"{what}: {path} is writable by its group (mode {mode:04o})")
         for path, what in self.secret_files.items():
             mode = _mode(path)
             if mode is None:
@@ -412,10 +430,15 @@ def load_runtime(config_path: Path, *, now: datetime | None = None, generation: 
     trusted = load_trusted_keys(config.trust.profile_keys, base)
     refuse_signing_keys_inside(base, trusted)
     private = Private()
+    private.guarded(config_path, "configuration")
+    for ref in config.trust.profile_keys:
+        private.guarded(resolve(base, ref), "trusted profile key")
     profiles = load_profiles(resolve(base, config.profiles_dir), trusted, now, base, private)
     principals_path = resolve(base, config.principals_file)
     principals = load_principals(principals_path, profiles)
-    policy = load_policy(resolve(base, config.policy_file), base, profiles, config.limits.max_matches, private)
+    policy_path = resolve(base, config.policy_file)
+    private.guarded(policy_path, "policy")
+    policy = load_policy(policy_path, base, profiles, config.limits.max_matches, private)
     keyring_path = resolve(base, config.keyring_file)
     private.secret(keyring_path, "binding key ring")
     try:
