@@ -3,7 +3,8 @@
 wiregate init [--dir DIR] [--force] [--https-port N] [--mock-port N]
 wiregate serve --config FILE [--workers N]
 wiregate keys new-signing-key --out FILE
-wiregate keys rotate --keyring FILE
+wiregate keys rotate --keyring FILE [--retire] [--stage]
+wiregate keys activate --keyring FILE --id KEY_ID
 wiregate profiles new --id ID --provider P --base-url URL --models PAT [PAT ...]
                       --credential env:NAME|file:PATH [--loopback-http] --sign-key FILE [--out FILE]
 wiregate profiles sign FILE --key KEYFILE
@@ -145,11 +146,23 @@ def _cmd_rotate(args: argparse.Namespace) -> int:
     from gateway import keyring as bindings
 
     try:
-        new_id = bindings.rotate_keyring_file(Path(args.keyring), retire_after=args.retire)
+        new_id = bindings.rotate_keyring_file(Path(args.keyring), retire_after=args.retire, stage=args.stage)
     except bindings.KeyRingError as exc:
         print(f"wiregate keys rotate: {exc}", file=sys.stderr)
         return 1
-    print(json.dumps({"active": new_id}))
+    print(json.dumps({"staged": new_id} if args.stage else {"active": new_id}))
+    return 0
+
+
+def _cmd_activate(args: argparse.Namespace) -> int:
+    from gateway import keyring as bindings
+
+    try:
+        bindings.activate_keyring_key(Path(args.keyring), args.id)
+    except bindings.KeyRingError as exc:
+        print(f"wiregate keys activate: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps({"active": args.id}))
     return 0
 
 
@@ -370,7 +383,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = keys.add_parser("rotate", help="add a new active binding key; the old one stays accepted")
     p.add_argument("--keyring", required=True)
     p.add_argument("--retire", action="store_true", help="retire previously accepted keys")
+    p.add_argument(
+        "--stage",
+        action="store_true",
+        help="add the new key as accepted only (replicas open it, none seals with it); activate it later",
+    )
     p.set_defaults(func=_cmd_rotate)
+    p = keys.add_parser("activate", help="make a staged (accepted) binding key the active one")
+    p.add_argument("--keyring", required=True)
+    p.add_argument("--id", required=True, help="the key id `keys rotate --stage` printed")
+    p.set_defaults(func=_cmd_activate)
 
     profiles = sub.add_parser("profiles", help="create, sign and verify UpstreamProfiles").add_subparsers(
         dest="profiles_cmd", required=True

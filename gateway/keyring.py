@@ -114,35 +114,79 @@ def load_keyring(path: Path) -> KeyRing:
         raise KeyRingError(f"{path}: {exc}") from None
 
 
-def rotate_keyring_file(path: Path, *, retire_after: bool = False) -> str:
-    """Add a new active key; the previous active key stays accepted (bindings it sealed
-    keep verifying until they expire). With `retire_after`, keys that were only accepted
-    are retired and grant nothing from the next reload on."""
+def _read_ring_file(path: Path) -> dict[str, Any]:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        ring = KeyRing.from_json(data)
+        data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+        KeyRing.from_json(data)
     except (OSError, ValueError, RecursionError) as exc:
         raise KeyRingError(f"{path}: {exc}") from None
-    if ring.digest_secret is None:  # digests keep their key: the one the active key gave them
-        data["digest_secret"] = base64.b64encode(ring.log_key()).decode()
-    for item in data["keys"]:
-        if item["state"] == "accepted" and retire_after:
-            item["state"] = "retired"
-        if item["state"] == "active":
-            item["state"] = "accepted"
-    new_id = "k-" + secrets.token_hex(4)
-    data["keys"].append(
-        {
-            "id": new_id,
-            "secret": base64.b64encode(secrets.token_bytes(32)).decode(),
-            "state": "active",
-            "created": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        }
-    )
-    data["active"] = new_id
+    return data
+
+
+def _write_ring_file(path: Path, data: Mapping[str, Any]) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as fh:
         fh.write(json.dumps(data, indent=2) + "\n")
     os.replace(tmp, path)
+
+
+def rotate_keyring_file(path: Path, *, retire_after: bool = False, stage: bool = False) -> str:
+    """Add a new active key; the previous active key stays accepted (bindings it sealed
+    keep verifying until they expire). With `retire_after`, keys that were only accepted
+    are retired and grant nothing from the next reload on.
+
+    With `stage`, the new key is only accepted: every gateway that loads the ring opens
+    bindings sealed with it, none seals with it yet. Replicas that share a ring reload it
+    at different moments; staging first (and `activate_keyring_key` once every replica has
+    loaded the staged ring) means no replica ever sees a binding sealed with a key it does
+    not know yet."""
+    data = _read_ring_file(path)
+    ring = KeyRing.from_json(data)
+    if ring.digest_secret is None:  # digests keep their key: the one the active key gave them
+        data["digest_secret"] = base64.b64encode(ring.log_key()).decode()
+    for item in data["keys"]:
+        if item["state"] == "accepted" and retire_after:
+            item["state"] = "retired"
+        if item["state"] == "active" and not stage:
+            item["state"] = "accepted"
+    new_id = "k-" + secrets.token_hex(4)
+    while new_id in ring.keys:
+        new_id = "k-" + secrets.token_hex(4)
+    data["keys"].append(
+        {
+            "id": new_id,
+            "secret": base64.b64encode(secrets.token_bytes(32)).decode(),
+            "state": "accepted" if stage else "active",
+            "created": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        }
+    )
+    if not stage:
+        data["active"] = new_id
+    _write_ring_file(path, data)
     return new_id
+
+
+def activate_keyring_key(path: Path, key_id: str) -> None:
+    """Make an accepted key (one staged by `rotate_keyring_file(stage=True)`) the active
+    one; the previous active key stays accepted. A retired or unknown key is refused: a
+    retired key grants nothing and must never seal again."""
+    data = _read_ring_file(path)
+    ring = KeyRing.from_json(data)
+    key = ring.keys.get(key_id)
+    if key is None:
+        named = f" {key_id}" if KEY_ID.fullmatch(key_id) else ""
+        raise KeyRingError(f"{path}: no key{named} in the ring")
+    if key.state == "retired":
+        raise KeyRingError(f"{path}: key {key_id} is retired and cannot be activated")
+    if key.state == "active":
+        return
+    if ring.digest_secret is None:
+        data["digest_secret"] = base64.b64encode(ring.log_key()).decode()
+    for item in data["keys"]:
+        if item["state"] == "active":
+            item["state"] = "accepted"
+        if item["id"] == key_id:
+            item["state"] = "active"
+    data["active"] = key_id
+    _write_ring_file(path, data)

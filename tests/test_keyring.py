@@ -15,9 +15,17 @@ from typing import Any
 
 import pytest
 
-from gateway import devsetup
+from gateway import cli, devsetup
+from gateway.checks.bindings import BindingError, open_binding, seal
 from gateway.config.load import load_runtime
-from gateway.keyring import LOG_DIGEST_LABEL, KeyRing, KeyRingError, load_keyring, rotate_keyring_file
+from gateway.keyring import (
+    LOG_DIGEST_LABEL,
+    KeyRing,
+    KeyRingError,
+    activate_keyring_key,
+    load_keyring,
+    rotate_keyring_file,
+)
 from tests.harness import build_env, mock_profile
 
 
@@ -96,3 +104,63 @@ def test_a_reload_after_rotation_keeps_the_runtime_digest_key(tmp_path: Path) ->
     assert second.keyring.active.id != first.keyring.active.id
     assert second.log_key == first.log_key
     assert second.log_digest("scope\x00team-a") == first.log_digest("scope\x00team-a")
+
+
+def _sealed(ring: KeyRing) -> str:
+    return seal(ring, {"kid": ring.active.id, "kind": "send"})
+
+
+def test_a_staged_key_is_opened_everywhere_before_any_replica_seals_with_it(tmp_path: Path) -> None:
+    """Two-step rotation for replicas that share a ring and reload it at different moments:
+    a staged key is accepted only; once activated, a replica still on the staged ring opens
+    what the activated ring seals, while one still on the ring before the stage could not."""
+    path = tmp_path / "ring.json"
+    devsetup.new_keyring(path)
+    before = load_keyring(path)
+    staged_id = rotate_keyring_file(path, stage=True)
+    staged = load_keyring(path)
+    assert staged.active.id == before.active.id and staged.keys[staged_id].state == "accepted"
+    assert staged.log_key() == before.log_key()
+    assert open_binding(before, _sealed(staged))["kid"] == before.active.id  # nothing new is sealed yet
+
+    activate_keyring_key(path, staged_id)
+    activated = load_keyring(path)
+    assert activated.active.id == staged_id and activated.keys[before.active.id].state == "accepted"
+    assert activated.log_key() == before.log_key()
+    token = _sealed(activated)
+    assert open_binding(staged, token)["kid"] == staged_id  # a replica on the staged ring opens it
+    with pytest.raises(BindingError):
+        open_binding(before, token)  # what a one-step rotation risks on a replica not yet reloaded
+    assert open_binding(activated, _sealed(before))["kid"] == before.active.id  # old bindings still open
+
+
+def test_only_an_accepted_key_can_be_activated(tmp_path: Path) -> None:
+    path = tmp_path / "ring.json"
+    devsetup.new_keyring(path)
+    first = load_keyring(path).active.id
+    second = rotate_keyring_file(path)
+    rotate_keyring_file(path, retire_after=True)  # `first` was only accepted: now retired
+    assert load_keyring(path).keys[first].state == "retired"
+    written = path.read_bytes()
+    with pytest.raises(KeyRingError, match="retired"):
+        activate_keyring_key(path, first)
+    with pytest.raises(KeyRingError, match="no key"):
+        activate_keyring_key(path, "k-unknown")
+    assert path.read_bytes() == written  # a refused activation writes nothing
+    activate_keyring_key(path, second)
+    assert load_keyring(path).active.id == second
+
+
+def test_the_cli_stages_and_activates(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "ring.json"
+    devsetup.new_keyring(path)
+    active = load_keyring(path).active.id
+    assert cli.main(["keys", "rotate", "--keyring", str(path), "--stage"]) == 0
+    staged = json.loads(capsys.readouterr().out)["staged"]
+    assert load_keyring(path).active.id == active
+    assert cli.main(["keys", "activate", "--keyring", str(path), "--id", staged]) == 0
+    assert json.loads(capsys.readouterr().out) == {"active": staged}
+    assert load_keyring(path).active.id == staged
+    assert (path.stat().st_mode & 0o777) == 0o600
+    assert cli.main(["keys", "activate", "--keyring", str(path), "--id", "k-nope"]) == 1
+    assert "no key" in capsys.readouterr().err
