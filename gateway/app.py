@@ -40,6 +40,7 @@ from gateway.ledgers.attribution import ATTRIBUTION_MIGRATIONS, AttributionLedge
 from gateway.ledgers.pace import PACE_MIGRATIONS, StoredPaceLedger
 from gateway.ledgers.release import MemoryReleaseLedger
 from gateway.ledgers.stored import LEDGER_MIGRATIONS, StoredReleaseLedger, StoredUsageLedger
+from gateway.ledgers.ui_sessions import UI_SESSION_MIGRATIONS, StoredUiSessions
 from gateway.obs import logging as log
 from gateway.obs.metrics import Metrics
 from gateway.obs.timeline import Timeline
@@ -62,6 +63,7 @@ from gateway.state import (
     RELEASE_LEDGER,
     RUNTIME,
     TIMELINE,
+    UI_SESSIONS,
     USAGE_LEDGER,
     Call,
     Capacity,
@@ -220,7 +222,12 @@ async def _upstream(app: web.Application) -> AsyncIterator[None]:
 
 # Every table owner's migrations, applied when the database opens (the context store's own
 # come first, from the store module).
-STORE_MIGRATIONS: tuple[Migration, ...] = (*LEDGER_MIGRATIONS, *PACE_MIGRATIONS, *ATTRIBUTION_MIGRATIONS)
+STORE_MIGRATIONS: tuple[Migration, ...] = (
+    *LEDGER_MIGRATIONS,
+    *PACE_MIGRATIONS,
+    *ATTRIBUTION_MIGRATIONS,
+    *UI_SESSION_MIGRATIONS,
+)
 
 
 async def _database(app: web.Application) -> AsyncIterator[None]:
@@ -246,6 +253,7 @@ async def _database(app: web.Application) -> AsyncIterator[None]:
     app[LOCAL_RELEASE_LEDGER] = MemoryReleaseLedger(capacity=4096)
     app[USAGE_LEDGER] = usage_ledger = StoredUsageLedger(db)
     app[PACE_LEDGER] = StoredPaceLedger(db)
+    app[UI_SESSIONS] = StoredUiSessions(db)  # every worker and replica on the database knows a session
     app[ATTRIBUTION] = attribution = AttributionLedger(
         db,
         retention_s=runtime.config.attribution.retention_days * 86400,

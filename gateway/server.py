@@ -68,7 +68,10 @@ class RunningGateway:
             log.error("config_reload_failed", error_class=type(exc).__name__, generation=current)
             return False
         self.holder.swap(runtime)
-        end_lapsed_sessions(self.app, runtime)
+        try:
+            await end_lapsed_sessions(self.app, runtime)
+        except Exception as exc:  # the database went away: the new runtime still applies
+            log.error("ui_sessions_update_failed", error_class=type(exc).__name__)
         attribution = self.app.get(ATTRIBUTION)
         if attribution is not None:  # its bounds follow the file like the registry does
             settings = runtime.config.attribution

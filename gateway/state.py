@@ -3,17 +3,14 @@ per-request record the envelope middleware logs and counts.
 
 Owns: the AppKeys (runtime holder, metrics, buffering capacity, calls per principal, the
 upstream client, the release, usage, cache pace and attribution ledgers, the pages' timeline
-and sessions, the configuration path), the two small admission counters, the /ui/ sessions,
+and sessions, the configuration path), the two small admission counters,
 and `Call` — the request-scoped access-log record. A provider call keeps its facts on its
 `Trail`; other routes note the few they have.
 """
 
 from __future__ import annotations
 
-import hashlib
-import secrets
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -26,6 +23,7 @@ from gateway.context.store.database import Database
 from gateway.ledgers.attribution import AttributionLedger
 from gateway.ledgers.pace import StoredPaceLedger
 from gateway.ledgers.release import ReleaseLedger
+from gateway.ledgers.ui_sessions import StoredUiSessions
 from gateway.ledgers.usage import UsageLedger
 from gateway.obs.metrics import Metrics
 from gateway.obs.timeline import Timeline
@@ -76,57 +74,6 @@ class PrincipalCalls:
             self._in_flight[principal] = left
 
 
-@dataclass(frozen=True, slots=True)
-class UiSession:
-    key_digest: bytes  # sha256 of the gateway key it was exchanged for (never the key)
-    csrf: str
-    expires: float
-
-
-class UiSessions:
-    """The /ui/ pages' short-lived sessions, in this process (a replica behind a load
-    balancer needs sticky sessions or a new sign-in). Looked up by the digest of the
-    cookie's token; at most `per_key` for one gateway key (its own oldest dropped first, so
-    one key signing in again and again cannot sign anyone else out) and `max_sessions` in
-    all (the oldest dropped first)."""
-
-    def __init__(self, *, ttl_s: float = 900.0, max_sessions: int = 1024, per_key: int = 8) -> None:
-        self.ttl_s = ttl_s
-        self.max_sessions = max_sessions
-        self.per_key = per_key
-        self._by_token: dict[bytes, UiSession] = {}
-
-    def create(self, key_digest: bytes, now: float) -> tuple[str, UiSession]:
-        self._by_token = {t: s for t, s in self._by_token.items() if s.expires > now}
-        same_key = [t for t, s in self._by_token.items() if s.key_digest == key_digest]
-        for old in same_key[: max(0, len(same_key) - self.per_key + 1)]:
-            del self._by_token[old]
-        while len(self._by_token) >= self.max_sessions:
-            self._by_token.pop(next(iter(self._by_token)))
-        token = secrets.token_urlsafe(32)
-        session = UiSession(key_digest, secrets.token_urlsafe(24), now + self.ttl_s)
-        self._by_token[_token_digest(token)] = session
-        return token, session
-
-    def get(self, token: str, now: float) -> UiSession | None:
-        session = self._by_token.get(_token_digest(token))
-        return session if session is not None and session.expires > now else None
-
-    def drop(self, token: str) -> None:
-        self._by_token.pop(_token_digest(token), None)
-
-    def keep_only(self, allowed: Callable[[bytes], bool]) -> None:
-        """End every session whose key `allowed` refuses (after a reload: a key removed, or
-        no longer allowed to observe, must not come back to life if it is restored later)."""
-        self._by_token = {t: s for t, s in self._by_token.items() if allowed(s.key_digest)}
-
-
-def _token_digest(token: str) -> bytes:
-    """What a session is found by. A presented cookie is any header text (undecodable bytes
-    arrive as lone surrogates): it digests, and finds nothing, rather than fail."""
-    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
-
-
 RUNTIME = web.AppKey("wiregate_runtime", RuntimeHolder)
 METRICS = web.AppKey("wiregate_metrics", Metrics)
 CAPACITY = web.AppKey("wiregate_capacity", Capacity)
@@ -148,7 +95,7 @@ WORKER = web.AppKey("wiregate_worker", int)
 USAGE_LEDGER = web.AppKey("wiregate_usage_ledger", UsageLedger)
 PACE_LEDGER = web.AppKey("wiregate_pace_ledger", StoredPaceLedger)  # sessions' cache pace, shared database
 ATTRIBUTION = web.AppKey("wiregate_attribution", AttributionLedger)
-UI_SESSIONS = web.AppKey("wiregate_ui_sessions", UiSessions)
+UI_SESSIONS = web.AppKey("wiregate_ui_sessions", StoredUiSessions)  # shared database
 TIMELINE = web.AppKey("wiregate_timeline", Timeline)  # the /ui/ pages' recent history (per process)
 CONFIG_PATH = web.AppKey("wiregate_config_path", Path)
 DATABASE = web.AppKey("wiregate_database", Database)  # the one store: context, shared ledgers

@@ -12,7 +12,7 @@ Must not: serve requests or load the configuration beyond the listener settings.
 What each worker keeps to itself: its concurrency limits (`concurrent_buffered_responses`,
 `per_principal_concurrent` apply per worker), its check-worker pool, and proxied calls'
 send bindings. What they share: the configuration files, the key ring, and the one database
-(release ledger for presented bindings, usage, the context store).
+(release ledger for presented bindings, usage, the context store, the /ui/ sessions).
 """
 
 from __future__ import annotations

@@ -163,6 +163,29 @@ def test_a_send_binding_releases_once_across_replicas(pair: Pair) -> None:
         assert refused["decision"] != "allow" and refused["reason_codes"] == ["binding_mismatch"], refused
 
 
+def _ui(replica: Replica, cookie: str | None = None) -> httpx.Client:
+    cookies = {"wiregate_ui": cookie} if cookie is not None else None
+    return httpx.Client(
+        base_url=replica.url,
+        verify=ssl.create_default_context(cafile=str(replica.env.ca)),
+        cookies=cookies,
+        timeout=30,
+    )
+
+
+def test_a_ui_session_made_on_one_replica_opens_and_ends_on_the_other(pair: Pair) -> None:
+    """The /ui/ sessions live in the shared database: a load balancer need not be sticky."""
+    with _ui(pair.a) as client:
+        token = client.post("/ui/login", json={"key": pair.env.gateway_key}).cookies["wiregate_ui"]
+    with _ui(pair.b, token) as client:
+        opened = client.get("/ui/api/session")
+        assert opened.status_code == 200
+        assert client.post("/ui/logout", json={}, headers={"x-wiregate-csrf": opened.json()["csrf"]}).status_code == 200
+    for replica in (pair.a, pair.b):
+        with _ui(replica, token) as client:
+            assert client.get("/ui/api/session").status_code == 401, replica.name
+
+
 def _memory(replica: Replica, scope: str, text: str) -> dict[str, Any]:
     with replica.http() as client:
         r = client.post(

@@ -213,3 +213,53 @@ def test_a_stop_asked_while_the_supervisor_starts_is_honoured(mock: MockProvider
         EARLY.stop = False
         for sig, handler in saved.items():
             signal.signal(sig, handler)
+
+
+def test_a_ui_session_is_known_to_every_worker_and_sign_out_ends_it_everywhere(
+    mock: MockProviderServer, tmp_path: Path
+) -> None:
+    """The kernel spreads a browser's connections over the workers: a session made by one
+    must open on the other, and a sign-out that reaches either ends it on both (sessions
+    were once kept per process: half the page loads signed out, and a sign-out on the other
+    worker left the session live)."""
+    env = build_env(tmp_path / "gw", mock.url)
+    proc = procs.Proc(
+        [str(WIREGATE), "serve", "--config", str(env.config), "--workers", "2"], dict(os.environ), tmp_path / "log"
+    )
+    try:
+        _wait(lambda: sum(1 for r in proc.records() if r.get("event") == "started") == 2)
+        base = f"https://127.0.0.1:{proc.https_port()}"
+        tls = ssl.create_default_context(cafile=str(env.ca))
+        with httpx.Client(base_url=base, verify=tls, timeout=30) as client:
+            token = client.post("/ui/login", json={"key": env.gateway_key}).cookies["wiregate_ui"]
+
+        def fresh() -> httpx.Client:  # a new connection each time: the kernel picks a worker
+            return httpx.Client(base_url=base, verify=tls, timeout=30, cookies={"wiregate_ui": token})
+
+        answers = []
+        for _ in range(20):
+            with fresh() as client:
+                answers.append(client.get("/ui/api/session"))
+        assert [r.status_code for r in answers] == [200] * 20
+        csrf = answers[0].json()["csrf"]
+        assert {r.json()["csrf"] for r in answers} == {csrf}
+
+        def session_workers(status: int) -> set[int]:
+            return {
+                int(r["worker"])
+                for r in proc.records()
+                if r.get("event") == "request" and r.get("route") == "/ui/api/session" and r.get("status") == status
+            }
+
+        _wait(lambda: len([r for r in proc.records() if r.get("route") == "/ui/api/session"]) == 20)
+        assert session_workers(200) == {0, 1}  # both workers opened it
+        with fresh() as client:
+            assert client.post("/ui/logout", json={}, headers={"x-wiregate-csrf": csrf}).status_code == 200
+        for _ in range(12):
+            with fresh() as client:
+                assert client.get("/ui/api/session").status_code == 401
+        _wait(lambda: len([r for r in proc.records() if r.get("route") == "/ui/api/session"]) == 32)
+        assert session_workers(401) == {0, 1}  # ended on both
+    finally:
+        proc.terminate(120)
+        proc.close()

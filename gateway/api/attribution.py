@@ -19,9 +19,10 @@ from gateway.attribution.blocks import ESTIMATOR, LABEL_HEADER
 from gateway.attribution.ledger import TOP_N, Aggregator
 from gateway.errors import ClientError
 from gateway.http.body import read_body
-from gateway.http.params import ascii_int
+from gateway.http.params import ascii_int, ascii_number
+from gateway.obs import logging as log
 from gateway.proxy import projections
-from gateway.state import ATTRIBUTION, CONTEXT, RUNTIME
+from gateway.state import ATTRIBUTION, CALL, CONTEXT, RUNTIME
 from gateway.vocab import ReasonCode
 
 
@@ -30,14 +31,11 @@ def _bad() -> ClientError:
 
 
 def query_number(value: str | None, default: float) -> float:
-    """A finite number from a query parameter (absent or empty: `default`), else 422."""
+    """A finite number from a query parameter, ASCII only (absent or empty: `default`), else 422."""
     if value is None or value == "":
         return default
-    try:
-        number = float(value)
-    except ValueError:
-        raise _bad() from None
-    if not math.isfinite(number):
+    number = ascii_number(value)
+    if number is None or not math.isfinite(number):
         raise _bad()
     return number
 
@@ -78,6 +76,7 @@ async def report(request: web.Request) -> web.Response:
         runtime, request.headers, service.scope_creator if service else None, body_scope=scope
     )
     identity = auth.identify(runtime, request.headers, "observe", body_scope=scope, creator_of=creator_of)
+    request[CALL].identify(identity, runtime)
     if scope is None and (
         request.headers.get(auth.SCOPE_HEADER) is not None or not auth.reaches_every_scope(identity.principal)
     ):
@@ -93,23 +92,39 @@ async def report(request: web.Request) -> web.Response:
 
 async def collection(request: web.Request) -> web.Response:
     runtime = request.app[RUNTIME].current
-    auth.identify(runtime, request.headers, "observe")
+    request[CALL].identify(auth.identify(runtime, request.headers, "observe"), runtime)
     return web.json_response({"collecting": request.app[ATTRIBUTION].collecting})
 
 
 async def switch(request: web.Request) -> web.Response:
     runtime = request.app[RUNTIME].current
-    auth.identify(runtime, request.headers, "admin")
+    identity = auth.identify(runtime, request.headers, "admin")
+    request[CALL].identify(identity, runtime)
     raw = await read_body(request, runtime.config.limits)
     try:
         body = json.loads(raw) if len(raw) <= 1024 else None
-    except ValueError:
+    except (ValueError, RecursionError):  # a kilobyte of "[" nests too deep to read: unreadable
         body = None
     if not isinstance(body, dict) or set(body) != {"collecting"} or type(body["collecting"]) is not bool:
         raise _bad()
     collecting: bool = body["collecting"]
-    await request.app[ATTRIBUTION].set_collecting(collecting)
+    await switch_collection(request, identity.principal.id, collecting)
     return web.json_response({"collecting": collecting})
+
+
+async def switch_collection(request: web.Request, principal: str, collecting: bool) -> None:
+    """Switch collection (for every replica on the database) and say who did: an audit line
+    with the principal's id, the new state and whether it changed."""
+    ledger = request.app[ATTRIBUTION]
+    before = ledger.collecting
+    await ledger.set_collecting(collecting)
+    log.info(
+        "attribution_collection_switched",
+        request_id=request[CALL].request_id,
+        principal=principal,
+        collecting=collecting,
+        changed=before != collecting,
+    )
 
 
 async def registry(request: web.Request) -> web.Response:

@@ -2,7 +2,8 @@
 
 Owns: serving the packaged static files under a strict Content-Security-Policy, the
 exchange of a gateway key (of a principal that may `observe`) for a short-lived
-`HttpOnly; Secure; SameSite=Strict` session cookie, the pages' JSON (the attribution
+`HttpOnly; Secure; SameSite=Strict` session cookie (sessions in the shared database:
+`gateway.ledgers.ui_sessions`), the pages' JSON (the attribution
 report, the usage report with this process's timeline, the decision timeline), and the
 collection switch (`admin`, with a CSRF token in a header besides the same-site cookie).
 Must not: show or return content, raw ids or the key; accept a state change without the
@@ -22,11 +23,12 @@ from pathlib import Path
 from aiohttp import web
 
 from gateway import auth
-from gateway.api.attribution import build_report, query_number
+from gateway.api.attribution import build_report, query_number, switch_collection
 from gateway.config.runtime import Principal, Runtime
 from gateway.errors import ClientError
 from gateway.http.body import read_body
-from gateway.state import ATTRIBUTION, CONTEXT, RUNTIME, TIMELINE, UI_SESSIONS, USAGE_LEDGER, UiSession, UiSessions
+from gateway.ledgers.ui_sessions import UiSession
+from gateway.state import ATTRIBUTION, CALL, CONTEXT, RUNTIME, TIMELINE, UI_SESSIONS, USAGE_LEDGER
 from gateway.vocab import ReasonCode
 
 COOKIE = "wiregate_ui"
@@ -68,28 +70,33 @@ def _observer(runtime: Runtime, key_digest: bytes) -> bool:
     return principal is not None and principal.may("observe")
 
 
-def end_lapsed_sessions(app: web.Application, runtime: Runtime) -> None:
-    """After a reload: end the sessions of keys the new runtime removed or no longer lets
-    observe (restoring the key later must not bring them back)."""
+async def end_lapsed_sessions(app: web.Application, runtime: Runtime) -> None:
+    """After a reload, and at start: end the sessions of keys the runtime does not have or
+    no longer lets observe (restoring the key later must not bring them back)."""
     sessions = app.get(UI_SESSIONS)
     if sessions is not None:
-        sessions.keep_only(lambda digest: _observer(runtime, digest))
+        await sessions.keep_only(lambda digest: _observer(runtime, digest))
 
 
-def _session(request: web.Request) -> tuple[UiSession, Principal]:
+async def _lapsed_at_start(app: web.Application) -> None:
+    await end_lapsed_sessions(app, app[RUNTIME].current)
+
+
+async def _session(request: web.Request) -> tuple[UiSession, Principal]:
     """The caller's live session and its principal as the current runtime has it; a key
     removed, or no longer allowed to observe, ends the session for good."""
     token = request.cookies.get(COOKIE)
     sessions = request.app[UI_SESSIONS]
-    session = sessions.get(token, time.time()) if token else None
+    session = await sessions.get(token, time.time()) if token else None
     if session is None or token is None:
         raise _unauthenticated()
     principal = _principal_of(request.app[RUNTIME].current, session.key_digest)
     if principal is None:
-        sessions.drop(token)
+        await sessions.drop(token)
         raise _unauthenticated()
+    request[CALL].principal = principal.id  # the access line says whose session it was
     if not principal.may("observe"):
-        sessions.drop(token)
+        await sessions.drop(token)
         raise _forbidden()
     return session, principal
 
@@ -114,7 +121,7 @@ async def _json_body(request: web.Request) -> object:
     raw = await read_body(request, request.app[RUNTIME].current.config.limits)
     try:
         return json.loads(raw) if len(raw) <= 4096 else None
-    except ValueError:
+    except (ValueError, RecursionError):  # four kilobytes of "[" nest too deep to read: unreadable
         return None
 
 
@@ -141,7 +148,7 @@ async def _security_headers(request: web.Request, response: web.StreamResponse) 
 
 async def index(request: web.Request) -> web.StreamResponse:
     try:
-        _session(request)
+        await _session(request)
     except ClientError:
         return _file(request, "login.html")
     return _see("/ui/context.html")
@@ -151,7 +158,7 @@ async def static(request: web.Request) -> web.StreamResponse:
     name = request.match_info["name"]
     if name in PAGES:
         try:
-            _session(request)
+            await _session(request)
         except ClientError:
             return _see("/ui/")
     return _file(request, name)
@@ -167,10 +174,11 @@ async def login(request: web.Request) -> web.Response:
     principal = runtime.authenticate(key)
     if principal is None:
         raise _unauthenticated()
+    request[CALL].principal = principal.id
     if not principal.may("observe"):
         raise _forbidden()
     sessions = request.app[UI_SESSIONS]
-    token, _ = sessions.create(hashlib.sha256(key.encode()).digest(), time.time())
+    token, _ = await sessions.create(hashlib.sha256(key.encode()).digest(), time.time())
     response = _json({"signed_in": True})
     response.set_cookie(
         COOKIE, token, max_age=int(sessions.ttl_s), path="/ui", secure=True, httponly=True, samesite="Strict"
@@ -180,16 +188,16 @@ async def login(request: web.Request) -> web.Response:
 
 async def logout(request: web.Request) -> web.Response:
     _same_origin(request)
-    session, _ = _session(request)
+    session, _ = await _session(request)
     _check_csrf(request, session)
-    request.app[UI_SESSIONS].drop(request.cookies.get(COOKIE, ""))
+    await request.app[UI_SESSIONS].drop(request.cookies.get(COOKIE, ""))
     response = _json({"signed_in": False})
     response.del_cookie(COOKIE, path="/ui", secure=True, httponly=True, samesite="Strict")
     return response
 
 
 async def session_info(request: web.Request) -> web.Response:
-    session, principal = _session(request)
+    session, principal = await _session(request)
     return _json(
         {"csrf": session.csrf, "admin": principal.may("admin"), "collecting": request.app[ATTRIBUTION].collecting}
     )
@@ -201,7 +209,7 @@ def _since(request: web.Request) -> float | None:
 
 
 async def attribution(request: web.Request) -> web.Response:
-    _, principal = _session(request)
+    _, principal = await _session(request)
     scope = request.query.get("scope") or None
     if scope is None and not auth.reaches_every_scope(principal):
         scope = principal.default_scope  # a view across scopes only for a principal that reaches them all
@@ -218,7 +226,7 @@ async def attribution(request: web.Request) -> web.Response:
 
 
 async def usage(request: web.Request) -> web.Response:
-    _session(request)
+    await _session(request)
     report = await request.app[USAGE_LEDGER].report()
     snapshot = request.app[TIMELINE].snapshot(_since(request) or 0.0)
     return _json(
@@ -227,21 +235,21 @@ async def usage(request: web.Request) -> web.Response:
 
 
 async def decisions(request: web.Request) -> web.Response:
-    _session(request)
+    await _session(request)
     snapshot = request.app[TIMELINE].snapshot(_since(request) or 0.0)
     return _json({"bucketSeconds": snapshot["bucketSeconds"], "decisions": snapshot["decisions"]})
 
 
 async def switch(request: web.Request) -> web.Response:
     _same_origin(request)
-    session, principal = _session(request)
+    session, principal = await _session(request)
     _check_csrf(request, session)
     if not principal.may("admin"):
         raise _forbidden()
     body = await _json_body(request)
     if not isinstance(body, dict) or set(body) != {"collecting"} or type(body["collecting"]) is not bool:
         raise ClientError(422, "invalid_request", (ReasonCode.INVALID_REQUEST,))
-    await request.app[ATTRIBUTION].set_collecting(body["collecting"])
+    await switch_collection(request, principal.id, body["collecting"])
     return _json({"collecting": body["collecting"]})
 
 
@@ -259,9 +267,9 @@ def _read_static() -> dict[str, bytes]:
 
 
 async def resources(app: web.Application) -> AsyncIterator[None]:
-    """The static files, read once off the loop; the in-process sessions."""
+    """The static files, read once off the loop (the sessions live in the database:
+    `gateway.app` opens it)."""
     app[STATIC] = await asyncio.to_thread(_read_static)
-    app[UI_SESSIONS] = UiSessions()
     yield
 
 
@@ -277,4 +285,5 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/ui/api/collection", switch)
     app.router.add_get("/ui/{name:[a-z]+\\.(?:html|css|js|png)}", static)
     app.cleanup_ctx.append(resources)
+    app.on_startup.append(_lapsed_at_start)  # after every cleanup context: the database is open
     app.on_response_prepare.append(_security_headers)

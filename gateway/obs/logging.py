@@ -76,6 +76,8 @@ ALLOWED_FIELDS = frozenset(
         "released_early",
         "logger",
         "where",
+        "collecting",
+        "changed",
     }
 )
 # Fields every line of this process carries (`worker` under `wiregate serve --workers N`).

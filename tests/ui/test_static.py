@@ -4,14 +4,18 @@ observe action are enforced by the routes themselves."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from gateway import devsetup
 from gateway.api.ui import SECURITY_HEADERS, STATIC_DIR
-from gateway.state import UiSessions
+from gateway.context.store.database import open_database
+from gateway.ledgers.ui_sessions import UI_SESSION_MIGRATIONS, StoredUiSessions
 from tests.conftest import GatewayFactory, LogCapture
 from tests.harness import Env, GatewayThread, raw_client, raw_socket, read_until_closed, sensitive
 
@@ -44,23 +48,43 @@ def test_the_key_field_can_never_be_submitted_without_the_script() -> None:
     assert 'getElementById("sign-in").disabled = false' in (STATIC_DIR / "app.js").read_text()
 
 
-def test_one_key_cannot_sign_everyone_else_out() -> None:
-    sessions = UiSessions(ttl_s=900, max_sessions=16, per_key=4)
-    admin = sessions.create(b"a" * 32, 100.0)[0]
-    flood = [sessions.create(b"v" * 32, 100.0 + n / 100)[0] for n in range(40)]
-    assert sessions.get(admin, 101.0) is not None
-    live = [t for t in flood if sessions.get(t, 101.0) is not None]
-    assert live == flood[-4:]  # the flooding key keeps only its own newest
+async def _sessions(tmp_path: Path, **bounds: float) -> tuple[Any, StoredUiSessions]:
+    db = await open_database("sqlite", path=tmp_path / "store.db", migrations=UI_SESSION_MIGRATIONS)
+    return db, StoredUiSessions(db, **bounds)  # type: ignore[arg-type]
 
 
-def test_sessions_expire_and_are_bounded() -> None:
-    sessions = UiSessions(ttl_s=10, max_sessions=3)
-    tokens = [sessions.create(b"d" * 32, 100.0)[0] for _ in range(4)]
-    assert sessions.get(tokens[0], 101.0) is None  # the oldest made room
-    assert sessions.get(tokens[3], 109.0) is not None
-    assert sessions.get(tokens[3], 110.0) is None  # expired
-    sessions.drop(tokens[2])
-    assert sessions.get(tokens[2], 101.0) is None
+@pytest.mark.asyncio
+async def test_one_key_cannot_sign_everyone_else_out(tmp_path: Path) -> None:
+    db, sessions = await _sessions(tmp_path, ttl_s=900, max_sessions=16, per_key=4)
+    try:
+        admin = (await sessions.create(b"a" * 32, 100.0))[0]
+        flood = [(await sessions.create(b"v" * 32, 100.0 + n / 100))[0] for n in range(40)]
+        assert await sessions.get(admin, 101.0) is not None
+        live = [t for t in flood if await sessions.get(t, 101.0) is not None]
+        assert live == flood[-4:]  # the flooding key keeps only its own newest
+    finally:
+        await db.close()
+
+
+@pytest.mark.asyncio
+async def test_sessions_expire_are_bounded_and_store_no_token(tmp_path: Path) -> None:
+    db, sessions = await _sessions(tmp_path, ttl_s=10, max_sessions=3)
+    try:
+        tokens = [(await sessions.create(b"d" * 32, 100.0))[0] for _ in range(4)]
+        assert await sessions.get(tokens[0], 101.0) is None  # the oldest made room
+        found = await sessions.get(tokens[3], 109.0)
+        assert found is not None and found.key_digest == b"d" * 32
+        assert await sessions.get(tokens[3], 110.0) is None  # expired
+        await sessions.drop(tokens[2])
+        assert await sessions.get(tokens[2], 101.0) is None
+        await sessions.keep_only(lambda digest: digest != b"d" * 32)  # a lapsed key's sessions end
+        assert await sessions.get(tokens[1], 101.0) is None
+        kept = (await sessions.create(b"e" * 32, 200.0))[0]
+        assert db.sqlite is not None
+        stored = await db.sqlite.read(lambda c: c.execute("SELECT * FROM wg_ui_sessions").fetchall())
+        assert len(stored) == 1 and kept not in repr(stored) and (b"e" * 32).hex() in repr(stored)
+    finally:
+        await db.close()
 
 
 @pytest.fixture(scope="module")
@@ -153,9 +177,75 @@ def test_odd_csrf_and_numbers_are_refused_not_failed(gw: tuple[Env, GatewayThrea
             assert refused.status_code == 403, (path, odd)
             assert refused.json()["error"]["details"]["reason_codes"] == ["forbidden_action"]
     for path in ("/ui/api/attribution", "/ui/api/usage", "/ui/api/decisions"):
-        for value in ("nan", "inf", "-inf", "1e999", "x"):
+        for value in ("nan", "inf", "-inf", "1e999", "x", "\u0665", "\uff15", "1_000", " 5 ", "0x10", "5e"):
             assert http.get(path, params={"since": value}).status_code == 422, (path, value)
-        assert http.get(path, params={"since": "0"}).status_code == 200
+        for value in ("0", "1700000000.25", "-1", "1e3", ".5"):
+            assert http.get(path, params={"since": value}).status_code == 200, (path, value)
+    for value in ("\u0665", "1_0", " 5 "):  # the API's time filters read numbers the same way
+        refused = http.get("/v1/attribution/report", params={"until": value}, headers=_bearer(env.gateway_key))
+        assert refused.status_code == 422, value
+
+
+def _bearer(key: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {key}"}
+
+
+def test_bodies_nested_too_deep_to_read_are_refused_not_failed(
+    gw: tuple[Env, GatewayThread], captured_logs: LogCapture
+) -> None:
+    """Four kilobytes of "[" (a kilobyte for the API's switch) are unreadable bodies: 401 at
+    sign-in, 422 at a switch; never a 500 and an error line anyone could write."""
+    env, gateway = gw
+    http = raw_client(gateway, env)
+    mark = captured_logs.mark()
+    deep = {"content-type": "application/json"}
+    assert http.post("/ui/login", content=b"[" * 4096, headers=deep).status_code == 401
+    assert http.post("/ui/login", content=b'{"key":' + b"[" * 4000, headers=deep).status_code == 401
+    switched = http.post(
+        "/v1/attribution/collection", content=b"[" * 1024, headers={**deep, **_bearer(env.gateway_key)}
+    )
+    assert switched.status_code == 422
+    csrf = _signed_in(http, env.gateway_key)["csrf"]
+    deep_switch = http.post("/ui/api/collection", content=b"[" * 4096, headers={**deep, "x-wiregate-csrf": str(csrf)})
+    assert deep_switch.status_code == 422
+    assert '"level":"error"' not in captured_logs.since(mark)
+
+
+def test_switching_collection_and_signing_in_say_who_did(
+    gw: tuple[Env, GatewayThread], captured_logs: LogCapture
+) -> None:
+    """The audit trail names the principal on the sign-in and on each switch (API and UI),
+    with the state it switched to."""
+    env, gateway = gw
+    http = raw_client(gateway, env)
+    mark = captured_logs.mark()
+    csrf = _signed_in(http, env.gateway_key)["csrf"]
+    before = http.get("/v1/attribution/collection", headers=_bearer(env.gateway_key)).json()["collecting"]
+    try:
+        assert (
+            http.post(
+                "/ui/api/collection", json={"collecting": not before}, headers={"x-wiregate-csrf": str(csrf)}
+            ).status_code
+            == 200
+        )
+        assert (
+            http.post(
+                "/v1/attribution/collection", json={"collecting": not before}, headers=_bearer(env.gateway_key)
+            ).status_code
+            == 200
+        )
+    finally:
+        http.post("/v1/attribution/collection", json={"collecting": before}, headers=_bearer(env.gateway_key))
+    lines = [json.loads(line) for line in captured_logs.since(mark).splitlines() if line.startswith("{")]
+    switched = [r for r in lines if r.get("event") == "attribution_collection_switched"]
+    assert [(r["principal"], r["collecting"], r["changed"]) for r in switched] == [
+        ("tester", not before, True),
+        ("tester", not before, False),
+        ("tester", before, True),
+    ]
+    routes = {r["route"]: r for r in lines if r.get("event") == "request"}
+    for route in ("/ui/login", "/ui/api/session", "/ui/api/collection", "/v1/attribution/collection"):
+        assert routes[route].get("principal") == "tester", route
 
 
 def test_a_key_removed_by_a_reload_never_comes_back(gw: tuple[Env, GatewayThread]) -> None:
