@@ -29,6 +29,11 @@ from gateway.vocab import Dialect, ReasonCode
 # A delta field and the content-block field it extends (tool input arrives as JSON text).
 _FOLDED_NAME: dict[str, str] = {"partial_json": "input"}
 _NOT_TEXT = frozenset({"type"})
+_DELTA_EVENT = frozenset({"type", "index", "delta"})
+# Fields of a content_block_delta's `delta` that fold (a citation folds as an object of its own).
+_FOLDED_DELTA = frozenset({"type", "text", "thinking", "signature", "partial_json"})
+_BARE_EVENTS = frozenset({"ping", "content_block_stop", "message_stop"})
+_BARE_MEMBERS = frozenset({"type", "index"})
 _DATA_MEMBERS = frozenset({"input"})  # a tool call's input: what the model wrote, not content it reads
 
 
@@ -236,6 +241,14 @@ class _Folder(common.StreamFolder):
         self.merged: dict[str, Any] = {}  # message_start's usage, then message_delta's
         self.usage = self.merged
         self.citations: dict[int, int] = {}  # per block: the citations it holds so far
+
+    def _delta_only(self, obj: Any) -> bool:
+        """A text, thinking, signature or input-JSON delta (every field but its `type` is
+        folded), a block's end, a ping or the message's stop."""
+        kind = obj.get("type") if isinstance(obj, dict) else None
+        if kind == "content_block_delta":
+            return common.keys_within(obj, _DELTA_EVENT) and common.keys_within(obj.get("delta"), _FOLDED_DELTA)
+        return kind in _BARE_EVENTS and common.keys_within(obj, _BARE_MEMBERS)
 
     def _event(self, event: SSEEvent, obj: dict[str, Any]) -> None:
         kind = common.get_str(obj, "type") or event.event

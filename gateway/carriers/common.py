@@ -70,22 +70,28 @@ class EventDecoder:
     """Decodes each event's JSON payload, collecting every string it holds as units (every
     raw event is inspected decoded, not only the folded result).
 
-    An event whose payload is ASCII without a single backslash holds every string, key
-    and number verbatim: the scan of the raw (re-framed) stream already sees exactly what
-    its decoded units would say, so they are not built again. Any escape, or any
-    non-ASCII character (which gets an NFKC copy), takes the full path."""
+    A delta event (`delta_only` says so: every string it holds is either folded, and read
+    decoded, normalised and joined as part of its folded field, or a label of the
+    provider's own) whose payload is ASCII without a single backslash holds every string,
+    key and number verbatim: the scan of the raw (re-framed) stream sees its labels, and
+    the fold its text, so its units are not built. Any other event — one that carries text
+    outside the folded fields (a finished item, a final response object, a message start
+    with content, logprobs), any escape, or any non-ASCII character (which gets an NFKC
+    copy) — takes the full path: its every string decoded, normalised and joined, as in a
+    non-stream answer."""
 
     def __init__(self, limits: CarrierLimits) -> None:
         self.limits = limits
         self.found = Collected([], [])
 
-    def decode(self, data: str, index: int) -> Any:
+    def decode(self, data: str, index: int, delta_only: Callable[[Any], bool] | None = None) -> Any:
         base: Path = ("~events", index)
-        if data.isascii() and "\\" not in data:
+        if delta_only is not None and data.isascii() and "\\" not in data:
             doc, has_dups = jsonraw.decode_shape(data, self.limits.max_depth)
-            if has_dups:
-                self.found.dups.append(units.pointer(base))
-            return doc
+            if delta_only(doc):
+                if has_dups:
+                    self.found.dups.append(units.pointer(base))
+                return doc
         doc, found = parse_document(data, self.limits, base)
         self.found.extend(found)
         return doc
@@ -146,7 +152,7 @@ class StreamFolder:
             self._done()
             return
         try:
-            obj = self.decoder.decode(event.data, n)
+            obj = self.decoder.decode(event.data, n, self._delta_only)
         except JsonError as exc:
             self.broken = exc.reason
             return
@@ -157,6 +163,12 @@ class StreamFolder:
 
     def _done(self) -> None:
         """The `[DONE]` sentinel (by default tolerated, not terminal)."""
+
+    def _delta_only(self, obj: Any) -> bool:
+        """Is every string of this decoded event folded by `_event`, or a label the provider
+        writes (ids, names of the model and the object)? Then the event's own units need not
+        be built (see `EventDecoder`). By default no event is."""
+        return False
 
     def _event(self, event: Any, obj: dict[str, Any]) -> None:
         raise NotImplementedError
@@ -319,3 +331,8 @@ def message_parts(path: Path, index: int, msg: Any, field: str) -> list[PromptPa
         kind = "tool_calls" if "tool_calls" in rest else ("tool_result" if role == "tool" else "fields")
         parts.append(PromptPart(path, region, index, role, kind, compact(rest), False))
     return parts
+
+
+def keys_within(obj: Any, allowed: frozenset[str]) -> bool:
+    """Is `obj` an object whose every member is named in `allowed`?"""
+    return isinstance(obj, dict) and all(key in allowed for key in obj)

@@ -175,9 +175,25 @@ def _fold_choice(choice: Any, pieces: dict[Path, list[str]]) -> None:
         common.string_leaves(call, (*message, "tool_calls", position if ti is None else ti), pieces, skip=_INDEX)
 
 
+_CHUNK_MEMBERS = frozenset(
+    {"id", "object", "created", "model", "system_fingerprint", "service_tier", "choices", "usage", "obfuscation"}
+)
+_CHOICE_MEMBERS = frozenset({"index", "delta", "finish_reason", "logprobs"})
+
+
 class _Folder(common.StreamFolder):
     def _done(self) -> None:
         self.terminal = True
+
+    def _delta_only(self, obj: Any) -> bool:
+        """A chunk of labels and choices whose only text is their `delta` (folded whole):
+        no logprobs (tokens of their own), no error, no member no one has named yet."""
+        if not common.keys_within(obj, _CHUNK_MEMBERS):
+            return False
+        choices = obj.get("choices")
+        return isinstance(choices, list) and all(
+            common.keys_within(c, _CHOICE_MEMBERS) and c.get("logprobs") is None for c in choices
+        )
 
     def _event(self, event: SSEEvent, chunk: dict[str, Any]) -> None:
         if "error" in chunk:

@@ -146,8 +146,24 @@ def _delta_path(kind: str, obj: dict[str, Any]) -> Path:
     return tuple(path)
 
 
+_DELTA_MEMBERS = frozenset(
+    {"type", "sequence_number", "item_id", "output_index", "content_index", "summary_index", "delta", "obfuscation"}
+)
+
+
 class _Folder(common.StreamFolder):
     # `[DONE]` is tolerated (the SDK stops on it); completion needs a terminal event.
+
+    def _delta_only(self, obj: Any) -> bool:
+        """A `*.delta` event whose text is its `delta` (folded whole) beside ids and indexes;
+        an empty `logprobs` list holds nothing. A finished item, part or text, and the final
+        response object, carry text of their own: they are read in full."""
+        if not isinstance(obj, dict):
+            return False
+        kind = obj.get("type")
+        if not (isinstance(kind, str) and kind.endswith(".delta")) or kind in _TERMINAL:
+            return False
+        return all(key in _DELTA_MEMBERS or (key == "logprobs" and obj[key] == []) for key in obj)
 
     def _event(self, event: SSEEvent, obj: dict[str, Any]) -> None:
         kind = common.get_str(obj, "type") or event.event or ""

@@ -1,0 +1,196 @@
+"""Text a stream carries outside its folded deltas — a finished item, the final response
+object, a message start with content, a chunk's logprobs or a member no one has named yet —
+is read exactly as the same text in a non-stream answer: decoded (base64, hex...),
+normalised, and joined across strings. (Such events were once only scanned raw, so a value
+split across two parts of `response.completed`, or the base64 of one in an MCP call's
+output, reached the client.)"""
+
+from __future__ import annotations
+
+import base64
+import json
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from gateway.mockprovider import MockProviderServer
+from tests.conftest import GatewayFactory
+from tests.harness import Env, GatewayThread, post_json, windowed_profiles
+
+SECRET = "wg-stream-event-Qv7319zK"
+A, B = SECRET[:10], SECRET[10:]
+B64 = base64.b64encode(SECRET.encode()).decode()
+
+
+@pytest.fixture(scope="module")
+def gw(gateways: GatewayFactory) -> Iterator[tuple[Env, GatewayThread]]:
+    with gateways("stream-event-text", secrets_=[SECRET]) as started:
+        yield started
+
+
+@pytest.fixture(scope="module")
+def windowed(gateways: GatewayFactory, mock: MockProviderServer) -> Iterator[tuple[Env, GatewayThread]]:
+    with gateways("stream-event-text-w", secrets_=[SECRET], profiles=windowed_profiles(mock.url)) as started:
+        yield started
+
+
+def _event(name: str | None, data: dict[str, Any]) -> str:
+    head = f"event: {name}\n" if name else ""
+    return f"{head}data: {json.dumps(data)}\n\n"
+
+
+def _response(output: list[dict[str, Any]], status: str = "completed") -> dict[str, Any]:
+    return {
+        "id": "resp_1",
+        "object": "response",
+        "created_at": 1,
+        "status": status,
+        "model": "gpt-5",
+        "output": output,
+        "usage": {"input_tokens": 1, "output_tokens": 1, "total_tokens": 2},
+    }
+
+
+def _message(*texts: str) -> dict[str, Any]:
+    content = [{"type": "output_text", "text": t, "annotations": []} for t in texts]
+    return {"type": "message", "id": "msg_1", "role": "assistant", "status": "completed", "content": content}
+
+
+def _responses_stream(*middle: dict[str, Any], final: list[dict[str, Any]]) -> list[str]:
+    events = [_event("response.created", {"type": "response.created", "response": _response([], "in_progress")})]
+    events += [_event(str(e["type"]), e) for e in middle]
+    events.append(_event("response.completed", {"type": "response.completed", "response": _response(final)}))
+    return events
+
+
+def _chat_chunk(**extra: Any) -> dict[str, Any]:
+    choice = {"index": 0, "delta": {"content": "fine"}, "finish_reason": None, "logprobs": None}
+    chunk = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "gpt-4.1"}
+    chunk["choices"] = [{**choice, **extra.pop("choice", {})}]
+    return {**chunk, **extra}
+
+
+def _chat_stream(chunk: dict[str, Any]) -> list[str]:
+    end = _chat_chunk(choice={"delta": {}, "finish_reason": "stop"})
+    return [_event(None, chunk), _event(None, end), "data: [DONE]\n\n"]
+
+
+def _anthropic_stream(start_content: list[dict[str, Any]]) -> list[str]:
+    message = {
+        "id": "msg_1",
+        "type": "message",
+        "role": "assistant",
+        "model": "claude-test-model",
+        "content": start_content,
+        "stop_reason": None,
+        "usage": {"input_tokens": 1, "output_tokens": 1},
+    }
+    return [
+        _event("message_start", {"type": "message_start", "message": message}),
+        _event(
+            "message_delta",
+            {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 2}},
+        ),
+        _event("message_stop", {"type": "message_stop"}),
+    ]
+
+
+STREAMS: dict[str, tuple[str, list[str]]] = {
+    "responses: a value split over two parts of the final response": (
+        "/v1/responses",
+        _responses_stream(final=[_message(A, B)]),
+    ),
+    "responses: base64 of a value in a finished MCP call's output": (
+        "/v1/responses",
+        _responses_stream(
+            {
+                "type": "response.output_item.done",
+                "output_index": 0,
+                "item": {"type": "mcp_call", "id": "mcp_1", "name": "lookup", "output": f"stored: {B64}"},
+            },
+            final=[],
+        ),
+    ),
+    "responses: hex of a value in a finished text": (
+        "/v1/responses",
+        _responses_stream(
+            {
+                "type": "response.output_text.done",
+                "item_id": "msg_1",
+                "output_index": 0,
+                "content_index": 0,
+                "text": SECRET.encode().hex(),
+            },
+            final=[],
+        ),
+    ),
+    "chat: base64 of a value in a chunk's logprobs": (
+        "/v1/chat/completions",
+        _chat_stream(_chat_chunk(choice={"logprobs": {"content": [{"token": B64, "logprob": -0.1, "bytes": None}]}})),
+    ),
+    "chat: base64 of a value in a member no one has named yet": (
+        "/v1/chat/completions",
+        _chat_stream(_chat_chunk(annotations={"note": B64})),
+    ),
+    "anthropic: a value split over two blocks of message_start": (
+        "/v1/messages",
+        _anthropic_stream([{"type": "text", "text": A}, {"type": "text", "text": B}]),
+    ),
+}
+
+
+def _body(route: str, sid: str) -> dict[str, Any]:
+    prompt = f"mock-scenario:{sid}"
+    if route == "/v1/responses":
+        return {"model": "gpt-5", "stream": True, "input": prompt}
+    if route == "/v1/messages":
+        return {
+            "model": "claude-test-model",
+            "max_tokens": 20,
+            "stream": True,
+            "messages": [{"role": "user", "content": prompt}],
+        }
+    return {"model": "gpt-4.1", "stream": True, "messages": [{"role": "user", "content": prompt}]}
+
+
+def _leaked(text: str) -> bool:
+    return any(form in text for form in (SECRET, A, B, B64, SECRET.encode().hex()))
+
+
+@pytest.mark.parametrize("case", sorted(STREAMS))
+@pytest.mark.parametrize("release", ["buffered", "windowed"])
+def test_text_outside_the_deltas_is_read_like_a_non_stream_answer(
+    gw: tuple[Env, GatewayThread],
+    windowed: tuple[Env, GatewayThread],
+    mock: MockProviderServer,
+    case: str,
+    release: str,
+) -> None:
+    env, gateway = gw if release == "buffered" else windowed
+    route, events = STREAMS[case]
+    sid = "se" + uuid.uuid4().hex[:12]
+    mock.state.add_scenario(sid, [{"raw_events": events}])
+    r = post_json(gateway, env, route, _body(route, sid))
+    if r.status_code == 200:  # windowed: the refusal comes as the stream's error event
+        assert "response_blocked" in r.text and "secret_value" in r.text, r.text
+    else:
+        assert r.status_code == 403, r.text
+        assert r.json()["error"]["reason_codes"] == ["secret_value"] or "secret_value" in r.text
+    assert not _leaked(r.text)
+    assert [x for x in mock.state.records() if x.scenario == sid]  # the provider answered; we withheld it
+
+
+def test_plain_delta_streams_still_pass(gw: tuple[Env, GatewayThread], mock: MockProviderServer) -> None:
+    """The control: the same streams without the value are released whole."""
+    env, gateway = gw
+    for route, events in (
+        ("/v1/responses", _responses_stream(final=[_message("all", " good")])),
+        ("/v1/chat/completions", _chat_stream(_chat_chunk())),
+        ("/v1/messages", _anthropic_stream([{"type": "text", "text": "all good"}])),
+    ):
+        sid = "se" + uuid.uuid4().hex[:12]
+        mock.state.add_scenario(sid, [{"raw_events": events}])
+        r = post_json(gateway, env, route, _body(route, sid))
+        assert r.status_code == 200 and "response_blocked" not in r.text, (route, r.text)
