@@ -4,7 +4,9 @@ escaped secret in the first `user` of an embeddings call reached the provider; o
 (a content part typed by an object, `tools` that is a number, a label header nested
 thousands deep, a scope header that is not UTF-8) are a 4xx or change nothing, never a
 500; a stream chunk whose `choices` is not a list makes the stream unreadable (503, nothing
-released), not an internal error."""
+released), not an internal error; a forwarded header value that is not printable ASCII is
+refused (a byte that is not UTF-8 was checked as a lone surrogate and dropped on the wire,
+so a secret it split left whole)."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from gateway.carriers import CARRIERS, sse
 from gateway.carriers.base import CarrierLimits
 from gateway.mockprovider import MockProviderServer
 from tests.conftest import GatewayFactory, LogCapture
-from tests.harness import Env, GatewayThread, raw_client, raw_socket, read_until_closed
+from tests.harness import Env, GatewayThread, mock_profile, raw_client, raw_socket, read_until_closed
 
 SECRET = "zq-secret-VALUE-93817265"
 ESCAPED = "\\u007a" + SECRET[1:]  # the raw bytes never hold the secret
@@ -190,3 +192,55 @@ def test_an_anthropic_event_whose_name_and_data_disagree_is_not_believed() -> No
         assert not folded.complete, middle
     events, _ = sse.parse_all((start + text + stop).encode())
     assert carrier.fold_stream(events, limits).complete
+
+
+@pytest.fixture(scope="module")
+def beta(gateways: GatewayFactory, mock: MockProviderServer) -> Iterator[tuple[Env, GatewayThread]]:
+    profiles = [mock_profile("mock-anthropic", "anthropic", mock.url, passthrough_headers=["anthropic-beta"])]
+    with gateways("proxy-hardening-headers", profiles=profiles, secrets_=[SECRET]) as started:
+        yield started
+
+
+FORWARDED_HEADERS = {
+    "a value split by a byte that is not UTF-8": b"anthropic-version: zq-secret-\xffVALUE-93817265",
+    "a pass-through value split by two such bytes": b"anthropic-beta: zq-secret-\xff\xfeVALUE-93817265",
+    "a credential split by such a byte": b"anthropic-version: AKIA\xffIOSFODNN7EXAMPLQ",
+    "a character outside ASCII": b"anthropic-beta: tools-\xc3\xa9-2024",
+}
+
+
+@pytest.mark.parametrize("case", sorted(FORWARDED_HEADERS))
+def test_a_forwarded_header_value_must_be_printable_ascii(
+    beta: tuple[Env, GatewayThread], mock: MockProviderServer, case: str
+) -> None:
+    """The server reads such a byte as a lone surrogate and the check reads that text; the
+    client writer drops it on the wire, so the halves checked apart would leave joined."""
+    env, gateway = beta
+    since = _last(mock)
+    body = json.dumps(
+        {"model": "claude-test-model", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+    ).encode()
+    with raw_socket(gateway) as sock:
+        sock.sendall(
+            b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nx-api-key: "
+            + env.gateway_key.encode()
+            + b"\r\n"
+            + FORWARDED_HEADERS[case]
+            + b"\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: %d\r\n\r\n" % len(body)
+            + body
+        )
+        answer = read_until_closed(sock)
+    assert answer.startswith(b"HTTP/1.1 400"), answer[:200]
+    assert b"invalid_request" in answer and b"VALUE" not in answer and b"AKIA" not in answer
+    assert _reached(mock, since) == []
+    with raw_socket(gateway) as sock:  # the control: printable values leave as they came
+        sock.sendall(
+            b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nx-api-key: "
+            + env.gateway_key.encode()
+            + b"\r\nanthropic-beta: tools-2024-04-04\r\nContent-Type: application/json\r\nConnection: close\r\n"
+            + b"Content-Length: %d\r\n\r\n" % len(body)
+            + body
+        )
+        assert read_until_closed(sock).startswith(b"HTTP/1.1 200")
+    sent = [r for r in mock.state.records() if r.seq > since]
+    assert len(sent) == 1 and sent[0].headers.get("anthropic-beta") == "tools-2024-04-04"

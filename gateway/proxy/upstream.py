@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import random
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from aiohttp import web
 
 from gateway.checks.destination import Target
 from gateway.config.runtime import LoadedProfile
+from gateway.errors import ClientError
 from gateway.profiles.model import UpstreamProfile
 from gateway.vocab import AttemptOutcome, ReasonCode
 
@@ -67,10 +69,15 @@ def upstream_headers(
     profile: UpstreamProfile, credential: str | None, client_headers: Mapping[str, str]
 ) -> dict[str, str]:
     """The headers that leave: our own, the profile's credential, and only the client
-    headers the profile allows. The caller's gateway key is never among them."""
+    headers the profile allows. The caller's gateway key is never among them.
+
+    A client value that leaves must be printable ASCII (or tab): the server reads a byte
+    that is not UTF-8 as a lone surrogate, the check reads that text, and the client writer
+    drops the surrogate on the wire — so `sec\\xffret` would be checked as two harmless
+    halves and sent whole. Such a value is refused (400 `invalid_request`), never cleaned."""
     headers = {"content-type": "application/json", "user-agent": USER_AGENT}
     if profile.provider == "anthropic":
-        headers["anthropic-version"] = client_headers.get("anthropic-version", ANTHROPIC_VERSION)
+        headers["anthropic-version"] = _forwardable(client_headers.get("anthropic-version", ANTHROPIC_VERSION))
         if credential:
             headers["x-api-key"] = credential
     elif credential:
@@ -78,8 +85,17 @@ def upstream_headers(
     for name in profile.passthrough_headers:
         value = client_headers.get(name)
         if value is not None:
-            headers[name] = value
+            headers[name] = _forwardable(value)
     return headers
+
+
+_PRINTABLE = re.compile(r"[\t\x20-\x7e]*")
+
+
+def _forwardable(value: str) -> str:
+    if _PRINTABLE.fullmatch(value) is None:
+        raise ClientError(400, "invalid_request", (ReasonCode.INVALID_REQUEST,))
+    return value
 
 
 def retry_delay(
