@@ -4,6 +4,8 @@ held. Official SDKs as clients."""
 
 from __future__ import annotations
 
+import json
+import uuid
 from collections.abc import Iterator
 
 import anthropic
@@ -128,6 +130,45 @@ _TOOL_USE = {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "
             "/v1/responses",
             {"prompt": {"id": "pmpt_1", "variables": {"doc": _FILE}}, "input": "summarise the document"},
         ),
+        (  # an inline skill: a zip the provider unpacks for the model to read
+            "/v1/responses",
+            {
+                "input": "deploy it",
+                "tools": [
+                    {
+                        "type": "shell",
+                        "environment": {
+                            "type": "container_auto",
+                            "skills": [
+                                {
+                                    "type": "inline",
+                                    "name": "deploy",
+                                    "source": {"type": "base64", "media_type": "application/zip", "data": IMAGE},
+                                }
+                            ],
+                        },
+                    }
+                ],
+            },
+        ),
+        (  # an earlier image generation, its picture sent back as input
+            "/v1/responses",
+            {
+                "input": [
+                    {"role": "user", "content": "draw it"},
+                    {"type": "image_generation_call", "id": "ig_1", "status": "completed", "result": IMAGE},
+                ]
+            },
+        ),
+        (  # an image edit's mask, a data URL in a tool's settings
+            "/v1/responses",
+            {
+                "input": "edit it",
+                "tools": [
+                    {"type": "image_generation", "input_image_mask": {"image_url": f"data:image/png;base64,{IMAGE}"}}
+                ],
+            },
+        ),
         *[
             (
                 route,
@@ -220,3 +261,112 @@ def test_a_tool_calls_own_input_is_not_taken_for_a_file(
         },
     )
     assert answer.status_code == 200, answer.text
+
+
+def test_text_sources_and_data_urls_are_read_not_refused(gw: tuple[Env, GatewayThread]) -> None:
+    """A `base64` source of text, or a `data:` URL of text, is text the checks read: sent."""
+    env, gateway = gw
+    body = {
+        "model": "gpt-4.1",
+        "input": "hello",
+        "metadata": {"note": "data:text/plain,hello"},
+        "tools": [
+            {
+                "type": "shell",
+                "environment": {
+                    "type": "container_auto",
+                    "skills": [
+                        {
+                            "type": "inline",
+                            "name": "notes",
+                            "source": {"type": "base64", "media_type": "text/markdown", "data": "aGVsbG8="},
+                        }
+                    ],
+                },
+            }
+        ],
+    }
+    assert post_json(gateway, env, "/v1/responses", body).status_code == 200
+
+
+def _generated_image(stream: bool) -> dict[str, object]:
+    item = {"type": "image_generation_call", "id": "ig_1", "status": "completed", "result": IMAGE}
+    response = {
+        "id": "resp_img",
+        "object": "response",
+        "created_at": 1,
+        "status": "completed",
+        "model": "gpt-5",
+        "output": [item],
+        "usage": {"input_tokens": 1, "output_tokens": 1, "total_tokens": 2},
+    }
+    if not stream:
+        return {"raw_body": json.dumps(response)}
+    events = [
+        {"type": "response.created", "response": {**response, "status": "in_progress", "output": []}},
+        {
+            "type": "response.image_generation_call.partial_image",
+            "output_index": 0,
+            "item_id": "ig_1",
+            "partial_image_index": 0,
+            "partial_image_b64": IMAGE,
+        },
+        {"type": "response.completed", "response": response},
+    ]
+    return {"raw_events": [f"event: {e['type']}\ndata: {json.dumps(e)}\n\n" for e in events]}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_generated_image_is_withheld_unless_the_profile_allows_it(
+    gw: tuple[Env, GatewayThread], gateways: GatewayFactory, mock: MockProviderServer, stream: bool
+) -> None:
+    """An image in a Responses answer (its result, or its partial images as they stream) is
+    content no check reads: withheld as `opaque_content`, released where allowed."""
+    env, gateway = gw
+    sid = "img" + uuid.uuid4().hex[:10]
+    mock.state.add_scenario(sid, [_generated_image(stream)])
+    body = {"model": "gpt-5", "stream": stream, "input": f"draw mock-scenario:{sid}"}
+    answer = post_json(gateway, env, "/v1/responses", body)
+    assert answer.status_code == 403, answer.text
+    assert "opaque_content" in answer.text and IMAGE not in answer.text
+    with gateways("opaque_image_allowed", policy_extra='allow_opaque_profiles = ["mock-openai"]\n') as (env2, gw2):
+        sid = "img" + uuid.uuid4().hex[:10]
+        mock.state.add_scenario(sid, [_generated_image(stream)])
+        body["input"] = f"draw mock-scenario:{sid}"
+        allowed = post_json(gw2, env2, "/v1/responses", body)
+        assert allowed.status_code == 200 and IMAGE in allowed.text
+
+
+def _spoken_answer(stream: bool) -> dict[str, object]:
+    audio = {"id": "audio_1", "data": IMAGE, "expires_at": 1, "transcript": "hello"}
+    if not stream:
+        answer = {
+            "id": "chatcmpl-audio",
+            "object": "chat.completion",
+            "created": 1,
+            "model": "gpt-4o-audio-preview",
+            "choices": [
+                {"index": 0, "message": {"role": "assistant", "content": None, "audio": audio}, "finish_reason": "stop"}
+            ],
+        }
+        return {"raw_body": json.dumps(answer)}
+    chunk = {"id": "chatcmpl-audio", "object": "chat.completion.chunk", "created": 1, "model": "gpt-4o-audio-preview"}
+    chunks = [
+        {**chunk, "choices": [{"index": 0, "delta": {"role": "assistant", "audio": audio}, "finish_reason": None}]},
+        {**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+    ]
+    return {"raw_events": [f"data: {json.dumps(c)}\n\n" for c in chunks] + ["data: [DONE]\n\n"]}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_spoken_chat_answer_is_withheld(
+    gw: tuple[Env, GatewayThread], mock: MockProviderServer, stream: bool
+) -> None:
+    """A chat answer's audio is as unreadable as an image: withheld by default."""
+    env, gateway = gw
+    sid = "aud" + uuid.uuid4().hex[:10]
+    mock.state.add_scenario(sid, [_spoken_answer(stream)])
+    body = {"model": "gpt-4.1", "stream": stream, "messages": [{"role": "user", "content": f"say mock-scenario:{sid}"}]}
+    answer = post_json(gateway, env, "/v1/chat/completions", body)
+    assert answer.status_code == 403, answer.text
+    assert "opaque_content" in answer.text and IMAGE not in answer.text

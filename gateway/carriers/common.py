@@ -38,6 +38,7 @@ def json_response(
     *,
     error_key: str | None,
     skip: frozenset[str] = frozenset(),
+    opaque: Callable[[dict[str, Any]], list[str]] | None = None,
 ) -> FoldedResponse:
     """Decode a complete non-stream JSON response. `skip` names top-level members whose
     values are not text (embedding vectors) and are left out of the units."""
@@ -62,6 +63,7 @@ def json_response(
         response_id=rid if jsonraw.is_str(rid) else None,
         is_error=error_key is not None and error_key in doc,
         duplicate_keys=tuple(found.dups),
+        opaque=tuple(opaque(doc)) if opaque is not None else (),
         too_deep=tuple(found.deep),
     )
 
@@ -105,6 +107,7 @@ class EventDecoder:
         response_id: str | None,
         is_error: bool,
         events: tuple[Any, ...],
+        opaque: tuple[str, ...] = (),
     ) -> FoldedResponse:
         """The folded stream. A stream that carried the provider's error event (Anthropic
         `error`, an OpenAI chat chunk with `error`, Responses `error`/`response.failed`) is
@@ -119,6 +122,7 @@ class EventDecoder:
             response_id=response_id,
             is_error=is_error,
             duplicate_keys=tuple(self.found.dups),
+            opaque=opaque,
             events=events,
             too_deep=tuple(self.found.deep),
         )
@@ -139,6 +143,7 @@ class StreamFolder:
         self.terminal = False
         self.is_error = False
         self.broken: str | None = None  # why an event could not be read (then nothing folds)
+        self.opaque: list[str] = []  # pointers of content no check can read (images, audio)
 
     @property
     def found(self) -> Collected:
@@ -185,6 +190,7 @@ class StreamFolder:
             response_id=self.response_id,
             is_error=self.is_error,
             events=events,
+            opaque=tuple(self.opaque),
         )
 
 

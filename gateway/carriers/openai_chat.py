@@ -89,7 +89,7 @@ class OpenAIChat:
         raise NotImplementedError("OpenAI caches by prefix and key, not by marker")
 
     def parse_response(self, raw: bytes, limits: CarrierLimits) -> FoldedResponse:
-        return common.json_response(raw, limits, error_key="error")
+        return common.json_response(raw, limits, error_key="error", opaque=_spoken)
 
     def requested_output(self, doc: Mapping[str, Any]) -> int | None:
         return common.first_count(doc, "max_completion_tokens", "max_tokens")
@@ -160,6 +160,17 @@ class OpenAIChat:
         return b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"
 
 
+def _spoken(doc: dict[str, Any]) -> list[str]:
+    """Audio an answer holds (`choices[i].message.audio.data`): no check reads it."""
+    found = []
+    for position, choice in enumerate(common.listed(doc.get("choices"))):
+        message = choice.get("message") if isinstance(choice, dict) else None
+        audio = message.get("audio") if isinstance(message, dict) else None
+        if isinstance(audio, dict) and audio.get("data") is not None:
+            found.append(f"/choices/{common.get_int(choice, 'index') or position}/message/audio")
+    return found
+
+
 def _fold_choice(choice: Any, pieces: dict[Path, list[str]]) -> None:
     """Every string of a choice's delta, appended to its field of the folded message;
     tool calls by their `index` (the position in one chunk's list says nothing)."""
@@ -207,3 +218,9 @@ class _Folder(common.StreamFolder):
             return
         for choice in choices or ():
             _fold_choice(choice, self.pieces)
+            delta = choice.get("delta") if isinstance(choice, dict) else None
+            audio = delta.get("audio") if isinstance(delta, dict) else None
+            if isinstance(audio, dict) and audio.get("data") is not None:  # spoken in parts: unreadable
+                where = f"/choices/{common.get_int(choice, 'index') or 0}/message/audio"
+                if where not in self.opaque:
+                    self.opaque.append(where)

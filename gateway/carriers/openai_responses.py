@@ -1,8 +1,10 @@
 """OpenAI Responses (`POST /v1/responses`), JSON and SSE forms.
 
 Owns: what the provider reads in a Responses request (instructions, input items, tools —
-every string; text parts of one message joined; images, files, audio and encrypted
-reasoning state as opaque content) and how named `response.*` events fold back: every
+every string; text parts of one message joined; images, files, audio, inline binary
+sources and `data:` URLs anywhere in the request, and encrypted reasoning state, as opaque
+content; generated images and audio in the answer too) and how named `response.*` events
+fold back: every
 event that carries a `delta` — named or not yet known — is reassembled by its event family,
 output item and content part (function-call arguments per output item);
 `response.completed | incomplete | failed` and `error` are terminal, and the last two make
@@ -25,7 +27,37 @@ from gateway.units import Path
 from gateway.usage import Count
 from gateway.vocab import Dialect, ReasonCode
 
-_OPAQUE = common.of_type(frozenset({"input_image", "input_file", "input_audio", "computer_screenshot"}))
+_OPAQUE_TYPES = frozenset({"input_image", "input_file", "input_audio", "computer_screenshot"})
+_TEXT_MEDIA = ("text/", "application/json")
+
+
+def _binary_data_url(value: Any) -> bool:
+    """A `data:` URL of anything but text (RFC 2397: no media type is text/plain)."""
+    if not (isinstance(value, str) and value[:5].lower() == "data:"):
+        return False
+    media = value[5:].split(",", 1)[0].split(";", 1)[0].strip().lower()
+    return bool(media) and not media.startswith(_TEXT_MEDIA)
+
+
+def _opaque(node: dict[str, Any]) -> bool:
+    """Content the provider reads (or returns) that no check can: files, images, audio —
+    typed as such, an image generation's result, an inline `base64` source that is not
+    text (a skill's zip), or a `data:` URL of an image anywhere (an image mask)."""
+    kind = node.get("type")
+    if isinstance(kind, str):
+        if kind in _OPAQUE_TYPES:
+            return True
+        if kind == "image_generation_call" and node.get("result") is not None:
+            return True
+        if kind == "base64" and not (
+            isinstance(node.get("media_type"), str) and node["media_type"].lower().startswith(_TEXT_MEDIA)
+        ):
+            return True
+    return any(_binary_data_url(value) for value in node.values())
+
+
+def _opaque_output(doc: dict[str, Any]) -> list[str]:
+    return common.opaque_anywhere(doc.get("output"), ("output",), _opaque, frozenset(), [])
 
 
 _TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed", "error"})
@@ -49,9 +81,9 @@ class OpenAIResponses(base.NoEdits):
         if items is not None and not isinstance(items, (str, list)):
             raise JsonError(ReasonCode.UNSUPPORTED_CARRIER)
         # Files and images anywhere the provider reads them: a message's content, a tool's
-        # output, a template's variables; and reasoning state the provider encrypted.
-        opaque = common.opaque_anywhere(items, ("input",), _OPAQUE, frozenset(), [])
-        common.opaque_anywhere(doc.get("prompt"), ("prompt",), _OPAQUE, frozenset(), opaque)
+        # output, a template's variables, a tool's own settings (an inline skill, an image
+        # mask); and reasoning state the provider encrypted.
+        opaque = common.opaque_anywhere(doc, (), _opaque, frozenset(), [])
         for i, item in enumerate(items if isinstance(items, list) else ()):
             if not isinstance(item, dict):
                 raise JsonError(ReasonCode.UNSUPPORTED_CARRIER)
@@ -98,7 +130,7 @@ class OpenAIResponses(base.NoEdits):
 
     def parse_response(self, raw: bytes, limits: CarrierLimits) -> FoldedResponse:
         # A Responses object always has an `error` member (null on success); its status says.
-        return common.json_response(raw, limits, error_key=None)
+        return common.json_response(raw, limits, error_key=None, opaque=_opaque_output)
 
     def requested_output(self, doc: Mapping[str, Any]) -> int | None:
         return common.first_count(doc, "max_output_tokens")
@@ -151,8 +183,17 @@ _DELTA_MEMBERS = frozenset(
 )
 
 
+_OPAQUE_EVENTS = {
+    "response.image_generation_call.partial_image": "result",
+    "response.audio.delta": "audio",
+}
+
+
 class _Folder(common.StreamFolder):
     # `[DONE]` is tolerated (the SDK stops on it); completion needs a terminal event.
+
+    def _opaque(self, pointers: list[str]) -> None:
+        self.opaque.extend(p for p in pointers if p not in self.opaque)
 
     def _delta_only(self, obj: Any) -> bool:
         """A `*.delta` event whose text is its `delta` (folded whole) beside ids and indexes;
@@ -175,6 +216,13 @@ class _Folder(common.StreamFolder):
             self.response_id = self.response_id or common.get_str(resp, "id")
             if isinstance(resp.get("usage"), dict):
                 self.usage = resp["usage"]
+            self._opaque(_opaque_output(resp))
+        index = common.get_int(obj, "output_index")
+        item = obj.get("item")
+        if isinstance(item, dict):
+            self._opaque(common.opaque_anywhere(item, ("output", index or 0), _opaque, frozenset(), []))
+        if kind in _OPAQUE_EVENTS:  # an image drawn in parts, audio: no check reads them
+            self._opaque([f"/output/{index or 0}/{_OPAQUE_EVENTS[kind]}"])
         delta = obj.get("delta")
         if delta is not None and kind not in _TERMINAL:
             common.string_leaves(delta, _delta_path(kind, obj), self.pieces)
