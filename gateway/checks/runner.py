@@ -129,6 +129,13 @@ def _replayed_context(runtime: Runtime, given: SendInput, now: float) -> Verdict
     party = given.party
     require = runtime.policy.prepared_context == "require_binding"
     marked = _marked(given.parsed) if require else []
+    if (given.replays or marked) and any(p.duplicate_keys for p in given.parsed):
+        # A replay is verified against the value a pointer resolves to: the last of duplicate
+        # keys. An earlier one the provider may read instead is vouched for by nothing, and
+        # this check holds in every mode (the inspection's own duplicate-key refusal does not
+        # in observe or off).
+        reasons = [ReasonCode.PREPARED_CONTEXT_UNBOUND, ReasonCode.DUPLICATE_KEY]
+        return decide([], withhold_reasons=reasons, complete=True, policy_version=runtime.policy.version)
     reasons = prepared.verify(
         given.replays,
         body=given.body,
