@@ -343,6 +343,45 @@ def test_a_forged_block_behind_a_duplicate_key_is_refused_in_every_mode(
         assert _openai_call(env, gateway, scope, content, header).choices  # the honest replay passes
 
 
+def test_a_full_context_for_a_long_principal_id_gets_a_reuse_binding_that_replays(
+    gateways: GatewayFactory, mock: MockProviderServer
+) -> None:
+    """Eight items for a principal whose id is as long as ids may be: the reuse binding
+    (every dependency named) is issued and verifies on replay (at 2 KB it was a 500)."""
+    long_id = "a" + "b" * 126 + "c"
+    keys: dict[str, str] = {}
+
+    def principal(env: Env) -> None:
+        actions = ["proxy", "context.write", "context.read", "context.prepare"]
+        keys["long"] = env.add_principal(long_id, actions, ["mock-openai"], ["*"])
+
+    with gateways("replay-long-principal", prepare=principal) as (env, gateway):
+        headers = {"authorization": f"Bearer {keys['long']}"}
+        http = raw_client(gateway, env)
+        made = http.post(
+            "/v1/scopes", json={"title": "b", "summary": "b", "idempotency_key": uuid.uuid4().hex}, headers=headers
+        )
+        scope = made.json()["scope_id"]
+        for n in range(10):
+            text = f"Billing note {n}: amounts are stored in integer cents, revision {n}."
+            body = {"family": "atomic-memory", "content": {"kind": "fact", "text": text}}
+            assert http.post(f"/v1/scopes/{scope}/artifacts", json=body, headers=headers).status_code == 201
+        asked = {"scope_id": scope, "query": "billing note amounts cents", "include_reuse": True}
+        answer = http.post("/v1/context/prepare", json=asked, headers=headers)
+        assert answer.status_code == 200, answer.text
+        prepared = answer.json()
+        content = prepared["context"]["content"]
+        assert content.count("Billing note") == 8  # as many items as a prepare holds
+        start, end = _location(SYSTEM, content)
+        header = _header(prepared["reuse"]["binding"], "/messages/0/content", start, end)
+        reply = openai_client(gateway, env, key=keys["long"]).chat.completions.create(
+            model="gpt-4.1",
+            messages=[{"role": "system", "content": SYSTEM + content}, {"role": "user", "content": "?"}],
+            extra_headers={"x-wiregate-scope": scope, "x-wiregate-prepared-context": header},
+        )
+        assert reply.choices
+
+
 def test_prepared_block_is_a_cache_breakpoint_and_the_replay_still_verifies(
     gw: tuple[Env, GatewayThread], mock: MockProviderServer
 ) -> None:

@@ -227,6 +227,9 @@ def _before_send(
     )
 
 
+_EVENTS = ("~events",)
+
+
 def _fold(names: list[str], payload: JsonPayload | SsePayload, limits: Any) -> tuple[FoldedResponse, bytes]:
     """The response as every carrier of the send reads it, and its exact bytes. The units
     are the union (a superset of what any one carrier sees). The response is complete when
@@ -247,7 +250,11 @@ def _fold(names: list[str], payload: JsonPayload | SsePayload, limits: Any) -> t
         except JsonError as exc:
             return FoldedResponse.unreadable(exc.reason), raw
         results = [c.fold_stream(events, limits) for c in carriers]
-    recognised = [r for r in results if r.response_id is not None or r.units or r.is_error]
+    # Recognised: an id, an error, or text folded into the carrier's own fields (the units
+    # of events read whole, under "~events", say nothing about whose schema they follow).
+    recognised = [
+        r for r in results if r.response_id is not None or r.is_error or any(u.path[:1] != _EVENTS for u in r.units)
+    ]
     complete = clean and any(r.complete for r in results) and all(r.complete for r in recognised)
     return FoldedResponse(
         units=tuple(u for r in results for u in r.units),

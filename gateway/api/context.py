@@ -42,6 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 
 from gateway import auth
 from gateway.checks import claims as claims_
+from gateway.checks.bindings import BindingTooLarge
 from gateway.checks.store import refusal_reasons, write_verdict
 from gateway.config.runtime import Principal, Runtime
 from gateway.context import errors as cx
@@ -867,11 +868,17 @@ def reuse_block(ctx: Ctx, scope_id: str, context: Mapping[str, Any], deps: Seque
         content_digest="sha256:" + hashlib.sha256(content.encode("utf-8")).hexdigest(),
         dependencies=tuple(d.to_wire() for d in deps),
     )
+    try:
+        binding = claims_.seal_claims(runtime.keyring, made)
+    except BindingTooLarge:  # only ids near their longest (and non-ASCII) get here
+        raise cx.InvalidRequest(
+            "include_reuse", "the reuse binding for this context would be too long; prepare fewer items"
+        ) from None
     return {
         "schema": REUSE_SCHEMA,
         "constraints": REUSE_CONSTRAINTS,
         "expires_at": datetime.fromtimestamp(made.expires_at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "binding": claims_.seal_claims(runtime.keyring, made),
+        "binding": binding,
     }
 
 

@@ -29,8 +29,16 @@ from gateway.keyring import KeyRing
 from gateway.vocab import ReasonCode
 
 PREFIX = "wgb1"
-MAX_LENGTH = 2048  # bindings are bearer-ish strings in JSON bodies; keep them bounded
+# Bindings are bearer-ish strings in JSON bodies and headers; keep them bounded. A reuse binding
+# names up to eight dependencies (scope id, artifact id, revision each) beside the principal, its
+# delegate and the scope: with ids at their longest it needs about 5.5 KB (2 KB refused ordinary
+# prepares); 6 KB still fits one `x-wiregate-prepared-context` header line (8 KB).
+MAX_LENGTH = 6144
 _NONCE = 12
+
+
+class BindingTooLarge(ValueError):
+    """Claims that would seal into a token longer than MAX_LENGTH (ids at their longest)."""
 
 
 class BindingError(Exception):
@@ -57,7 +65,7 @@ def seal(ring: KeyRing, claims: Mapping[str, Any]) -> str:
     sealed = key.cipher.encrypt(nonce, plaintext, header.encode())
     token = f"{header}.{_b64(nonce + sealed)}"
     if len(token) > MAX_LENGTH:
-        raise ValueError("binding claims too large")  # a programming error: claims are ours
+        raise BindingTooLarge("binding claims too large")
     return token
 
 

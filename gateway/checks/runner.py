@@ -134,7 +134,7 @@ def _replayed_context(runtime: Runtime, given: SendInput, now: float) -> Verdict
         # keys. An earlier one the provider may read instead is vouched for by nothing, and
         # this check holds in every mode (the inspection's own duplicate-key refusal does not
         # in observe or off).
-        reasons = [ReasonCode.PREPARED_CONTEXT_UNBOUND, ReasonCode.DUPLICATE_KEY]
+        reasons: list[str] = [ReasonCode.PREPARED_CONTEXT_UNBOUND, ReasonCode.DUPLICATE_KEY]
         return decide([], withhold_reasons=reasons, complete=True, policy_version=runtime.policy.version)
     reasons = prepared.verify(
         given.replays,
