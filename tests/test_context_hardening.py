@@ -7,6 +7,7 @@ floats RFC 8785 cannot write, a lone surrogate in a search filter)."""
 from __future__ import annotations
 
 import base64
+import json
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -138,6 +139,43 @@ def test_a_deeply_nested_cursor_is_an_invalid_cursor(gw: tuple[Env, GatewayThrea
         http.get(f"/v1/scopes/{sid}/artifacts/atomic-memory", params={"cursor": deep}, headers=_as("alice")),
         http.post("/v1/atomic-memory/list", json={"scope_id": sid, "cursor": deep}, headers=_as("alice")),
         http.get("/v1/scopes", params={"cursor": deep}, headers=_as("alice")),
+    ]
+    for answer in answers:
+        assert answer.status_code == 400 and answer.json()["error"]["code"] == "invalid_cursor", answer.text
+
+
+def _forged(kind: str, bind: str, after: str) -> str:
+    """A cursor written by hand: `after` is raw JSON (an integer past 64 bits, a lone surrogate)."""
+    raw = '["%s",%s,%s]' % (kind, json.dumps(bind), after)
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+@pytest.mark.parametrize("after", ["1" + "0" * 30, '"\\ud800"', '"' + "x" * 600 + '"', "1.5", "[1]"])
+def test_a_forged_cursor_position_is_an_invalid_cursor(gw: tuple[Env, GatewayThread], after: str) -> None:
+    """Cursors are plain base64 JSON: a position the store cannot bind (an integer past 64
+    bits, a lone surrogate) was a 500; any odd position is an invalid cursor."""
+    env, gateway = gw
+    http = raw_client(gateway, env)
+    sid = _scope(http, "alice")
+    listing = f"/v1/scopes/{sid}/artifacts/atomic-memory"
+    made = http.post(
+        listing.rsplit("/", 1)[0],
+        json={"family": "atomic-memory", "content": {"kind": "fact", "text": "x"}},
+        headers=_as("alice"),
+    )
+    aid = made.json()["artifact_id"]
+    answers = [
+        http.get(listing, params={"cursor": _forged("heads", f"{sid}\x00atomic-memory", after)}, headers=_as("alice")),
+        http.get(
+            f"{listing}/{aid}/revisions",
+            params={"cursor": _forged("revisions", f"{sid}\x00atomic-memory\x00{aid}", after)},
+            headers=_as("alice"),
+        ),
+        http.post(
+            "/v1/atomic-memory/list",
+            json={"scope_id": sid, "cursor": _forged("atomic", json.dumps([sid, ["active"], None]), after)},
+            headers=_as("alice"),
+        ),
     ]
     for answer in answers:
         assert answer.status_code == 400 and answer.json()["error"]["code"] == "invalid_cursor", answer.text

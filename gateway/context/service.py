@@ -38,6 +38,7 @@ from gateway.context.content import (
     normalize_text,
     search_text,
     stored_content,
+    utf8_ok,
     write_texts,
 )
 from gateway.context.errors import (
@@ -203,6 +204,19 @@ def _family(value: str) -> Family:
         raise InvalidRequest("family", "is not a supported family") from None
 
 
+MAX_CURSOR_INT = 2**62  # a position the store can bind (SQLite integers are 64-bit)
+MAX_CURSOR_TEXT = 512  # longer than any id or sort key this store writes
+
+
+def _cursor_position(after: object) -> bool:
+    """A position a cursor may carry: a whole number the store can bind, or text the store
+    can bind (UTF-8, no lone surrogate) of bounded length. Cursors are plain base64 JSON a
+    client can write: an integer past 64 bits or a lone surrogate was a 500."""
+    if type(after) is int:
+        return -MAX_CURSOR_INT <= after <= MAX_CURSOR_INT
+    return isinstance(after, str) and len(after) <= MAX_CURSOR_TEXT and utf8_ok(after)
+
+
 class ContextService:
     def __init__(
         self,
@@ -269,7 +283,7 @@ class ContextService:
             k, b, after = json.loads(raw)
         except (ValueError, binascii.Error, TypeError, RecursionError):
             raise InvalidCursor() from None
-        if k != kind or b != bind or not isinstance(after, str | int) or isinstance(after, bool):
+        if k != kind or b != bind or not _cursor_position(after):
             raise InvalidCursor()
         return after
 
