@@ -3,7 +3,8 @@ object, a message start with content, a chunk's logprobs or a member no one has 
 is read exactly as the same text in a non-stream answer: decoded (base64, hex...),
 normalised, and joined across strings. (Such events were once only scanned raw, so a value
 split across two parts of `response.completed`, or the base64 of one in an MCP call's
-output, reached the client.)"""
+output, reached the client.) And a stream that leaves the order a client reads it in — blocks
+started in reverse, deltas that go back to an earlier field — is not released."""
 
 from __future__ import annotations
 
@@ -194,3 +195,81 @@ def test_plain_delta_streams_still_pass(gw: tuple[Env, GatewayThread], mock: Moc
         mock.state.add_scenario(sid, [{"raw_events": events}])
         r = post_json(gateway, env, route, _body(route, sid))
         assert r.status_code == 200 and "response_blocked" not in r.text, (route, r.text)
+
+
+def _block_start(index: int) -> str:
+    data = {"type": "content_block_start", "index": index, "content_block": {"type": "text", "text": ""}}
+    return _event("content_block_start", data)
+
+
+def _block_delta(index: int, text: str) -> str:
+    data = {"type": "content_block_delta", "index": index, "delta": {"type": "text_delta", "text": text}}
+    return _event("content_block_delta", data)
+
+
+def _block_stop(index: int) -> str:
+    return _event("content_block_stop", {"type": "content_block_stop", "index": index})
+
+
+def _anthropic_blocks(*middle: str) -> list[str]:
+    start, *end = _anthropic_stream([])
+    return [start, *middle, *end]
+
+
+def _text_delta(content_index: int, text: str) -> dict[str, Any]:
+    return {
+        "type": "response.output_text.delta",
+        "item_id": "msg_1",
+        "output_index": 0,
+        "content_index": content_index,
+        "delta": text,
+    }
+
+
+OUT_OF_ORDER: dict[str, tuple[str, list[str]]] = {
+    "anthropic: blocks started in reverse": (
+        "/v1/messages",
+        _anthropic_blocks(
+            _block_start(1), _block_start(0), _block_delta(0, A), _block_delta(1, B), _block_stop(0), _block_stop(1)
+        ),
+    ),
+    "anthropic: a delta that goes back to an earlier block": (
+        "/v1/messages",
+        _anthropic_blocks(
+            _block_start(0),
+            _block_delta(0, A),
+            _block_stop(0),
+            _block_start(1),
+            _block_delta(1, "x"),
+            _block_delta(0, B),
+            _block_stop(1),
+        ),
+    ),
+    "anthropic: a delta to a block never started": ("/v1/messages", _anthropic_blocks(_block_delta(0, SECRET))),
+    "responses: deltas that go back to an earlier part": (
+        "/v1/responses",
+        _responses_stream(_text_delta(0, A), _text_delta(1, "x"), _text_delta(0, B), final=[]),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(OUT_OF_ORDER))
+@pytest.mark.parametrize("release", ["buffered", "windowed"])
+def test_a_stream_out_of_order_is_not_vouched_for(
+    gw: tuple[Env, GatewayThread],
+    windowed: tuple[Env, GatewayThread],
+    mock: MockProviderServer,
+    case: str,
+    release: str,
+) -> None:
+    """The fold joins a stream's fields by index, a client by the order things arrive; a
+    stream that leaves that order (blocks started in reverse, deltas that go back) could be
+    read differently by the two: it is not released."""
+    env, gateway = gw if release == "buffered" else windowed
+    route, events = OUT_OF_ORDER[case]
+    sid = "so" + uuid.uuid4().hex[:12]
+    mock.state.add_scenario(sid, [{"raw_events": events}])
+    r = post_json(gateway, env, route, _body(route, sid))
+    assert "upstream_invalid_response" in r.text, r.text
+    assert r.status_code != 200 or release == "windowed"
+    assert SECRET not in r.text and not (A in r.text and B in r.text)

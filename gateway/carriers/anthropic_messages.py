@@ -241,6 +241,8 @@ class _Folder(common.StreamFolder):
         self.merged: dict[str, Any] = {}  # message_start's usage, then message_delta's
         self.usage = self.merged
         self.citations: dict[int, int] = {}  # per block: the citations it holds so far
+        self.started = 0  # content blocks started so far: the next one's index
+        self.open: int | None = None  # the block that is started and not yet stopped
 
     def _delta_only(self, obj: Any) -> bool:
         """A text, thinking, signature or input-JSON delta (every field but its `type` is
@@ -250,6 +252,27 @@ class _Folder(common.StreamFolder):
             return common.keys_within(obj, _DELTA_EVENT) and common.keys_within(obj.get("delta"), _FOLDED_DELTA)
         return kind in _BARE_EVENTS and common.keys_within(obj, _BARE_MEMBERS)
 
+    def _in_order(self, kind: str | None, obj: dict[str, Any]) -> bool:
+        """Blocks come one after another: each starts at the next index, its deltas and its
+        stop name it while it is open. The fold joins blocks by index, a client by the order
+        things arrive: out of this order the two could read different text (a value split
+        over two blocks started in reverse, or deltas that go back to an earlier block)."""
+        if kind not in ("content_block_start", "content_block_delta", "content_block_stop"):
+            return True
+        index = obj.get("index")
+        if type(index) is not int:
+            return False
+        if kind == "content_block_start":
+            if self.open is not None or index != self.started:
+                return False
+            self.open, self.started = index, self.started + 1
+            return True
+        if index != self.open:
+            return False
+        if kind == "content_block_stop":
+            self.open = None
+        return True
+
     def _event(self, event: SSEEvent, obj: dict[str, Any]) -> None:
         kind = common.get_str(obj, "type") or event.event
         named = event.event
@@ -257,6 +280,9 @@ class _Folder(common.StreamFolder):
             self.is_error = True
         if named and named != kind:  # the SDK would act on the name, we on the data: neither
             self.broken = ReasonCode.UPSTREAM_INVALID_RESPONSE  # reading can be vouched for
+            return
+        if not self._in_order(kind, obj):
+            self.broken = ReasonCode.UPSTREAM_INVALID_RESPONSE
             return
         if kind == "message_start":
             msg = obj.get("message")

@@ -192,6 +192,10 @@ _OPAQUE_EVENTS = {
 class _Folder(common.StreamFolder):
     # `[DONE]` is tolerated (the SDK stops on it); completion needs a terminal event.
 
+    def __init__(self, limits: CarrierLimits) -> None:
+        super().__init__(limits)
+        self.last_delta: Path | None = None  # the field the latest delta extended
+
     def _opaque(self, pointers: list[str]) -> None:
         self.opaque.extend(p for p in pointers if p not in self.opaque)
 
@@ -225,4 +229,12 @@ class _Folder(common.StreamFolder):
             self._opaque([f"/output/{index or 0}/{_OPAQUE_EVENTS[kind]}"])
         delta = obj.get("delta")
         if delta is not None and kind not in _TERMINAL:
-            common.string_leaves(delta, _delta_path(kind, obj), self.pieces)
+            path = _delta_path(kind, obj)
+            if path != self.last_delta and path in self.pieces:
+                # Back to a field an earlier delta left: the fold joins fields in the order
+                # they first came, a client prints deltas as they come. Out of order, the two
+                # could read different text: not a stream anyone can vouch for.
+                self.broken = ReasonCode.UPSTREAM_INVALID_RESPONSE
+                return
+            self.last_delta = path
+            common.string_leaves(delta, path, self.pieces)

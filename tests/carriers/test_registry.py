@@ -44,6 +44,8 @@ _ERROR_MID_STREAM = {
         "data: [DONE]\n\n"
     ),
     "anthropic.messages": (
+        'event: content_block_start\ndata: {"type":"content_block_start","index":0,'
+        '"content_block":{"type":"text","text":""}}\n\n'
         'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
         '"delta":{"type":"text_delta","text":"half"}}\n\n'
         'event: error\ndata: {"type":"error","error":{"type":"api_error","message":"m"}}\n\n'
