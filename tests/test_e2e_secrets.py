@@ -155,6 +155,33 @@ def test_responses_and_embeddings_request_secret_never_sent(
     assert _last_seq(mock) == since
 
 
+def test_a_value_split_across_the_instructions_and_the_first_turn_is_read_whole(
+    gw: tuple[Env, GatewayThread], mock: MockProviderServer
+) -> None:
+    """The SDKs write the turns before the instructions; the provider reads the instructions
+    first. A value whose first half ends the instructions and second half starts the first
+    turn is read as the provider reads it."""
+    env, gateway = gw
+    since = _last_seq(mock)
+    head, tail = SECRET[:11], SECRET[11:]
+    with pytest.raises(openai.PermissionDeniedError) as caught:
+        openai_client(gateway, env).responses.create(
+            model="gpt-5", instructions=f"it begins {head}", input=f"{tail} ends"
+        )
+    assert caught.value.body["reason_codes"] == ["secret_value"]  # type: ignore[index]
+    with pytest.raises(anthropic.PermissionDeniedError) as refused:
+        anthropic_client(gateway, env).messages.create(
+            model="claude-test-model",
+            max_tokens=20,
+            system=f"it begins {head}",
+            messages=[{"role": "user", "content": f"{tail} ends"}],
+        )
+    assert refused.value.body["error"]["reason_codes"] == ["secret_value"]  # type: ignore[index]
+    assert _last_seq(mock) == since
+    # the control: the halves apart, each beside other text, are sent
+    openai_client(gateway, env).responses.create(model="gpt-5", instructions=f"it begins {head}.", input=f"then {tail}")
+
+
 def _scenario(mock: MockProviderServer, **step: Any) -> str:
     sid = "r" + uuid.uuid4().hex[:12]
     mock.state.add_scenario(sid, [step])

@@ -79,6 +79,7 @@ class AnthropicMessages(base.NoEdits):
                 unit = base.joined(("messages", i, "content"), _texts(content))
                 if unit is not None:
                     units.append(unit)
+        units.extend(common.render_order(doc, "system", "messages", lambda: self.prompt_layout(doc)))
         # Files and images anywhere the provider reads them: a message's blocks, a tool result's,
         # a server tool's fetched document, a search result.
         opaque = common.opaque_anywhere(system, ("system",), _is_opaque_block, _DATA_MEMBERS, [])

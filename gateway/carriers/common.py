@@ -15,6 +15,7 @@ from gateway.carriers.base import (
     CarrierLimits,
     Collected,
     FoldedResponse,
+    PromptLayout,
     PromptPart,
     UsageReport,
     folded_units,
@@ -22,7 +23,7 @@ from gateway.carriers.base import (
     units_of,
 )
 from gateway.carriers.jsonraw import JsonError
-from gateway.units import Path
+from gateway.units import Path, TextUnit
 from gateway.usage import UNKNOWN, Count, all_unknown, get, known, minus
 from gateway.vocab import ReasonCode
 
@@ -342,3 +343,21 @@ def message_parts(path: Path, index: int, msg: Any, field: str) -> list[PromptPa
 def keys_within(obj: Any, allowed: frozenset[str]) -> bool:
     """Is `obj` an object whose every member is named in `allowed`?"""
     return isinstance(obj, dict) and all(key in allowed for key in obj)
+
+
+def render_order(
+    doc: Mapping[str, Any], instructions: str, turns: str, layout: Callable[[], PromptLayout]
+) -> list[TextUnit]:
+    """When the document holds its `turns` (messages, input) before its `instructions`
+    (system, instructions) — the official SDKs write them so — the text as the provider
+    reads it (instructions first) joined into one unit read for configured values only
+    (`KIND_VALUES`): the engine's own joined read follows the document's order, so a value
+    split across the end of the instructions and the start of the first turn was never
+    read whole. Tool schemas are left out (they are not part of that text)."""
+    if instructions not in doc or turns not in doc:
+        return []
+    keys = list(doc)
+    if keys.index(instructions) < keys.index(turns):
+        return []
+    texts = [part.text for part in layout().parts if part.region != "tools"]
+    return [TextUnit(("~render",), "".join(texts), units.KIND_VALUES)] if len(texts) >= 2 else []

@@ -95,6 +95,7 @@ class OpenAIResponses(base.NoEdits):
                 unit = base.joined(("input", i, "content"), texts)
                 if unit is not None:
                     units.append(unit)
+        units.extend(common.render_order(doc, "instructions", "input", lambda: self.prompt_layout(doc)))
         return ParsedRequest(
             carrier=self.name,
             doc=doc,
