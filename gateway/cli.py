@@ -15,11 +15,17 @@ wiregate mock-provider (--port N | --uds PATH) [--api-key KEY]
 
 from __future__ import annotations
 
+import sys
+
+if sys.argv[1:2] == ["serve"]:  # before the imports below (a few hundred ms): a signal is kept, not fatal
+    from gateway.startup import EARLY
+
+    EARLY.install()
+
 import argparse
 import asyncio
 import contextlib
 import json
-import sys
 from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime
 from pathlib import Path

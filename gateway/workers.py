@@ -30,7 +30,7 @@ from types import FrameType
 from gateway.config.load import read_config, resolve
 from gateway.listeners import prepare_socket_path, socket_umask
 from gateway.obs import logging as log
-from gateway.startup import EARLY
+from gateway.startup import EARLY, blocked_while_starting
 
 ENV_WORKER = "WIREGATE_WORKER"
 ENV_HTTPS_PORT = "WIREGATE_WORKER_HTTPS_PORT"
@@ -101,7 +101,8 @@ class Supervisor:
             env[ENV_UDS_FD] = str(self._uds.fileno())
             pass_fds = (self._uds.fileno(),)
         argv = [sys.executable, "-m", "gateway", "serve", "--config", str(self.config_path)]
-        proc = subprocess.Popen(argv, env=env, pass_fds=pass_fds, stdin=subprocess.DEVNULL)
+        with blocked_while_starting():  # a reload forwarded while it loads must not kill it
+            proc = subprocess.Popen(argv, env=env, pass_fds=pass_fds, stdin=subprocess.DEVNULL)
         log.info("worker_started", worker=index, pid=proc.pid)
         return _Worker(index, proc, time.monotonic())
 

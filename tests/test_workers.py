@@ -263,3 +263,32 @@ def test_a_ui_session_is_known_to_every_worker_and_sign_out_ends_it_everywhere(
     finally:
         proc.terminate(120)
         proc.close()
+
+
+def test_a_reload_while_the_workers_are_starting_kills_none_of_them(
+    mock: MockProviderServer, tmp_path: Path
+) -> None:
+    """The supervisor forwards SIGHUP to workers it started a moment ago, still loading
+    Python: they start with it blocked and act on it once they can (its default action
+    killed them, and two such deaths in a row stopped the whole service)."""
+    env = build_env(tmp_path / "gw", mock.url)
+    proc = procs.Proc(
+        [str(WIREGATE), "serve", "--config", str(env.config), "--workers", "2"], dict(os.environ), tmp_path / "log"
+    )
+    try:
+        _wait(lambda: sum(1 for r in proc.records() if r.get("event") == "worker_started") == 2, timeout=30)
+        for _ in range(3):  # at once, while both workers are importing
+            proc.popen.send_signal(signal.SIGHUP)
+            time.sleep(0.05)
+        _wait(lambda: sum(1 for r in proc.records() if r.get("event") == "started") == 2)
+        _wait(lambda: sum(1 for r in proc.records() if r.get("event") == "config_reloaded") >= 2)
+        port = proc.https_port()
+        tls = ssl.create_default_context(cafile=str(env.ca))
+        with httpx.Client(base_url=f"https://127.0.0.1:{port}", verify=tls, timeout=30) as client:
+            assert _chat(client, env.gateway_key) == 200
+        events = [r.get("event") for r in proc.records()]
+        assert "worker_exited" not in events and events.count("worker_started") == 2, events
+        assert proc.popen.poll() is None
+    finally:
+        proc.terminate(120)
+        proc.close()
