@@ -100,3 +100,32 @@ def test_connections_in_all_are_capped(mock: MockProviderServer, make_env: Any, 
     finally:
         for sock in held:
             sock.close()
+
+
+def test_a_closed_tls_connection_frees_its_slot_though_the_client_never_answers(
+    gw: tuple[Env, GatewayThread],
+) -> None:
+    """After the gateway closes a TLS connection (here: a head past its deadline) it waits
+    for the client's close_notify only briefly: a client that never sends one held its
+    connection slot for 30 s, which made a slow-header flood four times cheaper."""
+    env, gateway = gw
+    held = [raw_socket(gateway, env, "tls") for _ in range(3)]  # the per-client cap
+    try:
+        for sock in held:
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # and never the rest, never a read
+        admitted_after = None
+        started = time.monotonic()
+        while time.monotonic() - started < 20:
+            time.sleep(0.5)
+            probe = raw_socket(gateway, env, "tls")
+            probe.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            reply = read_until_closed(probe)
+            probe.close()
+            if reply.startswith(b"HTTP/1.1 200"):
+                admitted_after = time.monotonic() - started
+                break
+            assert reply.startswith(b"HTTP/1.1 503"), reply[:100]
+        assert admitted_after is not None and admitted_after < 15, admitted_after
+    finally:
+        for sock in held:
+            sock.close()

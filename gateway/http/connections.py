@@ -335,6 +335,9 @@ class GuardedRunner(web.AppRunner):
         return server
 
 
+TLS_SHUTDOWN_S = 2.0  # how long a closed TLS connection waits for the client's close_notify
+
+
 class TLSSite(web.TCPSite):
     """A TCP site whose TLS handshake has the request-head deadline."""
 
@@ -356,6 +359,10 @@ class TLSSite(web.TCPSite):
             reuse_address=self._reuse_address,
             reuse_port=self._reuse_port,
             ssl_handshake_timeout=self._handshake_s if self._ssl_context is not None else None,
+            # Once the gateway closes a connection (a head deadline, an idle keep-alive), TLS
+            # waits for the client's close_notify; a client that never sends it would keep its
+            # connection slot for the default 30 s.
+            ssl_shutdown_timeout=TLS_SHUTDOWN_S if self._ssl_context is not None else None,
         )
         if self._server.sockets:
             self._bound_port = self._server.sockets[0].getsockname()[1]
