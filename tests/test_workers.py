@@ -265,9 +265,7 @@ def test_a_ui_session_is_known_to_every_worker_and_sign_out_ends_it_everywhere(
         proc.close()
 
 
-def test_a_reload_while_the_workers_are_starting_kills_none_of_them(
-    mock: MockProviderServer, tmp_path: Path
-) -> None:
+def test_a_reload_while_the_workers_are_starting_kills_none_of_them(mock: MockProviderServer, tmp_path: Path) -> None:
     """The supervisor forwards SIGHUP to workers it started a moment ago, still loading
     Python: they start with it blocked and act on it once they can (its default action
     killed them, and two such deaths in a row stopped the whole service)."""
