@@ -750,3 +750,39 @@ def test_a_deadline_mid_retry_keeps_the_attempts_made(
     assert len(_records(mock, sid)) == 2  # the SDK sent nothing again
     assert attempts.labels("impatient", "retry")._value.get() == before["retry"] + 1
     assert attempts.labels("impatient", "timeout")._value.get() == before["timeout"] + 1
+
+
+@pytest.fixture(scope="module")
+def total(gateways: GatewayFactory, mock: MockProviderServer) -> Iterator[tuple[Env, GatewayThread]]:
+    timeouts = {"connect_s": 1, "read_s": 5, "total_s": 1.0}
+    profiles = [
+        mock_profile(name, "openai", mock.url, timeouts=timeouts, retry={"attempts": 0}, **extra)
+        for name, extra in (("strict", {}), ("windowed", {"release": "windowed"}), ("observed", {}))
+    ]
+    policy = '[profile_modes.observed]\nbefore_release = "observe"\n'
+    with gateways("faults-total", profiles=profiles, policy_extra=policy) as started:
+        yield started
+
+
+@pytest.mark.parametrize("profile", ["strict", "windowed", "observed"])
+def test_a_profile_total_covers_the_whole_attempt_in_every_mode(
+    total: tuple[Env, GatewayThread], mock: MockProviderServer, profile: str
+) -> None:
+    """`timeouts.total_s` is the whole attempt, reading the body included: a provider that
+    trickles a stream past it is cut there, whether the stream is buffered, released in
+    windows or passed through in observe mode (it once bounded only the wait for headers)."""
+    env, gateway = total
+    sid = "tot" + uuid.uuid4().hex[:10]
+    mock.state.add_scenario(sid, [{"text": "y" * 40, "chunk_size": 1, "drip_ms": 100}])  # four seconds
+    body = {"model": "gpt-4.1", "stream": True, "messages": [{"role": "user", "content": f"hi mock-scenario:{sid}"}]}
+    headers = {"authorization": f"Bearer {env.gateway_key}", "x-wiregate-profile": profile}
+    try:
+        answer = raw_client(gateway, env).post("/v1/chat/completions", json=body, headers=headers)
+        text, status = answer.text, answer.status_code
+    except httpx2.RemoteProtocolError:  # observe: cut mid-stream, never ended cleanly
+        text, status = "", 200
+    if profile == "strict":
+        assert status == 503 and "buffer_timeout" in text, text
+    else:
+        assert text.count("y") < 40  # ended before the provider did
+        assert "[DONE]" not in text

@@ -252,6 +252,12 @@ async def send_along_chain(app: web.Application, ex: Exchange, trail: Trail) -> 
     raise ServiceError(503, "upstream_unavailable", (ReasonCode.NO_PROFILE,), retryable=True)
 
 
+def _left(attempt: Attempt) -> float:
+    """Seconds left to read the attempt's response: its profile's `total_s` counts from the
+    send, the call's deadline from its start (the send set `until` to the sooner)."""
+    return max(0.0, attempt.sent.until - time.monotonic())
+
+
 async def _send(
     app: web.Application,
     ex: Exchange,
@@ -265,9 +271,10 @@ async def _send(
         raise errors.upstream_unavailable(ReasonCode.UPSTREAM_TIMEOUT)
     metrics = app[METRICS]
     started = time.perf_counter()
-    sent = Sent(response=None)
+    budget = min(remaining, loaded.profile.timeouts.total_s)  # the whole attempt, reading its body included
+    sent = Sent(response=None, until=time.monotonic() + budget)
     try:
-        async with asyncio.timeout(min(remaining, loaded.profile.timeouts.total_s)):
+        async with asyncio.timeout(budget):
             await app[UPSTREAM].send(target, loaded, body, headers, deadline=ex.wait_deadline, into=sent)
     except TimeoutError:
         sent.timed_out()  # what was tried before the deadline still counts (metrics, retry advice)
@@ -447,7 +454,7 @@ async def buffer(
     progress = time.monotonic()  # the headers, then each chunk
     next_beat = progress + streaming.heartbeat_after_s
     try:
-        async with _reading(trail), asyncio.timeout(max(0.0, ex.deadline - time.monotonic())):
+        async with _reading(trail), asyncio.timeout(_left(attempt)):
             while True:
                 stalled = time.monotonic() - progress >= streaming.heartbeat_stall_s
                 if heartbeats is None or stalled:
@@ -615,7 +622,7 @@ async def release_windowed(
 
     try:
         try:
-            async with _reading(trail), asyncio.timeout(max(0.0, ex.deadline - time.monotonic())):
+            async with _reading(trail), asyncio.timeout(_left(attempt)):
                 while chunk := await response.content.readany():
                     total += len(chunk)
                     if total > limits.response_bytes:
@@ -696,13 +703,14 @@ async def pass_through(
     size = 0
     broken = False
     try:
-        async for chunk in response.content.iter_any():
-            await out.write(chunk)
-            size += len(chunk)
-            if size <= limit:
-                copy.append(chunk)
-    except (aiohttp.ClientError, OSError):
-        broken = True
+        async with asyncio.timeout(_left(attempt)):  # observe and off have the same deadline as strict
+            async for chunk in response.content.iter_any():
+                await out.write(chunk)
+                size += len(chunk)
+                if size <= limit:
+                    copy.append(chunk)
+    except (aiohttp.ClientError, OSError, TimeoutError):
+        broken = True  # cut where it stopped: the client sees the stream end uncleanly
     trail.add(Buffered(attempt.target.profile_id, response.status, _is_stream(response), size))
     if mode is Mode.OBSERVE:
         read, outcome = await read_and_check(

@@ -53,6 +53,7 @@ class Sent:
     response: aiohttp.ClientResponse | None  # headers received, body not yet read
     failure: str | None = None  # a reason code when no response could be had
     attempts: list[AttemptRecord] = field(default_factory=list)
+    until: float = float("inf")  # monotonic end of the attempt: the profile's total_s, the call's deadline
 
     def timed_out(self) -> None:
         """The send was stopped by a deadline (the profile's total, the call's): no
