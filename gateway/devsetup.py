@@ -13,12 +13,12 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import os
 import secrets
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from gateway import secretfile
 from gateway.listeners import generate_dev_tls
 from gateway.profiles import signing
 
@@ -26,10 +26,7 @@ MOCK_PORT = 9901
 
 
 def write_private(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(data)
+    secretfile.write_private(path, data)
 
 
 def new_gateway_key() -> tuple[str, str]:

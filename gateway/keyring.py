@@ -15,7 +15,6 @@ import base64
 import hashlib
 import hmac
 import json
-import os
 import re
 import secrets
 from collections.abc import Mapping
@@ -25,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+
+from gateway import secretfile
 
 
 class KeyRingError(ValueError):
@@ -124,11 +125,10 @@ def _read_ring_file(path: Path) -> dict[str, Any]:
 
 
 def _write_ring_file(path: Path, data: Mapping[str, Any]) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
+    try:
+        secretfile.write_private(path, (json.dumps(data, indent=2) + "\n").encode(), keep_group=True)
+    except OSError as exc:
+        raise KeyRingError(f"{path}: cannot be written ({exc.strerror})") from None
 
 
 def rotate_keyring_file(path: Path, *, retire_after: bool = False, stage: bool = False) -> str:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
-import os
 import socket
 import ssl
 import stat
@@ -20,6 +19,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from gateway import secretfile
 
 
 class ListenerError(RuntimeError):
@@ -75,9 +76,7 @@ def _name(common: str) -> x509.Name:
 
 
 def _write_private(path: Path, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(data)
+    secretfile.write_private(path, data)
 
 
 def generate_dev_tls(directory: Path, *, days: int = 825) -> tuple[Path, Path, Path]:

@@ -114,3 +114,43 @@ def test_files_that_decide_enforcement_writable_by_others_refuse_the_load(
     assert any(str(path) in w and "writable by its group" in w for w in runtime.warnings)
     os.chmod(path, 0o600 if private else 0o644)
     assert not any("writable" in w for w in load_runtime(work / "wiregate.toml").warnings)
+
+
+def test_rewritten_secret_files_are_owner_only_whatever_their_mode_was(
+    initialised: tuple[Path, dict[str, Any]],
+) -> None:
+    """`init --force` and `keys rotate` write new secrets: into files of their own (0600),
+    never into an old file that someone had made readable by others."""
+    work, facts = initialised
+    secret_files = [
+        work / "dev-gateway-key",
+        work / "keys" / "bindings-keyring.json",
+        work / "secrets" / "mock-upstream.key",
+        work / "tls" / "server.key",
+        Path(facts["signing_key"]),
+    ]
+    for path in secret_files:
+        os.chmod(path, 0o644)
+    devsetup.init(work, force=True)
+    for path in secret_files:
+        assert (path.stat().st_mode & 0o777) == 0o600, path
+
+
+def test_rotation_keeps_the_rings_group_read_and_nothing_more(tmp_path: Path) -> None:
+    """A ring the gateway reads through its group (0640) stays readable that way after a
+    rotation; a ring others could read does not stay so; a leftover temporary file changes
+    nothing."""
+    from gateway.keyring import load_keyring, rotate_keyring_file
+
+    ring = tmp_path / "ring.json"
+    devsetup.new_keyring(ring)
+    os.chmod(ring, 0o640)
+    (tmp_path / "ring.json.tmp").write_text("left over")
+    os.chmod(tmp_path / "ring.json.tmp", 0o666)
+    rotate_keyring_file(ring)
+    assert (ring.stat().st_mode & 0o777) == 0o640
+    os.chmod(ring, 0o666)
+    rotate_keyring_file(ring)
+    assert (ring.stat().st_mode & 0o777) == 0o640
+    assert load_keyring(ring).active.id
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ring.json", "ring.json.tmp"]  # nothing else left behind
