@@ -5,6 +5,7 @@ the error log."""
 
 from __future__ import annotations
 
+import gzip
 import json
 from collections.abc import Iterator
 
@@ -61,3 +62,57 @@ def test_the_sampled_line_counts_what_it_left_out(captured_logs: LogCapture) -> 
     lines = [json.loads(line) for line in captured_logs.since(mark).splitlines() if line.strip()]
     assert [(line["count"], line["error_class"]) for line in lines] == [(1, "BadHttpMessage"), (10, "LineTooLong")]
     assert guard.bad_requests == 11
+
+
+CHAT = json.dumps({"model": "gpt-4.1", "messages": [{"role": "user", "content": "hi"}]}).encode()
+
+
+def _post(env: Env, extra: bytes, body: bytes | None) -> bytes:
+    head = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+        + env.gateway_key.encode()
+        + b"\r\nContent-Type: application/json\r\nConnection: close\r\n"
+        + extra
+    )
+    if body is None:  # chunked
+        return head + b"\r\n" + b"%x\r\n" % len(CHAT) + CHAT + b"\r\n0\r\n\r\n"
+    return head + b"Content-Length: %d\r\n\r\n" % len(body) + body
+
+
+@pytest.mark.parametrize(
+    ("extra", "body"),
+    [
+        (b"Content-Encoding: identity, gzip\r\n", CHAT),
+        (b"Content-Encoding: identity\r\nContent-Encoding: gzip\r\n", CHAT),  # a list over two lines
+        (b"Content-Encoding: gzip\r\nContent-Encoding: br\r\n", gzip.compress(CHAT)),
+        (b"Transfer-Encoding: gzip, chunked\r\n", None),  # a transfer coding the parser does not undo
+    ],
+)
+def test_an_encoding_list_is_unsupported_however_it_is_written(
+    gw: tuple[Env, GatewayThread], extra: bytes, body: bytes | None
+) -> None:
+    env, gateway = gw
+    answer = _exchange(gateway, _post(env, extra, body))
+    assert answer.startswith(b"HTTP/1.1 415") and b"unsupported_encoding" in answer, answer[:200]
+
+
+def test_one_gzip_line_and_plain_chunks_are_read(gw: tuple[Env, GatewayThread]) -> None:
+    env, gateway = gw
+    assert _exchange(gateway, _post(env, b"Content-Encoding: gzip\r\n", gzip.compress(CHAT))).startswith(
+        b"HTTP/1.1 200"
+    )
+    assert _exchange(gateway, _post(env, b"Transfer-Encoding: chunked\r\n", None)).startswith(b"HTTP/1.1 200")
+
+
+def test_a_refusal_before_100_continue_closes_the_connection(gw: tuple[Env, GatewayThread]) -> None:
+    """Refused before `100 Continue` (here: no key), the client may still send its body: the
+    connection closes after the answer, so that body is never read as the next request."""
+    _, gateway = gw
+    with raw_socket(gateway) as sock:
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Expect: 100-continue\r\nContent-Length: %d\r\n\r\n" % len(CHAT)
+        )
+        answer = read_until_closed(sock)  # closed by the server, not by our 10 s timeout
+    assert answer.startswith(b"HTTP/1.1 401"), answer[:200]
+    assert b"connection: close" in answer.lower()

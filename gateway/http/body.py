@@ -18,7 +18,7 @@ from aiohttp import web
 
 from gateway.config.model import Limits
 from gateway.errors import ClientError
-from gateway.http.connections import CONTINUE, EXPECT
+from gateway.http.connections import CONTINUE, CONTINUED, EXPECT
 from gateway.vocab import ReasonCode
 
 
@@ -26,10 +26,23 @@ def _timeout() -> ClientError:
     return ClientError(408, "request_timeout", (ReasonCode.REQUEST_TIMEOUT,), retryable=True)
 
 
+def _unsupported_encoding() -> ClientError:
+    return ClientError(415, "unsupported_encoding", (ReasonCode.UNSUPPORTED_ENCODING,))
+
+
 async def read_body(request: web.Request, limits: Limits, *, media_type: str = "application/json") -> bytes:
-    encoding = request.headers.get("content-encoding", "identity").strip().lower()
+    # One Content-Encoding line naming one coding (lines are a list: "identity" then "gzip"
+    # on two lines read as identity, once), and no transfer coding but chunked (the parser
+    # de-chunks and would pass "gzip, chunked" through still compressed).
+    encodings = request.headers.getall("content-encoding", ())
+    if len(encodings) > 1:
+        raise _unsupported_encoding()
+    encoding = encodings[0].strip().lower() if encodings else "identity"
     if encoding not in ("identity", "gzip", ""):
-        raise ClientError(415, "unsupported_encoding", (ReasonCode.UNSUPPORTED_ENCODING,))
+        raise _unsupported_encoding()
+    transfer = ",".join(request.headers.getall("transfer-encoding", ())).strip().lower()
+    if transfer not in ("", "chunked"):
+        raise _unsupported_encoding()
     if request.content_type != media_type:
         raise ClientError(415, "unsupported_media_type", (ReasonCode.UNSUPPORTED_MEDIA_TYPE,))
     if request.content_length is not None and request.content_length > limits.request_bytes:
@@ -37,6 +50,7 @@ async def read_body(request: web.Request, limits: Limits, *, media_type: str = "
     if request.get(EXPECT) == CONTINUE:  # every check before the body passed
         await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         request.writer.output_size = 0  # the response proper has not started
+        request[CONTINUED] = True
     chunks: list[bytes] = []
     total = 0
     deadline = time.monotonic() + limits.body_total_s

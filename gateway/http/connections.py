@@ -176,9 +176,14 @@ class GuardedHandler(RequestHandler):
             self._awaiting_head = False
 
     async def finish_response(self, request: Any, resp: Any, start_time: float | None) -> tuple[Any, bool]:
+        # Refused before `100 Continue`: the client may still send the body or may not, so
+        # nothing after this answer on the connection can be read as a request.
+        unsent_body = request.get(EXPECT) == CONTINUE and not request.get(CONTINUED)
+        if unsent_body and not resp.prepared:
+            resp.force_close()  # says `Connection: close`
         result = await super().finish_response(request, resp, start_time)
         self._awaiting_head = True  # the next bytes start the next head
-        if resp.status in (408, 413):
+        if resp.status in (408, 413) or unsent_body:
             # A body that stalled or was too large is not waited for or drained (aiohttp
             # would linger reading it): the answer is out, close the connection now.
             self.force_close()
@@ -287,6 +292,7 @@ class GuardedHandler(RequestHandler):
 # refuses any other value.
 EXPECT = web.RequestKey("wiregate_expect", str)
 CONTINUE = "100-continue"
+CONTINUED = web.RequestKey("wiregate_continued", bool)  # `100 Continue` went out: the body may follow
 
 
 def _expect_aside(factory: Callable[..., web.BaseRequest]) -> Callable[..., web.BaseRequest]:
