@@ -106,6 +106,7 @@ class Aggregator:
         self.sessions: dict[str, dict[Key, tuple[Block, int]]] = {}
         self.launched: set[str] = set()  # sessions a full-context request was seen in
         self.seen: dict[str, set[Key]] = {}  # invocation → block identities already counted
+        self.counted: set[str] = set()  # invocations whose first sighting in the window was counted
         self.boundaries = 0
         self.correlated = 0
         self.incomplete = 0
@@ -159,7 +160,10 @@ class Aggregator:
         replay = False
         if record.invocation is not None:
             seen = self.seen.get(record.invocation)
-            if seen is not None:
+            # A repeat of an invocation first seen before the window is its first sighting in
+            # the window: a whole boundary (its earlier blocks, usage and correlation were
+            # never counted), not a replay of one.
+            if seen is not None and (record.invocation in self.counted or not counted):
                 replay = True
                 fresh = [b for b in record.blocks if (b.block_id, b.instance) not in seen]
                 if not fresh:
@@ -167,6 +171,8 @@ class Aggregator:
                         self.replays += 1
                     return
             self.seen.setdefault(record.invocation, set()).update((b.block_id, b.instance) for b in fresh)
+            if counted and not replay:
+                self.counted.add(record.invocation)
         carried = self._carry(record)
         # A continuation (server-side state) is complete only in a session whose whole
         # context was seen before it: what that launch carried stands for what the provider holds.

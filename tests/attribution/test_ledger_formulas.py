@@ -336,3 +336,31 @@ def test_a_continuation_is_complete_only_after_its_session_was_seen_whole() -> N
     assert windowed.report()["exposure"]["status"] == "supported"
     other = aggregate([Record(1.0, launch.blocks, invocation="i1", session="t"), cont], REG)
     assert other["exposure"]["incompleteInvocations"] == 1  # another session's launch says nothing
+
+
+def test_a_repeat_of_an_invocation_first_seen_before_the_window_is_a_boundary_in_it() -> None:
+    """The window starts between two sightings of one invocation: the one inside is its
+    first counted sighting, a whole boundary (coverage 1.0 for what it holds, exposure
+    correlated), not a replay whose new blocks hang on a boundary the window never counted."""
+    records = [
+        Record(1.0, (b(SYS, "A", 100), b(CUR, "U", 10)), invocation="i1", usage={"input_tokens": (110, "known")}),
+        Record(
+            10.0,
+            (b(SYS, "A", 100), b(CUR, "U", 10), b(TOOLS, "T", 54)),
+            invocation="i1",
+            usage={"input_tokens": (164, "known")},
+        ),
+        Record(
+            11.0,
+            (b(SYS, "A", 100), b(CUR, "U", 10), b(TOOLS, "T", 54)),
+            invocation="i1",
+            usage={"input_tokens": (164, "known")},
+        ),  # a retry inside the window: a replay
+    ]
+    report = aggregate(records, REG, since=5.0)
+    assert report["boundaries"] == 1 and report["replaysDeduplicated"] == 1
+    assert report["exposure"]["status"] == "supported"
+    for block_id, tokens in ((SYS, 100), (CUR, 10), (TOOLS, 54)):
+        entry = row(report, block_id)
+        assert entry["injectionCount"] == 1 and entry["injectionCoverage"] == 1.0, entry
+        assert entry["cumulativeMaterializedEstimate"] == tokens
