@@ -18,7 +18,9 @@ from pathlib import Path
 def write_private(path: Path, data: bytes, *, keep_group: bool = False) -> None:
     """`data` at `path`, readable by its owner only. With `keep_group`, a file that was
     there keeps its owner and group, and its group-read bit (never more): a gateway that
-    reads it as another user of that group still can after a rotation."""
+    reads it as another user of that group still can after a rotation. When the group
+    cannot be kept (only root may give a file away), the file is owner-only: group read
+    for some other group would hand the secret to it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     before = None
     if keep_group:
@@ -29,12 +31,13 @@ def write_private(path: Path, data: bytes, *, keep_group: bool = False) -> None:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
+            mode = 0o600
             if before is not None:
                 with contextlib.suppress(PermissionError):  # only root may give a file away
                     os.fchown(fh.fileno(), before.st_uid, before.st_gid)
-                os.fchmod(fh.fileno(), 0o600 | (before.st_mode & 0o040))
-            else:
-                os.fchmod(fh.fileno(), 0o600)
+                if os.fstat(fh.fileno()).st_gid == before.st_gid:  # never group read for another group
+                    mode |= before.st_mode & 0o040
+            os.fchmod(fh.fileno(), mode)
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:

@@ -154,3 +154,27 @@ def test_rotation_keeps_the_rings_group_read_and_nothing_more(tmp_path: Path) ->
     assert (ring.stat().st_mode & 0o777) == 0o640
     assert load_keyring(ring).active.id
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ring.json", "ring.json.tmp"]  # nothing else left behind
+
+
+def test_a_rotated_ring_keeps_group_read_only_for_its_own_group(tmp_path: Path) -> None:
+    """Only root may give a file away: when the group cannot be kept, the rewritten file is
+    owner-only rather than readable by some other group."""
+    from gateway import secretfile
+
+    ring = tmp_path / "ring.json"
+    ring.write_bytes(b"old")
+    os.chmod(ring, 0o640)
+    secretfile.write_private(ring, b"new", keep_group=True)
+    assert ring.read_bytes() == b"new" and (ring.stat().st_mode & 0o777) == 0o640  # its own group: kept
+    real_fchown = os.fchown
+
+    def refused(fd: int, uid: int, gid: int) -> None:
+        raise PermissionError
+
+    os.fchown = refused  # type: ignore[assignment]
+    try:
+        os.chown(ring, -1, 4242)  # a group this test's process will not be able to give the new file
+        secretfile.write_private(ring, b"newer", keep_group=True)
+    finally:
+        os.fchown = real_fchown
+    assert ring.stat().st_gid != 4242 and (ring.stat().st_mode & 0o777) == 0o600

@@ -287,6 +287,23 @@ def test_text_sources_and_data_urls_are_read_not_refused(gw: tuple[Env, GatewayT
         ],
     }
     assert post_json(gateway, env, "/v1/responses", body).status_code == 200
+    for ordinary in (  # text that merely starts with "data:" is text
+        {
+            "model": "gpt-4.1",
+            "input": [{"role": "user", "content": [{"type": "input_text", "text": "Data: 3, 5, 8."}]}],
+        },
+        {"model": "gpt-4.1", "instructions": "data: answer in one line", "input": "hi"},
+        {"model": "gpt-4.1", "input": "hi", "metadata": {"source": "data:warehouse/eu,2024"}},
+    ):
+        assert post_json(gateway, env, "/v1/responses", ordinary).status_code == 200, ordinary
+
+
+def test_an_answer_that_starts_with_data_is_released(gw: tuple[Env, GatewayThread], mock: MockProviderServer) -> None:
+    env, gateway = gw
+    sid = "dat" + uuid.uuid4().hex[:10]
+    mock.state.add_scenario(sid, [{"text": "Data: the mean is 5.33"}])
+    answer = post_json(gateway, env, "/v1/responses", {"model": "gpt-5", "input": f"mean? mock-scenario:{sid}"})
+    assert answer.status_code == 200 and "the mean is 5.33" in answer.text
 
 
 def _generated_image(stream: bool) -> dict[str, object]:

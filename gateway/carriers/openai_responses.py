@@ -15,6 +15,7 @@ Must not: do I/O or judge content.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -31,29 +32,34 @@ _OPAQUE_TYPES = frozenset({"input_image", "input_file", "input_audio", "computer
 _TEXT_MEDIA = ("text/", "application/json")
 
 
+_DATA_URL = re.compile(r"data:([\w.+-]+/[\w.+-]+)(;[^,\s]*)?,", re.IGNORECASE)
+# Members that carry a URL or inline data the provider fetches or decodes (text never does).
+_URL_MEMBERS = frozenset({"image_url", "file_url", "file_data", "url", "data", "audio_url", "video_url"})
+
+
 def _binary_data_url(value: Any) -> bool:
-    """A `data:` URL of anything but text (RFC 2397: no media type is text/plain)."""
-    if not (isinstance(value, str) and value[:5].lower() == "data:"):
+    """A `data:` URL (RFC 2397, with its media type) of anything but text."""
+    if not isinstance(value, str):
         return False
-    media = value[5:].split(",", 1)[0].split(";", 1)[0].strip().lower()
-    return bool(media) and not media.startswith(_TEXT_MEDIA)
+    found = _DATA_URL.match(value)
+    return found is not None and not found.group(1).lower().startswith(_TEXT_MEDIA)
 
 
 def _opaque(node: dict[str, Any]) -> bool:
     """Content the provider reads (or returns) that no check can: files, images, audio —
     typed as such, an image generation's result, an inline `base64` source that is not
-    text (a skill's zip), or a `data:` URL of an image anywhere (an image mask)."""
+    text (a skill's zip), or a `data:` URL of an image in a member that carries URLs or
+    data (an image mask). Text that merely starts with "data:" is text."""
     kind = node.get("type")
     if isinstance(kind, str):
         if kind in _OPAQUE_TYPES:
             return True
         if kind == "image_generation_call" and node.get("result") is not None:
             return True
-        if kind == "base64" and not (
-            isinstance(node.get("media_type"), str) and node["media_type"].lower().startswith(_TEXT_MEDIA)
-        ):
+        media = node.get("media_type")
+        if kind == "base64" and not (isinstance(media, str) and media.lower().startswith(_TEXT_MEDIA)):
             return True
-    return any(_binary_data_url(value) for value in node.values())
+    return any(_binary_data_url(node.get(key)) for key in _URL_MEMBERS.intersection(node))
 
 
 def _opaque_output(doc: dict[str, Any]) -> list[str]:

@@ -54,6 +54,7 @@ def token_digest(token: str) -> str:
     return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
 
 
+_SIGN_IN_LOCK = 0x77675F7569  # "wg_ui": the advisory lock sign-ins take on PostgreSQL
 _END_SESSION = "DELETE FROM wg_ui_sessions WHERE token_digest = {p}"
 _END_KEY_SESSIONS = "DELETE FROM wg_ui_sessions WHERE key_digest = {p}"
 
@@ -92,6 +93,9 @@ class StoredUiSessions:
         else:
 
             async def pg(conn: Conn) -> None:
+                # One sign-in at a time (as SQLite's writer runs them): concurrent ones would
+                # each see the same old count and together exceed the bounds.
+                await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SIGN_IN_LOCK,))
                 await conn.execute("DELETE FROM wg_ui_sessions WHERE expires <= %s", (now,))
                 await conn.execute(
                     "DELETE FROM wg_ui_sessions WHERE seq IN (SELECT seq FROM wg_ui_sessions WHERE key_digest = %s"

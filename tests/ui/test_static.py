@@ -4,6 +4,7 @@ observe action are enforced by the routes themselves."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections.abc import Iterator
@@ -303,3 +304,21 @@ def test_an_undecodable_session_cookie_is_no_session(
         if path == "/ui/":
             assert b'id="login"' in answer or b"sign in" in answer.lower()
     assert '"level":"error"' not in captured_logs.since(mark)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+async def test_concurrent_sign_ins_on_two_replicas_keep_the_bounds(tmp_path: Path, backend: str) -> None:
+    """Sign-ins at once, on two replicas of one database, never leave more sessions than
+    the bounds allow (on PostgreSQL each one saw the same old count and all were kept)."""
+    from tests.context.conftest import replica_databases
+
+    async with replica_databases(backend, tmp_path, UI_SESSION_MIGRATIONS, "ui_bounds") as (one, two):
+        replicas = [StoredUiSessions(db, per_key=2, max_sessions=4) for db in (one, two)]
+        key = b"\x01" * 32
+        made = await asyncio.gather(*(replicas[n % 2].create(key, 100.0) for n in range(16)))
+        live = [token for token, _ in made if await replicas[0].get(token, 101.0) is not None]
+        assert len(live) == 2
+        await asyncio.gather(*(replicas[n % 2].create(bytes([n + 2]) * 32, 100.0) for n in range(16)))
+        live = [token for token, _ in made if await replicas[1].get(token, 101.0) is not None]
+        assert live == []  # the oldest made room
