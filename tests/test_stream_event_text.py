@@ -273,3 +273,76 @@ def test_a_stream_out_of_order_is_not_vouched_for(
     assert "upstream_invalid_response" in r.text, r.text
     assert r.status_code != 200 or release == "windowed"
     assert SECRET not in r.text and not (A in r.text and B in r.text)
+
+
+def _anthropic_text_block(delta: dict[str, Any]) -> list[str]:
+    data = {"type": "content_block_delta", "index": 0, "delta": delta}
+    return _anthropic_blocks(_block_start(0), _event("content_block_delta", data), _block_stop(0))
+
+
+def _output_delta(**fields: Any) -> dict[str, Any]:
+    return {**_text_delta(0, "hi"), "sequence_number": 1, **fields}
+
+
+# Strings in delta events that no fold reads: labels (read as units once per stream), and
+# members or shapes the short path does not know (read in full).
+OUTSIDE_THE_FOLD: dict[str, tuple[str, list[str]]] = {
+    "chat: a usage member that is text": ("/v1/chat/completions", _chat_stream(_chat_chunk(usage={"note": B64}))),
+    "chat: padding": ("/v1/chat/completions", _chat_stream(_chat_chunk(obfuscation=B64))),
+    "chat: the model's name": ("/v1/chat/completions", _chat_stream(_chat_chunk(model=B64))),
+    "chat: tool calls as text": (
+        "/v1/chat/completions",
+        _chat_stream(_chat_chunk(choice={"delta": {"tool_calls": B64}})),
+    ),
+    "chat: a tool call indexed by text": (
+        "/v1/chat/completions",
+        _chat_stream(_chat_chunk(choice={"delta": {"tool_calls": [{"index": B64, "function": {"arguments": "{}"}}]}})),
+    ),
+    "chat: a delta member no one has named": (
+        "/v1/chat/completions",
+        _chat_stream(_chat_chunk(choice={"delta": {B64: "x"}})),
+    ),
+    "chat: a finish reason no one has named": (
+        "/v1/chat/completions",
+        _chat_stream(_chat_chunk(choice={"finish_reason": B64})),
+    ),
+    "responses: padding": ("/v1/responses", _responses_stream(_output_delta(obfuscation=B64), final=[])),
+    "responses: an item id": ("/v1/responses", _responses_stream(_output_delta(item_id=B64), final=[])),
+    "responses: a delta type no one has named": (
+        "/v1/responses",
+        _responses_stream(_output_delta(type=f"response.{B64}.delta"), final=[]),
+    ),
+    "responses: a delta that is an object": (
+        "/v1/responses",
+        _responses_stream(_output_delta(delta={B64: 1}), final=[]),
+    ),
+    "anthropic: a delta type no one has named": ("/v1/messages", _anthropic_text_block({"type": B64, "text": "hi"})),
+    "anthropic: a text that is an object": (
+        "/v1/messages",
+        _anthropic_text_block({"type": "text_delta", "text": {B64: 1}}),
+    ),
+    "anthropic: a ping indexed by text": (
+        "/v1/messages",
+        _anthropic_blocks(_event("ping", {"type": "ping", "index": B64})),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(OUTSIDE_THE_FOLD))
+@pytest.mark.parametrize("release", ["buffered", "windowed"])
+def test_strings_a_delta_event_does_not_fold_are_read_too(
+    gw: tuple[Env, GatewayThread],
+    windowed: tuple[Env, GatewayThread],
+    mock: MockProviderServer,
+    case: str,
+    release: str,
+) -> None:
+    """A delta event takes the short path only when its shape is known whole; its labels
+    are read as units, and anything else sends it down the full path."""
+    env, gateway = gw if release == "buffered" else windowed
+    route, events = OUTSIDE_THE_FOLD[case]
+    sid = "sf" + uuid.uuid4().hex[:12]
+    mock.state.add_scenario(sid, [{"raw_events": events}])
+    r = post_json(gateway, env, route, _body(route, sid))
+    assert B64 not in r.text, r.text
+    assert "secret_value" in r.text or "upstream_invalid_response" in r.text, r.text

@@ -32,6 +32,7 @@ _NOT_TEXT = frozenset({"type"})
 _DELTA_EVENT = frozenset({"type", "index", "delta"})
 # Fields of a content_block_delta's `delta` that fold (a citation folds as an object of its own).
 _FOLDED_DELTA = frozenset({"type", "text", "thinking", "signature", "partial_json"})
+_DELTA_TYPES = frozenset({"text_delta", "thinking_delta", "signature_delta", "input_json_delta"})
 _BARE_EVENTS = frozenset({"ping", "content_block_stop", "message_stop"})
 _BARE_MEMBERS = frozenset({"type", "index"})
 _DATA_MEMBERS = frozenset({"input"})  # a tool call's input: what the model wrote, not content it reads
@@ -245,13 +246,20 @@ class _Folder(common.StreamFolder):
         self.started = 0  # content blocks started so far: the next one's index
         self.open: int | None = None  # the block that is started and not yet stopped
 
-    def _delta_only(self, obj: Any) -> bool:
-        """A text, thinking, signature or input-JSON delta (every field but its `type` is
-        folded), a block's end, a ping or the message's stop."""
+    def _delta_only(self, obj: Any) -> common.Labels | None:
+        """A text, thinking, signature or input-JSON delta (its one text field folded, its
+        type one of those four), a block's end, a ping or the message's stop: no labels."""
         kind = obj.get("type") if isinstance(obj, dict) else None
         if kind == "content_block_delta":
-            return common.keys_within(obj, _DELTA_EVENT) and common.keys_within(obj.get("delta"), _FOLDED_DELTA)
-        return kind in _BARE_EVENTS and common.keys_within(obj, _BARE_MEMBERS)
+            delta = obj.get("delta")
+            if not (common.keys_within(obj, _DELTA_EVENT) and type(obj.get("index")) is int):
+                return None
+            if not (common.keys_within(delta, _FOLDED_DELTA) and delta.get("type") in _DELTA_TYPES):
+                return None
+            return [] if all(type(v) is str for v in delta.values()) else None
+        if kind in _BARE_EVENTS and common.keys_within(obj, _BARE_MEMBERS) and common.ints_within(obj, ("index",)):
+            return []
+        return None
 
     def _in_order(self, kind: str | None, obj: dict[str, Any]) -> bool:
         """Blocks come one after another: each starts at the next index, its deltas and its

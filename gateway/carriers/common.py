@@ -73,27 +73,33 @@ class EventDecoder:
     """Decodes each event's JSON payload, collecting every string it holds as units (every
     raw event is inspected decoded, not only the folded result).
 
-    A delta event (`delta_only` says so: every string it holds is either folded, and read
-    decoded, normalised and joined as part of its folded field, or a label of the
-    provider's own) whose payload is ASCII without a single backslash holds every string,
-    key and number verbatim: the scan of the raw (re-framed) stream sees its labels, and
-    the fold its text, so its units are not built. Any other event — one that carries text
-    outside the folded fields (a finished item, a final response object, a message start
-    with content, logprobs), any escape, or any non-ASCII character (which gets an NFKC
-    copy) — takes the full path: its every string decoded, normalised and joined, as in a
-    non-stream answer."""
+    A delta event whose payload is ASCII without a single backslash takes a short path when
+    the carrier vouches for its shape (`delta_only`): every member is one it knows, every
+    string either text its fold reads (decoded, normalised and joined as part of the folded
+    field) or a label it returns (ids, the model's name, padding), and every other value a
+    number, a boolean, null or one of a few known words. Such an event's text is read with
+    its field; each distinct label becomes a unit once per stream (they repeat on every
+    event). Any other event — one that carries text outside the folded fields (a finished
+    item, a final response object, a message start with content, logprobs, a member no one
+    has named), any escape, or any non-ASCII character (which gets an NFKC copy) — takes the
+    full path: its every string and key decoded, normalised and joined, as in a non-stream
+    answer."""
 
     def __init__(self, limits: CarrierLimits) -> None:
         self.limits = limits
         self.found = Collected([], [])
+        self._labels: set[str] = set()  # label texts already read as units in this stream
 
-    def decode(self, data: str, index: int, delta_only: Callable[[Any], bool] | None = None) -> Any:
+    def decode(self, data: str, index: int, delta_only: Callable[[Any], Labels | None] | None = None) -> Any:
         base: Path = ("~events", index)
         if delta_only is not None and data.isascii() and "\\" not in data:
             doc, has_dups = jsonraw.decode_shape(data, self.limits.max_depth)
-            if delta_only(doc):
-                if has_dups:
-                    self.found.dups.append(units.pointer(base))
+            labels = delta_only(doc) if not has_dups else None
+            if labels is not None:
+                for path, text in labels:
+                    if text not in self._labels:
+                        self._labels.add(text)
+                        self.found.units.append(TextUnit((*base, *path), text, units.KIND_STRING))
                 return doc
         doc, found = parse_document(data, self.limits, base)
         self.found.extend(found)
@@ -170,11 +176,11 @@ class StreamFolder:
     def _done(self) -> None:
         """The `[DONE]` sentinel (by default tolerated, not terminal)."""
 
-    def _delta_only(self, obj: Any) -> bool:
-        """Is every string of this decoded event folded by `_event`, or a label the provider
-        writes (ids, names of the model and the object)? Then the event's own units need not
-        be built (see `EventDecoder`). By default no event is."""
-        return False
+    def _delta_only(self, obj: Any) -> Labels | None:
+        """The labels of a decoded event whose shape the carrier knows whole (see
+        `EventDecoder`): every other string in it is folded by `_event`. None for any other
+        event (by default, every event)."""
+        return None
 
     def _event(self, event: Any, obj: dict[str, Any]) -> None:
         raise NotImplementedError
@@ -338,6 +344,27 @@ def message_parts(path: Path, index: int, msg: Any, field: str) -> list[PromptPa
         kind = "tool_calls" if "tool_calls" in rest else ("tool_result" if role == "tool" else "fields")
         parts.append(PromptPart(path, region, index, role, kind, compact(rest), False))
     return parts
+
+
+Labels = list[tuple[Path, str]]  # strings of a delta event that are not folded: read as units
+
+
+def labels_of(obj: Mapping[str, Any], names: Sequence[str], out: Labels) -> bool:
+    """Append the members of `obj` named in `names` (each absent, null or a string) to
+    `out` as labels; False when one holds anything else."""
+    for name in names:
+        value = obj.get(name)
+        if value is None:
+            continue
+        if type(value) is not str:
+            return False
+        out.append(((name,), value))
+    return True
+
+
+def ints_within(obj: Any, names: Sequence[str]) -> bool:
+    """Members of `obj` named in `names` are absent, null or whole numbers."""
+    return all(obj.get(name) is None or type(obj.get(name)) is int for name in names)
 
 
 def keys_within(obj: Any, allowed: frozenset[str]) -> bool:

@@ -189,22 +189,82 @@ def _fold_choice(choice: Any, pieces: dict[Path, list[str]]) -> None:
 _CHUNK_MEMBERS = frozenset(
     {"id", "object", "created", "model", "system_fingerprint", "service_tier", "choices", "usage", "obfuscation"}
 )
+_CHUNK_LABELS = ("id", "object", "model", "system_fingerprint", "service_tier", "obfuscation")
 _CHOICE_MEMBERS = frozenset({"index", "delta", "finish_reason", "logprobs"})
+_FINISH = frozenset({"stop", "length", "tool_calls", "content_filter", "function_call"})
+_DELTA_MEMBERS = frozenset({"role", "content", "refusal", "reasoning_content", "tool_calls", "function_call"})
+_STRUCTURED = frozenset({"tool_calls", "function_call"})  # objects, never text of their own
+_CALL_MEMBERS = frozenset({"index", "id", "type", "function"})
+_FUNCTION_MEMBERS = frozenset({"name", "arguments"})
+
+
+def _texts(obj: Any, names: frozenset[str]) -> bool:
+    """`obj` holds only members named in `names`, each null or a string (all folded)."""
+    return common.keys_within(obj, names) and all(v is None or type(v) is str for v in obj.values())
+
+
+def _known_call(call: Any) -> bool:
+    return (
+        common.keys_within(call, _CALL_MEMBERS)
+        and type(call.get("index")) is int
+        and all(call.get(k) is None or type(call.get(k)) is str for k in ("id", "type"))
+        and (call.get("function") is None or _texts(call.get("function"), _FUNCTION_MEMBERS))
+    )
+
+
+def _known_delta(delta: Any) -> bool:
+    """A choice's delta whose every string folds: text fields, a role, tool calls by index."""
+    if not common.keys_within(delta, _DELTA_MEMBERS):
+        return False
+    for key, value in delta.items():
+        if value is None or (type(value) is str and key not in _STRUCTURED):
+            continue
+        if key == "tool_calls":
+            if not (isinstance(value, list) and all(_known_call(call) for call in value)):
+                return False
+        elif key != "function_call" or not _texts(value, _FUNCTION_MEMBERS):
+            return False
+    return True
+
+
+def _counts(usage: Any) -> bool:
+    """Usage as numbers only (whole numbers, or objects of them, one level down)."""
+    if usage is None:
+        return True
+    if not isinstance(usage, dict):
+        return False
+    for value in usage.values():
+        if isinstance(value, dict):
+            if not all(v is None or type(v) is int for v in value.values()):
+                return False
+        elif value is not None and type(value) is not int:
+            return False
+    return True
 
 
 class _Folder(common.StreamFolder):
     def _done(self) -> None:
         self.terminal = True
 
-    def _delta_only(self, obj: Any) -> bool:
-        """A chunk of labels and choices whose only text is their `delta` (folded whole):
-        no logprobs (tokens of their own), no error, no member no one has named yet."""
-        if not common.keys_within(obj, _CHUNK_MEMBERS):
-            return False
+    def _delta_only(self, obj: Any) -> common.Labels | None:
+        """A chunk of labels and choices whose only text is their `delta` (folded whole),
+        every member one the chunk format names, no logprobs (tokens of their own)."""
+        if not common.keys_within(obj, _CHUNK_MEMBERS) or not common.ints_within(obj, ("created",)):
+            return None
         choices = obj.get("choices")
-        return isinstance(choices, list) and all(
-            common.keys_within(c, _CHOICE_MEMBERS) and c.get("logprobs") is None for c in choices
-        )
+        if not isinstance(choices, list) or not _counts(obj.get("usage")):
+            return None
+        for choice in choices:
+            if not (
+                common.keys_within(choice, _CHOICE_MEMBERS)
+                and type(choice.get("index")) is int
+                and choice.get("logprobs") is None
+                and (choice.get("finish_reason") is None or choice.get("finish_reason") in _FINISH)
+                and _known_delta(choice.get("delta"))
+            ):
+                return None
+        labels: common.Labels = []
+        return labels if common.labels_of(obj, _CHUNK_LABELS, labels) else None
 
     def _event(self, event: SSEEvent, chunk: dict[str, Any]) -> None:
         if "error" in chunk:

@@ -188,6 +188,20 @@ def _delta_path(kind: str, obj: dict[str, Any]) -> Path:
 _DELTA_MEMBERS = frozenset(
     {"type", "sequence_number", "item_id", "output_index", "content_index", "summary_index", "delta", "obfuscation"}
 )
+_DELTA_INDEXES = ("sequence_number", "output_index", "content_index", "summary_index")
+_DELTA_TYPES = frozenset(
+    {
+        "response.output_text.delta",
+        "response.function_call_arguments.delta",
+        "response.custom_tool_call_input.delta",
+        "response.refusal.delta",
+        "response.reasoning_text.delta",
+        "response.reasoning_summary_text.delta",
+        "response.audio.transcript.delta",
+        "response.code_interpreter_call_code.delta",
+        "response.mcp_call_arguments.delta",
+    }
+)
 
 
 _OPAQUE_EVENTS = {
@@ -206,16 +220,19 @@ class _Folder(common.StreamFolder):
     def _opaque(self, pointers: list[str]) -> None:
         self.opaque.extend(p for p in pointers if p not in self.opaque)
 
-    def _delta_only(self, obj: Any) -> bool:
-        """A `*.delta` event whose text is its `delta` (folded whole) beside ids and indexes;
-        an empty `logprobs` list holds nothing. A finished item, part or text, and the final
-        response object, carry text of their own: they are read in full."""
-        if not isinstance(obj, dict):
-            return False
-        kind = obj.get("type")
-        if not (isinstance(kind, str) and kind.endswith(".delta")) or kind in _TERMINAL:
-            return False
-        return all(key in _DELTA_MEMBERS or (key == "logprobs" and obj[key] == []) for key in obj)
+    def _delta_only(self, obj: Any) -> common.Labels | None:
+        """A `*.delta` event of a kind the API names, whose text is its `delta` string
+        (folded whole) beside ids, indexes and padding (labels); an empty `logprobs` list
+        holds nothing. A finished item, part or text, and the final response object, carry
+        text of their own: they are read in full."""
+        if not isinstance(obj, dict) or obj.get("type") not in _DELTA_TYPES or type(obj.get("delta")) is not str:
+            return None
+        if not all(key in _DELTA_MEMBERS or (key == "logprobs" and obj[key] == []) for key in obj):
+            return None
+        if not common.ints_within(obj, _DELTA_INDEXES):
+            return None
+        labels: common.Labels = []
+        return labels if common.labels_of(obj, ("item_id", "obfuscation"), labels) else None
 
     def _event(self, event: SSEEvent, obj: dict[str, Any]) -> None:
         kind = common.get_str(obj, "type") or event.event or ""
