@@ -403,3 +403,32 @@ def test_replace_needs_if_match(gw: tuple[Env, GatewayThread]) -> None:
         r = client.put(url, json=body, headers={**auth, "if-match": wrong})
         assert r.status_code == 412 and SECRET not in r.text
     assert client.put(url, json=body, headers={**auth, "if-match": '"revision:1"'}).status_code == 200
+
+
+def test_smaller_points_answer_as_1_4_1(gw: tuple[Env, GatewayThread]) -> None:
+    """What tests/test_context_differential_values.py checks against the 1.4.1 server, pinned
+    here too (it runs without one): `assembly: null`, `If-None-Match: *`, skill search,
+    the topic search `limit`, atomic listing `states`/`tag_match`, 1.4.1 score metrics."""
+    env, gateway = gw
+    sid = _scope(env, gateway)
+    made = _memory(env, gateway, sid, "Refunds settle within five business days.")
+    client = raw_client(gateway, env)
+    auth = {"authorization": f"Bearer {env.gateway_key}"}
+    prepare = _post(env, gateway, "/v1/context/prepare", {"scope_id": sid, "query": "refunds", "assembly": None})
+    assert prepare.status_code == 422 and prepare.json()["error"]["code"] == "invalid_request"
+    head = f"/v1/scopes/{sid}/artifacts/atomic-memory/{made['artifact_id']}"
+    assert client.get(head, headers={**auth, "if-none-match": "*"}).status_code == 200
+    assert client.get(head, headers={**auth, "if-none-match": 'W/"revision:1"'}).status_code == 304
+    assert client.get(f"{head}/state", headers={**auth, "if-none-match": "*"}).status_code == 304
+    search = f"/v1/scopes/{sid}/artifacts/%s/search"
+    skill = _post(env, gateway, search % "skill", {"query": "refunds", "include_scores": True})
+    assert (skill.status_code, skill.json()) == (200, {"results": []})
+    assert _post(env, gateway, search % "skill", {"query": "refunds", "mode": "vector"}).status_code == 422
+    for family, limit, status in (("topic-memory", 20, 200), ("topic-memory", 21, 422), ("experience", 150, 200)):
+        assert _post(env, gateway, search % family, {"query": "refunds", "limit": limit}).status_code == status
+    scored = _post(env, gateway, search % "atomic-memory", {"query": "refunds", "include_scores": True}).json()
+    channel = scored["results"][0]["scores"]["channels"]["text"]
+    assert (channel["metric"], channel["higher_is_better"]) == ("sqlite_bm25", False)
+    for body, field in (({"states": []}, "states"), ({"tag_match": "any"}, "tag_match")):
+        refused = _post(env, gateway, "/v1/atomic-memory/list", {"scope_id": sid, **body})
+        assert refused.status_code == 422 and refused.json()["error"]["details"]["field"] == field

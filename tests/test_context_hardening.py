@@ -120,8 +120,15 @@ def test_odd_numbers_and_repeated_parameters_are_refused(gw: tuple[Env, GatewayT
     assert made.status_code == 201, made.text
     aid = made.json()["artifact_id"]
     listing = f"/v1/scopes/{sid}/artifacts/topic-memory"
-    for odd in ("\u00b2", "\u0663", "\uff13", "1\u00b2", "-1", "1.0", "0x1"):
-        assert http.get(listing, params={"limit": odd}, headers=_as("alice")).status_code == 422, odd
+    for odd in ("\u00b2", "\u0663", "\uff13", "1\u00b2", "-1", "1.0", "0x1", "0", "101", "9" * 30):
+        # 1.4.1: a query parameter off its schema under /v1/scopes/{scope_id}/ is 400, with the error list
+        for url in (listing, f"{listing}/{aid}/revisions"):
+            refused = http.get(url, params={"limit": odd}, headers=_as("alice"))
+            assert refused.status_code == 400, (odd, refused.text)
+            error = refused.json()["error"]
+            assert error["code"] == "invalid_request" and error["details"]["errors"][0]["loc"] == ["query", "limit"]
+        # and 422 on /v1/scopes itself (1.4.1 too)
+        assert http.get("/v1/scopes", params={"limit": odd}, headers=_as("alice")).status_code == 422, odd
         revision = http.get(f"{listing}/{aid}/revisions/{odd}", headers=_as("alice"))
         assert revision.status_code in (404, 422), odd  # 404: the router's own pattern refused it
         assert revision.status_code != 200

@@ -159,7 +159,7 @@ class ListAtomic(_Closed):
     scope_id: ScopeId
     states: list[Literal["active", "forgotten", "merged", "retired"]] | None = None
     kind: Annotated[StrictStr, Field(min_length=1)] | None = None
-    tags: Tags = Field(default_factory=list)
+    tags: Tags | None = None
     tag_match: TagMatch | None = None
     limit: Annotated[StrictInt, Field(ge=1, le=100)] = 50
     cursor: Annotated[StrictStr, Field(max_length=4096)] | None = None
@@ -170,7 +170,7 @@ class SearchAtomic(_Closed):
     query: Annotated[StrictStr, Field(min_length=1, max_length=8192)]
     mode: Literal["text", "vector", "hybrid"] = "text"
     kind: Annotated[StrictStr, Field(min_length=1)] | None = None
-    tags: Tags = Field(default_factory=list)
+    tags: Tags | None = None
     tag_match: TagMatch | None = None
     limit: Annotated[StrictInt, Field(ge=1, le=100)] = 20
 
@@ -255,6 +255,18 @@ class RequestTooLarge(cx.ContextError):
 
 class ContractViolation(cx.ContextError):
     status, code, message = 422, "invalid_request", "The request violates the API contract."
+
+
+class QueryViolation(ContractViolation):
+    """A query parameter of a route under `/v1/scopes/{scope_id}/` that does not fit its schema:
+    1.4.1 answers those 400 (and the same under `/v1/scopes` itself 422)."""
+
+    status = 400
+
+
+def _violation(kind: str, loc: Sequence[str | int], msg: str) -> dict[str, Any]:
+    """`details` of a ContractViolation naming one error (locations name fields, never values)."""
+    return {"errors": [{"type": kind, "loc": list(loc), "msg": msg}]}
 
 
 class NotModified(Exception):
@@ -456,24 +468,44 @@ def _query(request: web.Request, name: str) -> str | None:
     """A query parameter given at most once (a repeated one is refused, never guessed)."""
     values = request.query.getall(name, [])
     if len(values) > 1:
-        raise cx.InvalidRequest(name, "is repeated")
+        raise cx.InvalidRequest("query", "parameters must be provided at most once")
     return values[0] if values else None
 
 
+_SIGNED_DIGITS = re.compile(r"-?[0-9]{1,64}")
+
+
+def _query_violation(request: web.Request, details: dict[str, Any]) -> ContractViolation:
+    """1.4.1 answers a query parameter that does not fit its schema 400 under a scope
+    (`/v1/scopes/{scope_id}/…`) and 422 elsewhere."""
+    if request.path.startswith("/v1/scopes/"):
+        return QueryViolation(details)
+    return ContractViolation(details)
+
+
 def _int_query(request: web.Request, name: str, default: int | None, low: int, high: int) -> int | None:
+    """An integer query parameter in [low, high], spelled as plain ASCII digits (an optional
+    minus): anything else is `int_parsing` (1.4.1's pydantic also takes `+5`, ` 5 `, `5.0`,
+    `1_0`; wiregate keeps the one spelling a client's serializer writes)."""
     value = _query(request, name)
     if value is None:
         return default
-    number = ascii_int(value, 9)
-    if number is None or not low <= number <= high:
-        raise cx.InvalidRequest(name, "is out of range")
+    loc = ["query", name]
+    if _SIGNED_DIGITS.fullmatch(value) is None:
+        raise _query_violation(request, _violation("int_parsing", loc, "Input should be a valid integer"))
+    number = int(value)
+    if number < low:
+        raise _query_violation(request, _violation("greater_than_equal", loc, _MESSAGES["greater_than_equal"]))
+    if number > high:
+        raise _query_violation(request, _violation("less_than_equal", loc, _MESSAGES["less_than_equal"]))
     return number
 
 
 def _cursor(request: web.Request) -> str | None:
     value = _query(request, "cursor")
     if value is not None and not 1 <= len(value) <= 4096:
-        raise cx.InvalidCursor()
+        kind = "string_too_short" if not value else "string_too_long"
+        raise _query_violation(request, _violation(kind, ["query", "cursor"], _MESSAGES[kind]))
     return value
 
 
@@ -505,7 +537,9 @@ def _open_cursor(runtime: Runtime, outer: str | None) -> str | None:
         raise cx.InvalidCursor() from None
 
 
-def _if_none_match(request: web.Request, etag: str) -> None:
+def _if_none_match(request: web.Request, etag: str, *, star: bool) -> None:
+    """304 when a listed tag (weak or strong) is `etag`, or is `*` where `star` (1.4.1: the
+    atomic-memory state honours `*`; an artifact head does not, and answers 200)."""
     header = request.headers.get("If-None-Match")
     if header is None:
         return
@@ -513,7 +547,7 @@ def _if_none_match(request: web.Request, etag: str) -> None:
         candidate = candidate.strip()
         if candidate.startswith("W/"):
             candidate = candidate[2:]
-        if candidate == etag or candidate == "*":
+        if candidate == etag or (star and candidate == "*"):
             raise NotModified(etag)
 
 
@@ -597,7 +631,7 @@ async def get_artifact(ctx: Ctx) -> web.Response:
     info = ctx.request.match_info
     await ctx.allow(info["scope_id"], "context.read")
     head = await ctx.service.get_artifact(info["scope_id"], info["family"], info["artifact_id"])
-    _if_none_match(ctx.request, head.etag)
+    _if_none_match(ctx.request, head.etag, star=False)
     return _json(head.to_wire(), headers={"ETag": head.etag})
 
 
@@ -650,7 +684,7 @@ async def get_state(ctx: Ctx) -> web.Response:
     info = ctx.request.match_info
     await ctx.allow(info["scope_id"], "context.read")
     state = await ctx.service.get_atomic_state(info["scope_id"], info["artifact_id"])
-    _if_none_match(ctx.request, state.etag)
+    _if_none_match(ctx.request, state.etag, star=True)
     return _json(state.to_wire(), headers={"ETag": state.etag})
 
 
@@ -659,15 +693,18 @@ async def search_artifacts(ctx: Ctx, dto: SearchArtifacts, raw: bytes) -> web.Re
     info = ctx.request.match_info
     scope_id, family = info["scope_id"], info["family"]
     await ctx.allow(scope_id, "context.read")
+    if family == "skill":
+        return _json(_skill_search(dto))
     if family not in ("atomic-memory", "topic-memory", "experience"):
-        if family in ("profile", "handoff", "prompt", "skill"):
+        if family in ("profile", "handoff", "prompt"):
             raise cx.ArtifactSearchNotSupported("family")
         raise cx.ArtifactFamilyNotFound()
     mode = {None: "fts", "text": "fts"}.get(dto.mode, dto.mode)
     if mode not in ("fts", "vector", "hybrid"):
         raise cx.InvalidRequest("mode", "is not a search mode")
-    if family == "atomic-memory" and dto.limit > 100:
-        raise cx.InvalidRequest("limit", "is out of range")
+    top = _SEARCH_LIMITS.get(family)
+    if top is not None and dto.limit > top:
+        raise ContractViolation(_violation("less_than_equal", ["body", "limit"], _MESSAGES["less_than_equal"]))
     kind = _filter_kind(dto.filters)
     result = await ctx.service.search(scope_id, family, dto.query, mode=mode, limit=min(dto.limit, 100), kind=kind)
     items = []
@@ -690,13 +727,29 @@ async def search_artifacts(ctx: Ctx, dto: SearchArtifacts, raw: bytes) -> web.Re
                 "retrieval": min(1.0, hit.score * 60),
                 "channels": {
                     name: {"raw": value, "metric": metric, "higher_is_better": higher}
-                    for name, (value, metric, higher) in sorted(hit.channel_scores.items())
+                    for name, (value, metric, higher) in hit.channel_scores.items()
                     if math.isfinite(value)
                 },
             }
         if dto.min_score is None or min(1.0, hit.score * 60) >= dto.min_score:
             items.append(item)
     return _json({"results": items})
+
+
+# The largest `limit` 1.4.1's search request of a family takes, where it is below the
+# generic 200 (which is then capped to the page ceiling, 100).
+_SEARCH_LIMITS = {"atomic-memory": 100, "topic-memory": 20}
+
+
+def _skill_search(dto: SearchArtifacts) -> dict[str, Any]:
+    """1.4.1 searches the skill family, which wiregate does not serve: the request is checked as
+    1.4.1's skill search checks it (text mode only, no filter, fusion or rerank), and finds nothing."""
+    if dto.mode not in (None, "text"):
+        raise ContractViolation(_violation("literal_error", ["body", "mode"], _MESSAGES["literal_error"]))
+    for name, value in (("filters", dto.filters or None), ("fusion", dto.fusion), ("rerank", dto.rerank)):
+        if value is not None:
+            raise ContractViolation(_violation("extra_forbidden", ["body", name], _MESSAGES["extra_forbidden"]))
+    return {"results": []}
 
 
 def _filter_kind(filters: Mapping[str, Any] | None) -> str | None:
@@ -718,8 +771,7 @@ def _filter_kind(filters: Mapping[str, Any] | None) -> str | None:
 @route("context.read", ListAtomic)
 async def list_atomic(ctx: Ctx, dto: ListAtomic, raw: bytes) -> web.Response:
     await ctx.allow(dto.scope_id, "context.read")
-    if dto.tags:
-        raise cx.CapabilityNotSupported("tags")
+    _no_tags(dto.tags, dto.tag_match)
     page = await ctx.service.list_atomic_memories(
         dto.scope_id, states=dto.states, kind=dto.kind, limit=dto.limit, cursor=dto.cursor
     )
@@ -729,13 +781,24 @@ async def list_atomic(ctx: Ctx, dto: ListAtomic, raw: bytes) -> web.Response:
 @route("context.read", SearchAtomic)
 async def search_atomic(ctx: Ctx, dto: SearchAtomic, raw: bytes) -> web.Response:
     await ctx.allow(dto.scope_id, "context.read")
-    if dto.tags:
-        raise cx.CapabilityNotSupported("tags")
+    _no_tags(dto.tags, dto.tag_match)
     mode = "fts" if dto.mode == "text" else dto.mode
     result = await ctx.service.search(
         dto.scope_id, "atomic-memory", dto.query, mode=mode, limit=dto.limit, kind=dto.kind
     )
     return _json(_search_hits(result))
+
+
+def _no_tags(tags: Sequence[str] | None, tag_match: str | None) -> None:
+    """Tags are not served; what 1.4.1 refuses before it would use them is refused alike:
+    `tag_match` without `tags` (422 invalid_request) and an empty `tags` (422, its schema)."""
+    if tags is None:
+        if tag_match is not None:
+            raise cx.InvalidRequest("tag_match", "requires tags")
+        return
+    if not tags:
+        raise ContractViolation(_violation("value_error", ["body", "tags"], "tags has an invalid number of labels"))
+    raise cx.CapabilityNotSupported("tags")
 
 
 def _search_hits(result: SearchResult) -> dict[str, Any]:
@@ -771,6 +834,9 @@ async def lifecycle(ctx: Ctx, dto: Lifecycle, raw: bytes) -> web.Response:
 @route("context.write", Merge)
 async def merge(ctx: Ctx, dto: Merge, raw: bytes) -> web.Response:
     await ctx.allow(dto.scope_id, "context.write")
+    if any(i.artifact.family != "atomic-memory" for i in dto.inputs):  # 1.4.1: before the inputs are read
+        msg = "Atomic Memory read dependencies require the atomic-memory Family"
+        raise ContractViolation(_violation("value_error", ["body", "inputs"], msg))
     if dto.source_refs or dto.artifact_refs:
         raise cx.CapabilityNotSupported("merge_references")
     _checked(ctx, raw)
@@ -809,6 +875,8 @@ async def search_memory(ctx: Ctx, dto: SearchMemory, raw: bytes) -> web.Response
 @route("context.prepare", Prepare)
 async def prepare(ctx: Ctx, dto: Prepare, raw: bytes) -> web.Response:
     await ctx.allow(dto.scope_id, "context.prepare")  # references are authorised by the service
+    if dto.assembly is None and "assembly" in dto.model_fields_set:  # COMPAT §1: omitted, never null
+        raise ContractViolation(_violation("value_error", ["body"], "assembly must be omitted or contain an object"))
     if dto.include_code:
         raise cx.CapabilityNotSupported("include_code")
     if dto.assembly is not None:

@@ -2,11 +2,13 @@
 
 Owns: the exact bytes of a `powercontext.prepared-context.v1` `content` — trust policy text,
 BEGIN/END markers, compact JSON with non-ASCII unescaped and U+0085/U+2028/U+2029 escaped,
-per-family citation and body forms (same scope / other scope), `kind` omitted only for legacy
-memory — and the selection rules: pool ceilings, dedupe, blank skipping, the experience cap
-applied before the memory → topic → experience round-robin, ≤8 entries, ≤2000-byte bodies with
-`…`, binary-searched UTF-8-safe truncation with a 64-byte minimum, both drop reasons counted,
-every fit measured against the fully rendered string.
+per-family citation and body forms (same scope / other scope; a topic's `snippet` when it has
+one), `kind` omitted only for legacy memory — and the selection rules: pool ceilings over all
+scope groups (and `fair_shares`, the round-robin cut that keeps them), dedupe and blank skipping
+within each group, each family's groups interleaved round-robin (current scope first), the
+experience cap applied before the memory → topic → experience round-robin, ≤8 entries,
+≤2000-byte bodies with `…`, binary-searched UTF-8-safe truncation with a 64-byte minimum, both
+drop reasons counted, every fit measured against the fully rendered string.
 Must not: do I/O, read clocks or randomness, search, or authorise; the same inputs give the same bytes.
 """
 
@@ -40,7 +42,8 @@ _ELLIPSIS_BYTES = len(ELLIPSIS.encode("utf-8"))
 
 MEMORY, TOPIC, EXPERIENCE, PROFILE = "atomic-memory", "topic-memory", "experience", "profile"
 LEGACY_MEMORY = "memory"
-# Candidate pool ceilings per scope group; more is an invariant breach, not a silent cut.
+# Candidate pool ceilings over all scope groups together (1.4.1 searches each scope for as many,
+# then cuts the groups to these with `fair_shares`); more is an invariant breach, not a silent cut.
 POOL_CEILINGS: Mapping[str, int] = {MEMORY: 16, TOPIC: 8, EXPERIENCE: 8}
 
 # Omission reasons, in the order the receipt lists them.
@@ -63,6 +66,7 @@ class Candidate:
 
     address: ArtifactAddress
     content: Mapping[str, Any]
+    snippet: str | None = None  # topic memory found through its detail: the excerpt (context/excerpt.py)
 
     @property
     def family(self) -> str:
@@ -145,9 +149,12 @@ def body(candidate: Candidate, current_scope_id: str) -> str:
     if family == MEMORY:
         return str(c.get("text", ""))
     if family == TOPIC:
+        shown = {"title": c.get("title", ""), "summary": c.get("summary", "")}
+        if candidate.snippet is not None:
+            shown["snippet"] = candidate.snippet
         if candidate.address.scope_id == current_scope_id:
-            return dumps({"title": c.get("title", ""), "summary": c.get("summary", "")})
-        return f"Title: {c.get('title', '')}\n\nSummary: {c.get('summary', '')}"
+            return dumps(shown)
+        return "\n\n".join(f"{label.capitalize()}: {value}" for label, value in shown.items())
     if family == EXPERIENCE:
         return (
             f"Situation: {c.get('situation', '')}\nAction: {c.get('action', '')}\n"
@@ -177,6 +184,19 @@ def _interleave(lists: Sequence[Sequence[Candidate]]) -> list[Candidate]:
     return out
 
 
+def fair_shares(sizes: Sequence[int], limit: int) -> list[int]:
+    """How many of each group's candidates to keep so that at most `limit` are kept in all:
+    one from each group in turn (first group first), skipping a group once it is used up."""
+    counts = [0] * len(sizes)
+    left = limit
+    while left > 0 and any(c < n for c, n in zip(counts, sizes, strict=True)):
+        for i, n in enumerate(sizes):
+            if left > 0 and counts[i] < n:
+                counts[i] += 1
+                left -= 1
+    return counts
+
+
 def build(
     current_scope_id: str,
     groups: Sequence[ScopeGroup],
@@ -197,36 +217,40 @@ def build(
         if n:
             omit(family, "rerank_not_selected", n)
 
-    per_family: dict[str, list[Candidate]] = {MEMORY: [], TOPIC: [], EXPERIENCE: []}
+    per_family: dict[str, list[Sequence[Candidate]]] = {MEMORY: [], TOPIC: [], EXPERIENCE: []}
     for group in groups:
         for family, pool in ((MEMORY, group.memory), (TOPIC, group.topic), (EXPERIENCE, group.experience)):
-            if len(pool) > POOL_CEILINGS[family]:
-                raise BuilderInvariantError("builder_pool_ceiling")
             if any(c.family != family for c in pool):
                 raise BuilderInvariantError("builder_pool_family")
-            per_family[family].extend(pool)
+            per_family[family].append(pool)
+    for family, pools in per_family.items():
+        if sum(len(pool) for pool in pools) > POOL_CEILINGS[family]:
+            raise BuilderInvariantError("builder_pool_ceiling")
 
     bodies: dict[int, str] = {}
     kept: dict[str, list[Candidate]] = {}
     seen: set[tuple[str, str, str, int]] = set()
-    for family, retrieved in per_family.items():
-        if not retrieved:
+    for family, pools in per_family.items():
+        if not any(pools):
             omit(family, "not_retrieved")
-        out: list[Candidate] = []
-        for cand in retrieved:
-            a = cand.address
-            key = (a.scope_id, a.artifact.family, a.artifact.artifact_id, a.artifact.revision)
-            if key in seen:
-                omit(family, "duplicate")
-                continue
-            seen.add(key)
-            text = body(cand, current_scope_id)
-            if not text.strip():
-                omit(family, "blank")
-                continue
-            bodies[id(cand)] = text
-            out.append(cand)
-        kept[family] = out
+        usable: list[list[Candidate]] = []
+        for members in pools:  # dedupe and blanks within each group, then the groups take turns
+            out: list[Candidate] = []
+            for cand in members:
+                a = cand.address
+                key = (a.scope_id, a.artifact.family, a.artifact.artifact_id, a.artifact.revision)
+                if key in seen:
+                    omit(family, "duplicate")
+                    continue
+                seen.add(key)
+                text = body(cand, current_scope_id)
+                if not text.strip():
+                    omit(family, "blank")
+                    continue
+                bodies[id(cand)] = text
+                out.append(cand)
+            usable.append(out)
+        kept[family] = _interleave(usable)
     if len(kept[EXPERIENCE]) > MAX_EXPERIENCE:
         omit(EXPERIENCE, "family_limit", len(kept[EXPERIENCE]) - MAX_EXPERIENCE)
         kept[EXPERIENCE] = kept[EXPERIENCE][:MAX_EXPERIENCE]

@@ -68,12 +68,45 @@ class ScopeIdempotencyConflict(ContextError):
     status, code, message = 409, "scope_idempotency_conflict", "The Scope creation key identifies different parameters."
 
 
-class AtomicMemoryChanged(ContextError):
+class _Explained(ContextError):
+    """An error whose message names which of 1.4.1's fixed explanations applies (details null)."""
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(None)
+        if message is not None:
+            self.message = message
+
+
+class AtomicMemoryChanged(_Explained):
+    """The exact head or state an atomic memory write expected is no longer there."""
+
     status, code, message = 409, "atomic_memory_changed", "the expected Artifact state version is stale"
+    MERGE_INPUTS = "merge inputs changed before preparation"
 
 
-class InvalidLifecycle(ContextError):
-    status, code, message = 422, "invalid_lifecycle", "The lifecycle change is not allowed from the current state."
+class MemoryRevisionStale(ContextError):
+    """A lifecycle target names a revision that is not the head (1.4.1: 409 `revision_conflict`,
+    details null — unlike the 412 of a stale `If-Match`)."""
+
+    status, code, message = 409, "revision_conflict", "The Memory Revision is stale."
+
+
+class InvalidMemoryState(_Explained):
+    """The memory's lifecycle state does not allow this change (merged or retired)."""
+
+    status, code, message = 409, "invalid_memory_state", "merged and retired Artifacts cannot be edited"
+    NOT_FORGETTABLE = "only active or deprecated Artifacts can be deprecated"
+
+
+class InvalidMemoryRelation(ContextError):
+    status, code = 409, "invalid_memory_relation"
+    message = "merge needs at least two distinct inputs and a new result identity"
+
+
+class ValueNotFound(ContextError):
+    """A lifecycle or merge target that does not exist (1.4.1's generic `not_found`)."""
+
+    status, code, message = 404, "not_found", "The requested value was not found."
 
 
 class PreconditionRequired(ContextError):

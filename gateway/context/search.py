@@ -86,6 +86,39 @@ def _cjk_grams(chars: list[str], out: list[str]) -> None:
     out.extend(a + b for a, b in zip(chars, chars[1:], strict=False))
 
 
+def token_spans(text: str) -> list[tuple[str, int, int]]:
+    """`tokens(text)` with where each is: `(token, start, end)` over `NFC(text).casefold()`,
+    in the same order (a CJK unigram covers one character, a bigram two)."""
+    if text.isascii():  # NFC + casefold of ASCII is lower(): same offsets
+        return [(m.group(), m.start(), m.end()) for m in _ASCII_TOKEN.finditer(text.lower())]
+    folded = unicodedata.normalize("NFC", text).casefold()
+    out: list[tuple[str, int, int]] = []
+    i, n = 0, len(folded)
+    while i < n:
+        if not _is_token_char(folded[i]):
+            i += 1
+            continue
+        end = i
+        while end < n and _is_token_char(folded[end]):
+            end += 1
+        # one run of token characters: plain segments between CJK stretches, each stretch as its
+        # unigrams then bigrams, in the order `tokens` emits them
+        j = i
+        while j < end:
+            k = j
+            cjk = _is_cjk(folded[j])
+            while k < end and _is_cjk(folded[k]) == cjk:
+                k += 1
+            if cjk:
+                out.extend((folded[x], x, x + 1) for x in range(j, k))
+                out.extend((folded[x : x + 2], x, x + 2) for x in range(j, k - 1))
+            else:
+                out.append((folded[j:k], j, k))
+            j = k
+        i = end
+    return out
+
+
 def terms(text: str) -> tuple[str, ...]:
     """The distinct terms of a query, in first-seen order."""
     return tuple(dict.fromkeys(tokens(text)))

@@ -19,6 +19,7 @@ import binascii
 import hashlib
 import inspect
 import json
+import math
 import os
 import time
 import uuid
@@ -30,7 +31,7 @@ from typing import Any, Generic, Literal, TypeVar
 
 import rfc8785
 
-from gateway.context import builder, receipt, search
+from gateway.context import builder, excerpt, receipt, search
 from gateway.context.builder import BuildResult, Candidate, ScopeGroup
 from gateway.context.content import (
     compact_json,
@@ -50,6 +51,7 @@ from gateway.context.errors import (
     InferenceTimeout,
     InferenceUnavailable,
     InvalidCursor,
+    InvalidMemoryRelation,
     InvalidRequest,
     MemoryWriteRejected,
     PreconditionRequired,
@@ -80,6 +82,7 @@ from gateway.context.store.base import (
     TextQuery,
     TextResult,
 )
+from gateway.context.store.common import check_merge_input
 
 T = TypeVar("T")
 Embed = Callable[[list[str]], Awaitable[list[list[float]]]]
@@ -129,7 +132,9 @@ class MutationResult:
 class SearchHit:
     head: ArtifactRevision
     score: float  # RRF score (1/(60+rank) summed over channels)
-    matched_by: tuple[str, ...]  # 1.4.1 wire names: "text", "vector"
+    # The channels that held it, 1.4.1's names: "text", "vector"; topic memory "topic_fts",
+    # "detail_fts", "topic_vector".
+    matched_by: tuple[str, ...]
     state_version: int  # read with the hit (a searchable atomic memory is active)
     # Per channel that held it: (raw backend score, metric name, higher is better).
     channel_scores: Mapping[str, tuple[float, str, bool]] = field(default_factory=dict)
@@ -583,9 +588,11 @@ class ContextService:
         limit: int | None = None,
         cursor: str | None = None,
     ) -> Page[AtomicMemoryRecord]:
-        """Default: active only (1.4.1)."""
+        """Default (`states` None): active only (1.4.1); given, `states` must be distinct and not empty."""
+        if states is not None and (not states or len(set(states)) != len(states)):
+            raise InvalidRequest("states", "must contain distinct lifecycle values")
         try:
-            wanted = frozenset(MemoryState(s) for s in (states or ["active"]))
+            wanted = frozenset(MemoryState(s) for s in (states if states is not None else ["active"]))
         except ValueError:
             raise InvalidRequest("states", "names an unknown state") from None
         n = self._limit(limit)
@@ -600,21 +607,38 @@ class ContextService:
     async def change_lifecycle(self, scope_id: str, target: AtomicMemoryInput, state: str) -> MutationResult:
         """`forgotten` (1.4.1) or `retired` (wiregate; 1.4.1 only retires through undo-merge).
 
-        The target must name the exact head revision and current state_version (else
-        atomic_memory_changed). Already in that state → changed=false.
+        The target must be an atomic memory (422), exist (404 not_found), and name the exact head
+        revision (409 revision_conflict) and current state_version (409 atomic_memory_changed);
+        a merged memory, or a retired one, cannot be forgotten (409 invalid_memory_state).
+        Already in that state → changed=false.
         """
         if state not in (MemoryState.FORGOTTEN.value, MemoryState.RETIRED.value):
             raise InvalidRequest("state", "must be forgotten or retired")
         await self.get_scope(scope_id)
+        if target.artifact.family != Family.ATOMIC_MEMORY.value:
+            raise InvalidRequest("target.artifact.family", "must be atomic-memory")
         record, changed = await self._store.change_state(scope_id, target, MemoryState(state))
         return MutationResult(changed, (record,))
 
     async def merge_atomic_memories(
         self, scope_id: str, inputs: Sequence[AtomicMemoryInput], content: Any, *, principal: str | None = None
     ) -> MutationResult:
-        if len(inputs) < 2 or len({i.artifact.artifact_id for i in inputs}) != len(inputs):
-            raise InvalidRequest("inputs", "needs at least two distinct memories")
+        """Merge two or more active memories into a new one, in 1.4.1's order of checks: the
+        scope; every input an atomic memory (422); distinct inputs (409 invalid_memory_relation);
+        each input, in order, existing (404 not_found) and exactly as given and active (409
+        atomic_memory_changed); then the new content (422, write check). The store checks the
+        inputs again in the merge's own transaction."""
         await self.get_scope(scope_id)
+        if any(i.artifact.family != Family.ATOMIC_MEMORY.value for i in inputs):
+            raise InvalidRequest("inputs", "must be atomic memories")
+        ids = [i.artifact.artifact_id for i in inputs]
+        if len(ids) < 2 or len(set(ids)) != len(ids):
+            raise InvalidMemoryRelation()
+        states = await self._store.get_states(scope_id, ids)  # fail before embedding the new content
+        for target in inputs:
+            found = states.get(target.artifact.artifact_id)
+            row = (found.artifact.revision, found.state.value, found.state_version) if found is not None else None
+            check_merge_input(row, target)
         rev = await self._revision(Family.ATOMIC_MEMORY, content, principal)
         records = await self._store.merge(scope_id, inputs, self._new_artifact_id(), rev)
         return MutationResult(True, tuple(records))
@@ -728,19 +752,31 @@ class ContextService:
             admitted = _admitted(fam, rows, terms, q.min_match, q.enough)
             keys = self._keys(admitted, found)
             metric, higher = self._store.text_metric
-            for key, row in zip(keys, admitted, strict=True):
-                raw.setdefault(key, {})["text"] = (row.score, metric, higher)
-            ranked.append(("text", keys))
+            lexical = _lexical_channels(fam, admitted, terms, q.min_match)
+            for name, admits in lexical.items():
+                chosen: list[bytes] = []
+                for key, row, yes in zip(keys, admitted, admits, strict=True):
+                    if yes:  # a text row's score ranks lower first: the raw value is the metric's own
+                        chosen.append(key)
+                        raw.setdefault(key, {})[name] = (-row.score if higher else row.score, metric, higher)
+                ranked.append((name, chosen))
         if used in (SearchMode.VECTOR, SearchMode.HYBRID) and vector is not None:
             cos = self._settings.min_cosine if min_cosine is None else min_cosine
             rows = await self._store.search_vector(scope_id, fam.value, vector, pool, cos, kind)
             keys = self._keys(rows, found)
+            channel = "topic_vector" if fam is Family.TOPIC_MEMORY else "vector"
             for key, row in zip(keys, rows, strict=True):
-                raw.setdefault(key, {})["vector"] = (row.score, "cosine", True)
-            ranked.append(("vector", keys))
+                raw.setdefault(key, {})[channel] = (_l2_distance(row.score), "l2_distance", False)
+            ranked.append((channel, keys))
         fused = search.rrf(ranked)[:coarse]
         hits = [
-            SearchHit(found[f.key].head, f.score, f.channels, found[f.key].state_version, raw.get(f.key, {}))
+            SearchHit(
+                found[f.key].head,
+                f.score,
+                f.channels,
+                found[f.key].state_version,
+                {name: raw[f.key][name] for name in _CHANNEL_ORDER if name in raw.get(f.key, {})},
+            )
             for f in fused
         ]
         return hits, used, fallback
@@ -770,6 +806,12 @@ class ContextService:
         """Prepare context for `query` in `scope_id` and its context references, the pools
         reranked by `rerank` when given (context/rerank.py).
 
+        As 1.4.1 recalls: atomic memory and experience are searched in every scope read (each
+        for as many as its pool holds), then the scope groups share the pool round-robin
+        (`builder.fair_shares`), so a busy current scope cannot starve its references; topic
+        memory is searched in the current scope only, and a topic found through its detail
+        carries a snippet of it.
+
         Every scope read is authorised through `principal_may_read` before it is read, and again
         before assembly; any denial raises ScopeAccessDenied with nothing partial.
         """
@@ -796,17 +838,18 @@ class ContextService:
             if rnd > 0 and (any(pools.values()) or len(terms) <= 2):
                 break
             floor = None if rnd == 0 else 1
+            need = search.lexical_floor(len(terms)) if floor is None else floor
             min_cos = None if rnd < 2 else self._settings.min_cosine / 2
+            searches = [(sid, fam) for sid in order for fam in _PREPARE_FAMILIES if _recalled_in(fam, sid, scope_id)]
             # Without inference every search is FTS: read them all in one trip to the store.
             reads: list[TextResult] = []
             if self._embed is None and terms:
                 queries = [
                     _text_query(sid, fam, terms, builder.POOL_CEILINGS[fam.value], None, floor, SearchMode.FTS)
-                    for sid in order
-                    for fam in _PREPARE_FAMILIES
+                    for sid, fam in searches
                 ]
                 reads = await self._store.search_text_many(queries)
-            for n, (sid, fam) in enumerate((sid, fam) for sid in order for fam in _PREPARE_FAMILIES):
+            for n, (sid, fam) in enumerate(searches):
                 t = self._mono()
                 read = reads[n] if reads else None
                 ceiling = builder.POOL_CEILINGS[fam.value]
@@ -822,7 +865,18 @@ class ContextService:
                 for hit in hits:
                     address = ArtifactAddress(sid, hit.head.ref)
                     if address not in known and len(pool) < ceiling:
-                        pool.append(Candidate(address, hit.head.content))
+                        content = hit.head.content
+                        snippet = (
+                            excerpt.detail_snippet(terms, str(content.get("detail", "")), need)
+                            if fam is Family.TOPIC_MEMORY
+                            else None
+                        )
+                        pool.append(Candidate(address, content, snippet))
+            for fam in _PREPARE_FAMILIES:  # the scope groups share each family's pool, in turns
+                shared = [pools.get((sid, fam), []) for sid in order]
+                shares = builder.fair_shares([len(g) for g in shared], builder.POOL_CEILINGS[fam.value])
+                for group, share in zip(shared, shares, strict=True):
+                    del group[share:]
             rounds.append(receipt.RecallRound(rnd, "completed", sum(len(p) for p in pools.values())))
 
         reranks = self._rerank(scope_id, terms, pools, len(rounds) - 1, trace, rerank)
@@ -957,6 +1011,11 @@ class ContextService:
         return True
 
 
+def _recalled_in(fam: Family, scope_id: str, current_scope_id: str) -> bool:
+    """1.4.1 recalls topic memory from the current scope only; the other families from every scope read."""
+    return fam is not Family.TOPIC_MEMORY or scope_id == current_scope_id
+
+
 def _text_query(
     scope_id: str, fam: Family, terms: Sequence[str], coarse: int, kind: str | None, floor: int | None, used: SearchMode
 ) -> TextQuery:
@@ -964,7 +1023,9 @@ def _text_query(
     or `floor`). One channel keeps the text ranking as it is: past the first `coarse` admitted
     rows none can reach the result, so a store whose match enforces the floor returns only those."""
     need = search.lexical_floor(len(terms)) if floor is None else floor
-    enough = coarse if used is SearchMode.FTS else None
+    # With one ranked channel the first `coarse` admitted rows are the result; topic memory's two
+    # channels can lift a later row above them.
+    enough = coarse if used is SearchMode.FTS and fam is not Family.TOPIC_MEMORY else None
     return TextQuery(scope_id, fam.value, tuple(terms), search.pool_size(coarse), kind, need, enough)
 
 
@@ -973,14 +1034,39 @@ def _admitted(
 ) -> list[SearchRow]:
     """The rows that pass the lexical floor, in rank order. With one channel (`enough` set)
     fusion keeps the text ranking as it is, so rows past the first `enough` admitted ones
-    cannot reach the result and are not re-tokenised (a store's rows are distinct heads)."""
+    cannot reach the result and are not re-tokenised (a store's rows are distinct heads).
+    A topic passes as 1.4.1 admits it: through its title and summary, or through one chunk of
+    its detail, each on its own (the store matched all three together)."""
     out: list[SearchRow] = []
     for row in rows:
-        if search.admits_lexically(terms, _row_text(fam, row), need):
+        if search.admits_lexically(terms, _row_text(fam, row), need) and (
+            fam is not Family.TOPIC_MEMORY or excerpt.topic_channels(terms, row.head.content, need, first=True)
+        ):
             out.append(row)
             if len(out) == enough:
                 break
     return out
+
+
+# Search channels under 1.4.1's names, in its order (a hit's channel scores are listed so).
+_CHANNEL_ORDER = ("text", "vector", excerpt.TOPIC_CHANNEL, "topic_vector", excerpt.DETAIL_CHANNEL)
+
+
+def _lexical_channels(fam: Family, rows: Sequence[SearchRow], terms: Sequence[str], need: int) -> dict[str, list[bool]]:
+    """The ranked text channels and which admitted rows each holds, in rank order. One channel,
+    `text`, except topic memory, which 1.4.1 ranks as two fused by RRF: `topic_fts` (title and
+    summary) and `detail_fts` (a chunk of the detail). Here both keep the order of the one text
+    index that holds all three fields (so of its score, which each reports), each channel
+    holding the rows its own admission passes."""
+    if fam is not Family.TOPIC_MEMORY:
+        return {"text": [True] * len(rows)}
+    held = [excerpt.topic_channels(terms, row.head.content, need) for row in rows]
+    return {name: [name in h for h in held] for name in (excerpt.TOPIC_CHANNEL, excerpt.DETAIL_CHANNEL)}
+
+
+def _l2_distance(cosine: float) -> float:
+    """The L2 distance between unit vectors whose cosine is `cosine` (1.4.1 reports vector scores so)."""
+    return math.sqrt(max(0.0, 2.0 - 2.0 * cosine))
 
 
 def _row_text(fam: Family, row: SearchRow) -> str:

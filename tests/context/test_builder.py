@@ -189,3 +189,48 @@ def test_same_input_same_bytes() -> None:
     groups = [ScopeGroup(S, memory=tuple(mem(i, "é" * (i * 300)) for i in range(1, 9)), experience=(exp(1),))]
     a, b = build(S, groups, 3000), build(S, groups, 3000)
     assert a == b and a.content_bytes <= 3000
+
+
+def test_scope_groups_take_turns_after_their_own_dedupe_and_blanks() -> None:
+    """1.4.1 skips blanks and duplicates within each scope group, then interleaves the groups:
+    a blank in the current scope's group does not hand its turn to the next group."""
+    groups = [
+        ScopeGroup(S, memory=(mem(1, "   "), mem(2, "current two"), mem(3, "current three"))),
+        ScopeGroup(OTHER, memory=(mem(4, "other one", OTHER), mem(5, "other two", OTHER))),
+    ]
+    out = build(S, groups, 8000)
+    assert [i.address.artifact.artifact_id for i in out.items] == ["art_m2", "art_m4", "art_m3", "art_m5"]
+    assert [(o.family, o.reason, o.count) for o in out.omitted][:1] == [("atomic-memory", "blank", 1)]
+    # experience: the groups take turns first, then the first two are kept
+    exps = [ScopeGroup(S, experience=(exp(1), exp(2))), ScopeGroup(OTHER, experience=(exp(3, OTHER),))]
+    kept = build(S, exps, 8000).items
+    assert [(i.address.scope_id, i.address.artifact.artifact_id) for i in kept] == [(S, "art_e1"), (OTHER, "art_e3")]
+
+
+def test_fair_shares_cut_the_groups_in_turns_to_the_ceiling() -> None:
+    assert builder.fair_shares([12, 6], 16) == [10, 6]
+    assert builder.fair_shares([20, 2, 5], 16) == [9, 2, 5]
+    assert builder.fair_shares([3, 1], 16) == [3, 1]
+    assert builder.fair_shares([0, 0], 8) == [0, 0] and builder.fair_shares([4], 0) == [0]
+
+
+def test_pool_ceilings_hold_over_all_scope_groups() -> None:
+    groups = [
+        ScopeGroup(S, memory=tuple(mem(i, "m") for i in range(9))),
+        ScopeGroup(OTHER, memory=tuple(mem(10 + i, "m", OTHER) for i in range(7))),
+    ]
+    assert len(build(S, groups, 32768).items) == 8  # 16 in all: at the ceiling
+    over = [*groups, ScopeGroup("scp_third", memory=(mem(99, "m", "scp_third"),))]
+    with pytest.raises(BuilderInvariantError):
+        build(S, over, 32768)
+
+
+def test_a_topic_snippet_is_rendered_after_title_and_summary() -> None:
+    same = Candidate(topic(1).address, topic(1).content, "…billing runs nightly…")
+    assert (
+        builder.body(same, S)
+        == '{"title":"Billing DB","summary":"Which DB \\u2028billing uses","snippet":"…billing runs nightly…"}'
+    )
+    other = Candidate(topic(2, OTHER).address, topic(2, OTHER).content, "the detail")
+    assert builder.body(other, S) == "Title: Billing DB\n\nSummary: Which DB \u2028billing uses\n\nSnippet: the detail"
+    assert builder.body(topic(1), S) == '{"title":"Billing DB","summary":"Which DB \\u2028billing uses"}'

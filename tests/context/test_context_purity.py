@@ -14,6 +14,7 @@ PURE = [
     "errors.py",
     "content.py",
     "search.py",
+    "excerpt.py",
     "builder.py",
     "receipt.py",
     "rerank.py",

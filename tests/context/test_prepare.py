@@ -56,14 +56,11 @@ async def test_prepare_groups_citations_and_dependencies(service: ContextService
     cites = [item["citation"] for item in doc["items"]]
     assert "artifact_ref" in cites[0]  # current scope
     assert all("artifact" in c and c["artifact"]["scope_id"] in (ref, other) for c in cites[1:])
-    # round-robin memory → topic → experience; within a family the current scope's group comes first
-    assert [d.scope_id for d in out.dependencies] == [cur, ref, other, ref]
-    assert [d.artifact.family for d in out.dependencies] == [
-        "atomic-memory",
-        "topic-memory",
-        "experience",
-        "atomic-memory",
-    ]
+    # round-robin memory → topic → experience; within a family the scope groups take turns, the
+    # current scope's first; topic memory is recalled from the current scope only (1.4.1), so the
+    # referenced scope's topic is not
+    assert [d.scope_id for d in out.dependencies] == [cur, other, ref]
+    assert [d.artifact.family for d in out.dependencies] == ["atomic-memory", "experience", "atomic-memory"]
     assert asked[:3] == [cur, ref, other]  # every scope authorised before its content was read
     r = out.receipt
     assert r is not None and out.receipt_diagnostic is None
@@ -176,6 +173,35 @@ async def test_prepare_reads_every_family_of_every_scope_in_one_trip(service: Co
             stages = {s["stage"] for s in out.receipt["stages"]}
             assert {"memory.search", "topic-memory.search", "experience.search"} <= stages
             results.append((out.context, out.dependencies, searches))
-    assert batches and all(n == 9 for n in batches)  # 3 scopes x 3 families per round
+    # 3 scopes x (atomic memory, experience) + topic memory of the current scope, per round
+    assert batches and all(n == 7 for n in batches)
     assert results[:3] == results[3:]
     assert results[0][1]  # the comparison covers real hits
+
+
+async def test_a_busy_current_scope_shares_the_pools_with_its_references(service: ContextService) -> None:
+    """1.4.1: each scope is searched for a whole pool, then the scope groups share each family's
+    pool in turns (16 memories: 10 here and the reference's 6, not 16 here and none there), and
+    the builder interleaves them; topic memory comes from the current scope only, with the
+    snippet of the detail it was found through."""
+    ref = (await service.create_scope(title="ref", summary="s", idempotency_key="r", principal=None))[0].scope_id
+    cur = (
+        await service.create_scope(
+            title="c", summary="s", idempotency_key="c", principal=None, context_references=[ref]
+        )
+    )[0].scope_id
+    for i in range(20):
+        await service.create_artifact(cur, "atomic-memory", {"kind": "fact", "text": f"billing current {i}"})
+    for i in range(6):
+        await service.create_artifact(ref, "atomic-memory", {"kind": "fact", "text": f"billing reference {i}"})
+    await service.create_artifact(ref, "topic-memory", {"title": "Billing", "summary": "ref", "detail": "billing"})
+    detail = "Nothing here. " * 40 + "The billing run closes at midnight. " + "Nothing here. " * 40
+    await service.create_artifact(cur, "topic-memory", {"title": "Runs", "summary": "nightly", "detail": detail})
+    out = await service.prepare(cur, "billing", include_receipt=True, principal_may_read=yes)
+    deps = out.dependencies
+    memories = [d.scope_id for d in deps if d.artifact.family == "atomic-memory"]
+    assert memories == [cur, ref, cur, ref, cur, ref, cur]  # 8 entries: the topic took one
+    assert [d.scope_id for d in deps if d.artifact.family == "topic-memory"] == [cur]
+    assert out.receipt is not None and out.receipt["retrieval"]["rounds"][0]["retained"] == 16 + 1
+    content = out.context["content"]  # the window starts inside the detail, cut with an ellipsis
+    assert '\\"snippet\\":\\"…' in content and "The billing run closes at midnight." in content

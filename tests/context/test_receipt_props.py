@@ -160,11 +160,16 @@ def test_builder_and_receipt_invariants_pure(
     groups: list[tuple[list[str], list[str], list[str]]], max_bytes: int, dup: bool
 ) -> None:
     scopes = [f"scp_{g}" for g in range(len(groups))]
+    # the pools hold at most their ceilings over all groups: cut them as a prepare does
+    families = list(zip(*groups, strict=True))
+    ceilings = [builder.POOL_CEILINGS[f] for f in ("atomic-memory", "topic-memory", "experience")]
+    shares = [builder.fair_shares([len(p) for p in pools], c) for pools, c in zip(families, ceilings, strict=True)]
+    groups = [(m[: shares[0][g]], t[: shares[1][g]], e[: shares[2][g]]) for g, (m, t, e) in enumerate(groups)]
     built_groups = []
     for g, (m, t, e) in enumerate(groups):
         mem = tuple(_cand("atomic-memory", i, scopes[g], x) for i, x in enumerate(m))
-        if dup and mem:
-            mem = (mem + mem[:1])[:16]
+        if dup and mem and g == 0 and sum(len(x[0]) for x in groups) < builder.POOL_CEILINGS["atomic-memory"]:
+            mem = mem + mem[:1]
         built_groups.append(
             ScopeGroup(
                 scopes[g],

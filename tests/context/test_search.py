@@ -653,3 +653,42 @@ async def test_search_text_many_is_search_text_of_each_query(store: ContextStore
             (r.head, r.score, r.state_version) for r in alone
         ]
     assert together[0].rows and together[3].rows and not together[4].rows and not together[5].rows
+
+
+@pytest.mark.asyncio
+async def test_channel_scores_carry_1_4_1s_names_metrics_and_directions(store: ContextStore) -> None:
+    """Text: SQLite's FTS5 score is `sqlite_bm25` (lower first), as 1.4.1 names it; PostgreSQL's
+    ts_rank keeps its own name, `postgres_ts_rank` (higher first, the raw rank, not negated).
+    Vector: the L2 distance between unit vectors, `l2_distance` (lower first). Topic memory:
+    the channels that admit it, `topic_fts` (title, summary) and `detail_fts`, and `topic_vector`."""
+    svc = make_service(store, embed=FakeEmbedder())
+    await svc.start()
+    sid = (await svc.create_scope(title="t", summary="s", idempotency_key="k", principal=None))[0].scope_id
+    await svc.create_artifact(sid, "atomic-memory", {"kind": "fact", "text": "billing runs on postgres"})
+    both = {"title": "Billing", "summary": "billing notes", "detail": "billing runs nightly"}
+    detail_only = {"title": "Notes", "summary": "cents", "detail": "the billing run"}
+    for content in (both, detail_only):
+        await svc.create_artifact(sid, "topic-memory", content)
+    from gateway.context.store.sqlite import SqliteContextStore
+
+    name, higher = store.text_metric
+    assert (name, higher) == (
+        ("sqlite_bm25", False) if isinstance(store, SqliteContextStore) else ("postgres_ts_rank", True)
+    )
+    found = await svc.search(sid, "atomic-memory", "billing friday postgres", mode="hybrid")
+    (hit,) = found.hits
+    text_raw, metric, up = hit.channel_scores["text"]
+    assert (metric, up) == (name, higher) and (text_raw > 0 if higher else text_raw < 0)
+    query, held = (search.unit(fake_vector(x)) or () for x in ("billing friday postgres", hit.head.content["text"]))
+    distance = math.sqrt(2 - 2 * sum(a * b for a, b in zip(query, held, strict=True)))
+    assert hit.channel_scores["vector"][1:] == ("l2_distance", False)
+    assert hit.channel_scores["vector"][0] == pytest.approx(distance, abs=1e-6) and distance > 0.1
+    topics = await svc.search(sid, "topic-memory", "billing", mode="hybrid")
+    channels = {h.head.content["title"]: list(h.channel_scores) for h in topics.hits}
+    assert channels == {"Billing": ["topic_fts", "topic_vector", "detail_fts"], "Notes": ["topic_vector", "detail_fts"]}
+    assert topics.hits[0].head.content["title"] == "Billing"  # in both lexical channels: ranked first (RRF)
+    fts = await svc.search(sid, "topic-memory", "billing", mode="fts")
+    assert {h.head.content["title"]: h.matched_by for h in fts.hits} == {
+        "Billing": ("detail_fts", "topic_fts"),
+        "Notes": ("detail_fts",),
+    }

@@ -200,8 +200,8 @@ async def test_atomic_lifecycle_merge_retire(service: ContextService) -> None:
     sd = await service.get_atomic_state(sid, d)
     retired = await service.change_lifecycle(sid, AtomicMemoryInput(sd.artifact, 0), "retired")
     assert retired.records[0].state.value == "retired"
-    # merged/retired inputs cannot be forgotten
-    with pytest.raises(errors.InvalidLifecycle):
+    # merged/retired inputs cannot be forgotten (1.4.1: 409 invalid_memory_state)
+    with pytest.raises(errors.InvalidMemoryState):
         await service.change_lifecycle(sid, AtomicMemoryInput(sa.artifact, 1), "forgotten")
     everything = await service.list_atomic_memories(sid, states=["active", "forgotten", "merged", "retired"])
     assert {r.state.value for r in everything.items} == {"active", "forgotten", "merged", "retired"}
@@ -277,3 +277,66 @@ async def test_states_are_read_at_once_in_order(service: ContextService, store: 
     assert [s.artifact.artifact_id for s in states] == [b, a, b]
     with pytest.raises(errors.ArtifactNotFound):
         await service.get_atomic_states(sid, [a, missing])
+
+
+async def test_lifecycle_merge_and_edit_errors_are_1_4_1s(service: ContextService) -> None:
+    """Each refusal with 1.4.1's status and code, on both backends; checked in 1.4.1's order."""
+    sid = await _scope(service)
+    m = [await _mem(service, sid, f"memory {i}") for i in range(6)]
+    t = [AtomicMemoryInput((await service.get_atomic_state(sid, a)).artifact, 0) for a in m]
+    topic = await service.create_artifact(sid, "topic-memory", TOPIC)
+    missing = AtomicMemoryInput(ArtifactRef("atomic-memory", "art_missing", 1), 0)
+
+    async def refused(call: object) -> tuple[int, str, str]:
+        with pytest.raises(errors.ContextError) as caught:
+            await call  # type: ignore[misc]
+        return caught.value.status, caught.value.code, caught.value.message
+
+    def merge(inputs: list[AtomicMemoryInput]) -> object:
+        return service.merge_atomic_memories(sid, inputs, {"kind": "fact", "text": "merged"})
+
+    relation = (409, "invalid_memory_relation", "merge needs at least two distinct inputs and a new result identity")
+    assert await refused(merge([t[0], t[0]])) == relation
+    assert (await refused(merge([t[0], missing])))[:2] == (404, "not_found")
+    assert (await refused(merge([missing, missing])))[:2] == (409, "invalid_memory_relation")  # distinct first
+    assert (await refused(merge([t[0], AtomicMemoryInput(topic.ref, 0)])))[:2] == (422, "invalid_request")
+    await service.change_lifecycle(sid, t[1], "forgotten")
+    changed = (409, "atomic_memory_changed", "merge inputs changed before preparation")
+    assert await refused(merge([t[2], AtomicMemoryInput(t[1].artifact, 1)])) == changed  # forgotten, as seen
+    assert await refused(merge([t[2], t[1]])) == changed  # stale
+    await service.merge_atomic_memories(sid, [t[2], t[3]], {"kind": "fact", "text": "merged"})
+    assert await refused(merge([AtomicMemoryInput(t[2].artifact, 1), t[4]])) == changed  # merged, as seen
+
+    def forget(target: AtomicMemoryInput) -> object:
+        return service.change_lifecycle(sid, target, "forgotten")
+
+    not_forgettable = (409, "invalid_memory_state", "only active or deprecated Artifacts can be deprecated")
+    assert await refused(forget(AtomicMemoryInput(t[2].artifact, 1))) == not_forgettable
+    assert (await refused(forget(t[2])))[:2] == (409, "atomic_memory_changed")  # the version is checked first
+    stale = AtomicMemoryInput(ArtifactRef("atomic-memory", m[4], 2), 0)
+    assert await refused(forget(stale)) == (409, "revision_conflict", "The Memory Revision is stale.")
+    assert (await refused(forget(missing)))[:2] == (404, "not_found")
+    wrong = await refused(forget(AtomicMemoryInput(topic.ref, 0)))
+    assert wrong[:2] == (422, "invalid_request")
+    retire = await service.change_lifecycle(sid, t[5], "retired")  # wiregate's extension
+    assert await refused(forget(AtomicMemoryInput(t[5].artifact, 1))) == not_forgettable
+    assert retire.records[0].state.value == "retired"
+
+    # edits: a merged or retired memory is frozen (after the If-Match check); a forgotten one is edited
+    def edit(aid: str, etag: str) -> object:
+        return service.replace_artifact(sid, "atomic-memory", aid, {"kind": "fact", "text": "x"}, if_match=etag)
+
+    frozen = (409, "invalid_memory_state", "merged and retired Artifacts cannot be edited")
+    for aid in (m[2], m[5]):
+        assert (await refused(edit(aid, '"revision:7"')))[:2] == (412, "revision_conflict")
+        assert await refused(edit(aid, '"revision:1"')) == frozen
+    edited = await edit(m[1], '"revision:1"')  # type: ignore[misc]
+    state = await service.get_atomic_state(sid, m[1])
+    assert edited.revision == 2 and (state.state.value, state.state_version) == ("forgotten", 1)
+    # the generic listing shows neither merged nor retired heads (forgotten ones it shows)
+    listed = {h.artifact_id for h in (await service.list_artifacts(sid, "atomic-memory")).items}
+    merged_into = (await service.get_atomic_state(sid, m[2])).merged_into_id
+    assert listed == {m[0], m[1], m[4], merged_into}
+    for states in ([], ["active", "active"]):
+        with pytest.raises(errors.InvalidRequest):
+            await service.list_atomic_memories(sid, states=states)

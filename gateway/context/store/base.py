@@ -191,6 +191,8 @@ class SearchRow:
     """A searchable head returned by a backend search, with the backend's raw score."""
 
     head: ArtifactRevision
+    # Text search: the rank key, lower first (SQLite's bm25(); PostgreSQL's −ts_rank).
+    # Vector search: the cosine similarity, higher first.
     score: float
     state_version: int  # the artifact's state version, read with the head
 
@@ -231,7 +233,7 @@ class ContextStore(Protocol):
     """
 
     # How the backend's text score reads (reported with search scores): its name and whether a
-    # higher raw value ranks first.
+    # higher raw value ranks first (then a text row's `score` is the raw value negated).
     text_metric: tuple[str, bool]
 
     async def open(self) -> None: ...
@@ -263,7 +265,8 @@ class ContextStore(Protocol):
         self, scope_id: str, family: str, artifact_id: str, expected_etag: str, rev: NewRevision
     ) -> ArtifactRevision:
         """Compare-and-set on the head: the new revision is head+1 only if `expected_etag` is exactly the
-        current head's ETag, else RevisionConflict(provided, current). ArtifactNotFound."""
+        current head's ETag, else RevisionConflict(provided, current); then InvalidMemoryState when it is a
+        merged or retired atomic memory (a forgotten one is edited and stays forgotten). ArtifactNotFound."""
         ...
 
     async def get_head(self, scope_id: str, family: str, artifact_id: str) -> ArtifactRevision | None: ...
@@ -273,7 +276,8 @@ class ContextStore(Protocol):
     ) -> ArtifactRevision | None: ...
 
     async def list_heads(self, scope_id: str, family: str, after: str | None, limit: int) -> list[ArtifactRevision]:
-        """Heads ordered by artifact_id (all lifecycle states)."""
+        """Heads ordered by artifact_id, leaving out merged and retired atomic memories (1.4.1
+        lists neither; forgotten ones are listed)."""
         ...
 
     async def list_revisions(
@@ -294,14 +298,17 @@ class ContextStore(Protocol):
     async def change_state(
         self, scope_id: str, target: AtomicMemoryInput, state: MemoryState
     ) -> tuple[AtomicMemoryRecord, bool]:
-        """Lifecycle change guarded by the exact head revision and state_version (AtomicMemoryChanged);
-        InvalidLifecycle for a transition that is not allowed; (record, changed)."""
+        """Lifecycle change guarded by the exact head revision (MemoryRevisionStale) and state_version
+        (AtomicMemoryChanged); ValueNotFound for no such memory, InvalidMemoryState for a transition
+        that is not allowed (store/common.py `lifecycle_step`); (record, changed)."""
         ...
 
     async def merge(
         self, scope_id: str, inputs: Sequence[AtomicMemoryInput], artifact_id: str, rev: NewRevision
     ) -> list[AtomicMemoryRecord]:
-        """Inputs (each exact and active) become merged into a new active memory; records by artifact_id."""
+        """Inputs (each exact and active, else ValueNotFound / AtomicMemoryChanged for the first
+        that is not, in the caller's order) become merged into a new active memory; records by
+        artifact_id."""
         ...
 
     # search

@@ -2,7 +2,9 @@
 
 Owns: how a stored revision row becomes an ArtifactRevision, the float32 packing of unit vectors
 and their exact scoring against a query (`admitted`), the per-(scope, family) FTS key, the memo
-of query terms known to be indexed, and which lifecycle transitions are allowed.
+of query terms known to be indexed, which lifecycle transitions are allowed, and what a lifecycle
+target or merge input that does not match its stored row answers (1.4.1's codes, the same on both
+backends).
 Must not: open connections or run SQL.
 """
 
@@ -18,7 +20,13 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from gateway.context.model import ArtifactRef, MemoryState
+from gateway.context.errors import (
+    AtomicMemoryChanged,
+    InvalidMemoryState,
+    MemoryRevisionStale,
+    ValueNotFound,
+)
+from gateway.context.model import ArtifactRef, AtomicMemoryInput, MemoryState
 from gateway.context.store.base import ArtifactRevision
 
 # (from, to) → allowed. 1.4.1 only exposes active → forgotten; wiregate also retires (see service).
@@ -99,6 +107,37 @@ def transition(current: MemoryState, target: MemoryState) -> str:
     if current is target:
         return "noop"
     return "ok" if (current, target) in ALLOWED_TRANSITIONS else "invalid"
+
+
+def lifecycle_step(row: Sequence[Any] | None, target: AtomicMemoryInput, wanted: MemoryState) -> str:
+    """'noop' or 'ok' for moving the atomic memory whose row is `(head_revision, state,
+    state_version)` (None: no such memory) to `wanted`, guarded by `target`; else the 1.4.1
+    error, checked in 1.4.1's order: missing (404 not_found), another head revision (409
+    revision_conflict), another state version (409 atomic_memory_changed), a state it may not
+    leave that way — merged, or retired — (409 invalid_memory_state)."""
+    if row is None:
+        raise ValueNotFound()
+    head, state, version = row[0], MemoryState(row[1]), row[2]
+    if head != target.artifact.revision:
+        raise MemoryRevisionStale()
+    if version != target.state_version:
+        raise AtomicMemoryChanged()
+    step = transition(state, wanted)
+    if step == "invalid":
+        raise InvalidMemoryState(InvalidMemoryState.NOT_FORGETTABLE if wanted is MemoryState.FORGOTTEN else None)
+    return step
+
+
+def check_merge_input(row: Sequence[Any] | None, target: AtomicMemoryInput) -> None:
+    """A merge input must be exactly what the caller saw, and active: its row `(head_revision,
+    state, state_version)` (None: no such memory) equal to `target` in an active state. 1.4.1
+    compares the whole read, so a forgotten, merged or retired input is a changed input (409
+    atomic_memory_changed), like a stale one; a missing one is 404 not_found."""
+    if row is None:
+        raise ValueNotFound()
+    head, state, version = row[0], MemoryState(row[1]), row[2]
+    if head != target.artifact.revision or version != target.state_version or state is not MemoryState.ACTIVE:
+        raise AtomicMemoryChanged(AtomicMemoryChanged.MERGE_INPUTS)
 
 
 class PresentTerms:

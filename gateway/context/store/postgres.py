@@ -25,8 +25,7 @@ from psycopg_pool import AsyncConnectionPool
 from gateway.context.errors import (
     ArtifactAlreadyExists,
     ArtifactNotFound,
-    AtomicMemoryChanged,
-    InvalidLifecycle,
+    InvalidMemoryState,
     RevisionConflict,
     ScopeIdempotencyConflict,
     ScopeNotFound,
@@ -48,10 +47,11 @@ from gateway.context.store.common import (
     MAX_QUERY_TERMS,
     REVISION_COLUMNS,
     PresentTerms,
+    check_merge_input,
     floor_cut,
     floor_groups,
+    lifecycle_step,
     revision_from_row,
-    transition,
 )
 from gateway.context.store.migrations import LEDGER_TABLE, Migration, plan
 
@@ -200,6 +200,10 @@ def _atomic_record(row: Sequence[Any]) -> AtomicMemoryRecord:
     )
 
 
+# Atomic memory states whose content is frozen: 1.4.1 edits an active or forgotten memory only.
+_FROZEN_STATES = frozenset({MemoryState.MERGED.value, MemoryState.RETIRED.value})
+
+
 def _searchable(family: str, state: MemoryState | None) -> bool:
     return Family(family) in SEARCHABLE_FAMILIES and state in (None, MemoryState.ACTIVE)
 
@@ -227,7 +231,9 @@ def _tsquery(terms: Sequence[str]) -> str:
 
 
 class PostgresContextStore:
-    text_metric = ("ts_rank", True)
+    # ts_rank is no BM25 and ranks the other way: it keeps its own name, after 1.4.1's
+    # `<backend>_<function>` pattern (`sqlite_bm25`, `oceanbase_match`); text rows hold −ts_rank.
+    text_metric = ("postgres_ts_rank", True)
 
     def __init__(self, db: PostgresDatabase) -> None:
         self._db = db
@@ -390,6 +396,8 @@ class PostgresContextStore:
             rid, head, state = row
             if etag_for(head) != expected_etag:
                 raise RevisionConflict(expected_etag, etag_for(head))
+            if state in _FROZEN_STATES:
+                raise InvalidMemoryState()
             searchable = _searchable(family, MemoryState(state) if state else None) and rev.search_text is not None
             await conn.execute(
                 "UPDATE ctx_artifacts SET head_revision = %s, kind = %s, searchable = %s, search_text = %s, "
@@ -435,7 +443,7 @@ class PostgresContextStore:
         async def run(conn: Conn) -> list[ArtifactRevision]:
             cur = await conn.execute(
                 _HEAD_SQL + "WHERE a.scope_id = %s AND a.family = %s AND a.artifact_id > %s "
-                "ORDER BY a.artifact_id LIMIT %s",
+                "AND (a.state IS NULL OR a.state NOT IN ('merged', 'retired')) ORDER BY a.artifact_id LIMIT %s",
                 (scope_id, family, after or "", limit),
             )
             return [revision_from_row(scope_id, family, r[0], r[1:]) for r in await cur.fetchall()]
@@ -501,28 +509,27 @@ class PostgresContextStore:
         return await self._db.read(run)
 
     @staticmethod
-    async def _check_input(conn: Conn, scope_id: str, target: AtomicMemoryInput) -> tuple[int, MemoryState]:
+    async def _target_row(conn: Conn, scope_id: str, target: AtomicMemoryInput) -> Sequence[Any] | None:
+        """`(rid, head_revision, state, state_version)` of a lifecycle target or merge input, locked
+        for the transaction, or None."""
+        if target.artifact.family != Family.ATOMIC_MEMORY.value:
+            return None
         cur = await conn.execute(
             "SELECT rid, head_revision, state, state_version FROM ctx_artifacts WHERE scope_id = %s "
             "AND family = %s AND artifact_id = %s FOR UPDATE",
             (scope_id, Family.ATOMIC_MEMORY.value, target.artifact.artifact_id),
         )
-        row = await cur.fetchone()
-        if row is None or target.artifact.family != Family.ATOMIC_MEMORY.value:
-            raise ArtifactNotFound()
-        rid, head, state, version = row
-        if head != target.artifact.revision or version != target.state_version:
-            raise AtomicMemoryChanged()
-        return rid, MemoryState(state)
+        row: Sequence[Any] | None = await cur.fetchone()
+        return row
 
     async def change_state(
         self, scope_id: str, target: AtomicMemoryInput, state: MemoryState
     ) -> tuple[AtomicMemoryRecord, bool]:
         async def run(conn: Conn) -> tuple[AtomicMemoryRecord, bool]:
-            rid, current = await self._check_input(conn, scope_id, target)
-            step = transition(current, state)
-            if step == "invalid":
-                raise InvalidLifecycle()
+            row = await self._target_row(conn, scope_id, target)
+            step = lifecycle_step(row[1:] if row is not None else None, target, state)
+            assert row is not None
+            rid = row[0]
             if step == "ok":
                 await conn.execute(
                     "UPDATE ctx_artifacts SET state = %s, state_version = state_version + 1, searchable = false, "
@@ -537,12 +544,15 @@ class PostgresContextStore:
         self, scope_id: str, inputs: Sequence[AtomicMemoryInput], artifact_id: str, rev: NewRevision
     ) -> list[AtomicMemoryRecord]:
         async def run(conn: Conn) -> list[AtomicMemoryRecord]:
-            rids: list[int] = []
+            rows: dict[str, Sequence[Any] | None] = {}
             for target in sorted(inputs, key=lambda t: t.artifact.artifact_id):  # one lock order: no deadlocks
-                rid, current = await self._check_input(conn, scope_id, target)
-                if current is not MemoryState.ACTIVE:
-                    raise InvalidLifecycle()
-                rids.append(rid)
+                rows[target.artifact.artifact_id] = await self._target_row(conn, scope_id, target)
+            rids: list[int] = []
+            for target in inputs:  # in the caller's order: the first input that fails answers
+                row = rows[target.artifact.artifact_id]
+                check_merge_input(row[1:] if row is not None else None, target)
+                assert row is not None
+                rids.append(row[0])
             await self._create(conn, scope_id, Family.ATOMIC_MEMORY.value, artifact_id, rev)
             await conn.execute(
                 "UPDATE ctx_artifacts SET state = %s, state_version = state_version + 1, merged_into_id = %s, "

@@ -32,8 +32,7 @@ from typing import Any, TypeVar
 from gateway.context.errors import (
     ArtifactAlreadyExists,
     ArtifactNotFound,
-    AtomicMemoryChanged,
-    InvalidLifecycle,
+    InvalidMemoryState,
     RevisionConflict,
     ScopeIdempotencyConflict,
     ScopeNotFound,
@@ -57,13 +56,14 @@ from gateway.context.store.common import (
     PresentTerms,
     admitted,
     at_least,
+    check_merge_input,
     floor_cut,
     floor_groups,
     fts_key,
+    lifecycle_step,
     pack_vector,
     phrase_map,
     revision_from_row,
-    transition,
 )
 from gateway.context.store.migrations import LEDGER_TABLE, Migration, plan
 
@@ -305,6 +305,10 @@ def _head_from_row(scope_id: str, family: str, row: Sequence[Any]) -> ArtifactRe
     return revision_from_row(scope_id, family, row[0], row[1:])
 
 
+# Atomic memory states whose content is frozen: 1.4.1 edits an active or forgotten memory only.
+_FROZEN_STATES = frozenset({MemoryState.MERGED.value, MemoryState.RETIRED.value})
+
+
 def _searchable(family: str, state: MemoryState | None) -> bool:
     return Family(family) in SEARCHABLE_FAMILIES and state in (None, MemoryState.ACTIVE)
 
@@ -334,7 +338,7 @@ class SqliteContextStore:
     change (bm25 reads the table's totals, not its segments); queries get cheaper (a 1,000-memory
     store written that way: a term probe 75 -> 16 µs, a ranked search 0.59 -> 0.32 ms)."""
 
-    text_metric = ("bm25", False)  # FTS5 bm25(): more negative is a better match
+    text_metric = ("sqlite_bm25", False)  # FTS5 bm25() (1.4.1's name for it): more negative is a better match
 
     def __init__(self, db: SqliteDatabase, *, merge_idle_s: float | None = MERGE_IDLE_S) -> None:
         self._db = db
@@ -551,6 +555,8 @@ class SqliteContextStore:
             rid, head, state = row
             if etag_for(head) != expected_etag:
                 raise RevisionConflict(expected_etag, etag_for(head))
+            if state in _FROZEN_STATES:
+                raise InvalidMemoryState()
             searchable = _searchable(family, MemoryState(state) if state else None) and rev.search_text is not None
             conn.execute(
                 "UPDATE ctx_artifacts SET head_revision = ?, kind = ?, searchable = ?, search_text = ?, vector = ? "
@@ -600,8 +606,8 @@ class SqliteContextStore:
     async def list_heads(self, scope_id: str, family: str, after: str | None, limit: int) -> list[ArtifactRevision]:
         def run(conn: sqlite3.Connection) -> list[ArtifactRevision]:
             rows = conn.execute(
-                _HEAD_SQL + "WHERE a.scope_id = ? AND a.family = ? AND a.artifact_id > ? ORDER BY a.artifact_id "
-                "LIMIT ?",
+                _HEAD_SQL + "WHERE a.scope_id = ? AND a.family = ? AND a.artifact_id > ? "
+                "AND (a.state IS NULL OR a.state NOT IN ('merged', 'retired')) ORDER BY a.artifact_id LIMIT ?",
                 (scope_id, family, after or "", limit),
             ).fetchall()
             return [_head_from_row(scope_id, family, r) for r in rows]
@@ -676,27 +682,25 @@ class SqliteContextStore:
         return await self._db.read(run)
 
     @staticmethod
-    def _check_input(conn: sqlite3.Connection, scope_id: str, target: AtomicMemoryInput) -> tuple[int, MemoryState]:
-        row = conn.execute(
+    def _target_row(conn: sqlite3.Connection, scope_id: str, target: AtomicMemoryInput) -> Sequence[Any] | None:
+        """`(rid, head_revision, state, state_version)` of a lifecycle target or merge input, or None."""
+        if target.artifact.family != Family.ATOMIC_MEMORY.value:
+            return None
+        row: Sequence[Any] | None = conn.execute(
             "SELECT rid, head_revision, state, state_version FROM ctx_artifacts WHERE scope_id = ? AND family = ? "
             "AND artifact_id = ?",
             (scope_id, Family.ATOMIC_MEMORY.value, target.artifact.artifact_id),
         ).fetchone()
-        if row is None or target.artifact.family != Family.ATOMIC_MEMORY.value:
-            raise ArtifactNotFound()
-        rid, head, state, version = row
-        if head != target.artifact.revision or version != target.state_version:
-            raise AtomicMemoryChanged()
-        return rid, MemoryState(state)
+        return row
 
     async def change_state(
         self, scope_id: str, target: AtomicMemoryInput, state: MemoryState
     ) -> tuple[AtomicMemoryRecord, bool]:
         def run(conn: sqlite3.Connection) -> tuple[AtomicMemoryRecord, bool]:
-            rid, current = self._check_input(conn, scope_id, target)
-            step = transition(current, state)
-            if step == "invalid":
-                raise InvalidLifecycle()
+            row = self._target_row(conn, scope_id, target)
+            step = lifecycle_step(row[1:] if row is not None else None, target, state)
+            assert row is not None
+            rid = row[0]
             if step == "ok":
                 conn.execute(
                     "UPDATE ctx_artifacts SET state = ?, state_version = state_version + 1, searchable = 0 "
@@ -713,11 +717,11 @@ class SqliteContextStore:
     ) -> list[AtomicMemoryRecord]:
         def run(conn: sqlite3.Connection) -> list[AtomicMemoryRecord]:
             rids: list[int] = []
-            for target in inputs:
-                rid, current = self._check_input(conn, scope_id, target)
-                if current is not MemoryState.ACTIVE:
-                    raise InvalidLifecycle()
-                rids.append(rid)
+            for target in inputs:  # in the caller's order: the first input that fails answers
+                row = self._target_row(conn, scope_id, target)
+                check_merge_input(row[1:] if row is not None else None, target)
+                assert row is not None
+                rids.append(row[0])
             self._create(conn, scope_id, Family.ATOMIC_MEMORY.value, artifact_id, rev)
             for rid in rids:
                 conn.execute(
