@@ -178,8 +178,11 @@ def test_an_anthropic_event_whose_name_and_data_disagree_is_not_believed() -> No
     limits = CarrierLimits(max_depth=64, embedded_json_depth=4)
     start = 'event: message_start\ndata: {"type":"message_start","message":{"id":"m1","usage":{}}}\n\n'
     text = (
+        'event: content_block_start\ndata: {"type":"content_block_start","index":0,'
+        '"content_block":{"type":"text","text":""}}\n\n'
         'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
         '"delta":{"type":"text_delta","text":"hi"}}\n\n'
+        'event: content_block_stop\ndata: {"type":"content_block_stop","index":0}\n\n'
     )
     stop = 'event: message_stop\ndata: {"type":"message_stop"}\n\n'
     carrier = CARRIERS["anthropic.messages"]
