@@ -104,22 +104,20 @@ class Private:
 
     def check(self, principals: Path) -> tuple[str, ...]:
         self.guarded(principals, "principals")
-        for path, what in {**self.guarded_files, **self.secret_files}.items():
-            mode = _mode(path)
-            if mode is None:
-                continue
-            if mode & 0o002:
-                raise ConfigError(f"{what}: {path} is writable by others (mode {mode:04o}); chmod o-w it")
-            if mode & 0o020:
-                self.warnings.append(f"{what}: {path} is writable by its group (mode {mode:04o})")
-        for path, what in self.secret_files.items():
-            mode = _mode(path)
-            if mode is None:
-                continue
-            if mode & 0o004:
-                raise ConfigError(f"{what}: {path} is readable by others (mode {mode:04o}); chmod 600 it")
-            if mode & 0o040:
-                self.warnings.append(f"{what}: {path} is readable by its group (mode {mode:04o})")
+        # (files, bit others may not have: the load is refused, bit the group should not have, what it is, fix)
+        rules = (
+            ({**self.guarded_files, **self.secret_files}, 0o002, 0o020, "writable", "chmod o-w it"),
+            (self.secret_files, 0o004, 0o040, "readable", "chmod 600 it"),
+        )
+        for files, others, group, able, fix in rules:
+            for path, what in files.items():
+                mode = _mode(path)
+                if mode is None:
+                    continue
+                if mode & others:
+                    raise ConfigError(f"{what}: {path} is {able} by others (mode {mode:04o}); {fix}")
+                if mode & group:
+                    self.warnings.append(f"{what}: {path} is {able} by its group (mode {mode:04o})")
         mode = _mode(principals)
         if mode is not None and mode & 0o044:
             self.warnings.append(f"principals: {principals} is readable by group or others (mode {mode:04o})")
