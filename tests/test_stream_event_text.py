@@ -160,6 +160,22 @@ def _leaked(text: str) -> bool:
     return any(form in text for form in (SECRET, A, B, B64, SECRET.encode().hex()))
 
 
+def _through(
+    gateways: tuple[tuple[Env, GatewayThread], tuple[Env, GatewayThread]],
+    mock: MockProviderServer,
+    release: str,
+    route: str,
+    events: list[str],
+) -> Any:
+    """`events` as the provider's stream, sent through the buffered or the windowed gateway."""
+    env, gateway = gateways[0] if release == "buffered" else gateways[1]
+    sid = "se" + uuid.uuid4().hex[:12]
+    mock.state.add_scenario(sid, [{"raw_events": events}])
+    answer = post_json(gateway, env, route, _body(route, sid))
+    assert [x for x in mock.state.records() if x.scenario == sid]  # the provider answered: what it sent was judged
+    return answer
+
+
 @pytest.mark.parametrize("case", sorted(STREAMS))
 @pytest.mark.parametrize("release", ["buffered", "windowed"])
 def test_text_outside_the_deltas_is_read_like_a_non_stream_answer(
@@ -169,18 +185,13 @@ def test_text_outside_the_deltas_is_read_like_a_non_stream_answer(
     case: str,
     release: str,
 ) -> None:
-    env, gateway = gw if release == "buffered" else windowed
-    route, events = STREAMS[case]
-    sid = "se" + uuid.uuid4().hex[:12]
-    mock.state.add_scenario(sid, [{"raw_events": events}])
-    r = post_json(gateway, env, route, _body(route, sid))
+    r = _through((gw, windowed), mock, release, *STREAMS[case])
     if r.status_code == 200:  # windowed: the refusal comes as the stream's error event
         assert "response_blocked" in r.text and "secret_value" in r.text, r.text
     else:
         assert r.status_code == 403, r.text
         assert r.json()["error"]["reason_codes"] == ["secret_value"] or "secret_value" in r.text
     assert not _leaked(r.text)
-    assert [x for x in mock.state.records() if x.scenario == sid]  # the provider answered; we withheld it
 
 
 def test_plain_delta_streams_still_pass(gw: tuple[Env, GatewayThread], mock: MockProviderServer) -> None:
@@ -265,11 +276,7 @@ def test_a_stream_out_of_order_is_not_vouched_for(
     """The fold joins a stream's fields by index, a client by the order things arrive; a
     stream that leaves that order (blocks started in reverse, deltas that go back) could be
     read differently by the two: it is not released."""
-    env, gateway = gw if release == "buffered" else windowed
-    route, events = OUT_OF_ORDER[case]
-    sid = "so" + uuid.uuid4().hex[:12]
-    mock.state.add_scenario(sid, [{"raw_events": events}])
-    r = post_json(gateway, env, route, _body(route, sid))
+    r = _through((gw, windowed), mock, release, *OUT_OF_ORDER[case])
     assert "upstream_invalid_response" in r.text, r.text
     assert r.status_code != 200 or release == "windowed"
     assert SECRET not in r.text and not (A in r.text and B in r.text)
@@ -339,10 +346,6 @@ def test_strings_a_delta_event_does_not_fold_are_read_too(
 ) -> None:
     """A delta event takes the short path only when its shape is known whole; its labels
     are read as units, and anything else sends it down the full path."""
-    env, gateway = gw if release == "buffered" else windowed
-    route, events = OUTSIDE_THE_FOLD[case]
-    sid = "sf" + uuid.uuid4().hex[:12]
-    mock.state.add_scenario(sid, [{"raw_events": events}])
-    r = post_json(gateway, env, route, _body(route, sid))
+    r = _through((gw, windowed), mock, release, *OUTSIDE_THE_FOLD[case])
     assert B64 not in r.text, r.text
     assert "secret_value" in r.text or "upstream_invalid_response" in r.text, r.text
