@@ -100,10 +100,13 @@ def _candidates(blocks: list[_Block], regions: dict[str, list[int]]) -> list[tup
             found.append(("last_turn", before[-1]))
         if regions.get(f"message:{newest}"):
             found.append(("tail", regions[f"message:{newest}"][-1]))
-    for region in ("system", "tools"):  # the end of what the provider caches of it (a deferred tool is not)
+    for region in ("system", "tools"):
+        # The region's end: its last block that is, or can be, a breakpoint. A block the
+        # client (or a previous plan) already marked is that end — planning it again then
+        # adds nothing inside the region — and a tool loaded on demand is not part of it.
         if regions[region]:
-            markable = [i for i in regions[region] if blocks[i].part.markable]
-            found.append((region, (markable or regions[region])[-1]))
+            ends = [i for i in regions[region] if blocks[i].part.markable or blocks[i].part.marker is not None]
+            found.append((region, (ends or regions[region])[-1]))
     for index, block in enumerate(blocks):
         if END_MARKER in block.part.text:
             found.append(("prepared_context", index))
