@@ -250,11 +250,17 @@ class _Folder(common.StreamFolder):
         """A text, thinking, signature or input-JSON delta (its one text field folded, its
         type one of those four), a block's end, a ping or the message's stop: no labels."""
         kind = obj.get("type") if isinstance(obj, dict) else None
+        if type(kind) is not str:  # a list or an object would not even hash: read in full
+            return None
         if kind == "content_block_delta":
             delta = obj.get("delta")
             if not (common.keys_within(obj, _DELTA_EVENT) and type(obj.get("index")) is int):
                 return None
-            if not (common.keys_within(delta, _FOLDED_DELTA) and delta.get("type") in _DELTA_TYPES):
+            if not (
+                common.keys_within(delta, _FOLDED_DELTA)
+                and type(delta.get("type")) is str
+                and delta.get("type") in _DELTA_TYPES
+            ):
                 return None
             return [] if all(type(v) is str for v in delta.values()) else None
         if kind in _BARE_EVENTS and common.keys_within(obj, _BARE_MEMBERS) and common.ints_within(obj, ("index",)):

@@ -260,6 +260,15 @@ def get_int(obj: Any, key: str) -> int | None:
     return value if type(value) is int else None
 
 
+def valid_index(obj: Any, key: str) -> bool:
+    """Is `obj`'s `key` an index a client can agree with the fold on: absent, null or a
+    non-negative JSON integer? A JavaScript client reads 1.0, 1e0 or "1" as 1 (and Python
+    dicts key 1.0 as 1) where the fold would not: a stream with such an index is not one
+    whose reading can be vouched for."""
+    value = obj.get(key) if isinstance(obj, dict) else None
+    return value is None or (type(value) is int and value >= 0)
+
+
 def get_str(obj: Any, key: str) -> str | None:
     value = obj.get(key) if isinstance(obj, dict) else None
     return value if jsonraw.is_str(value) else None

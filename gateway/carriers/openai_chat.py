@@ -134,7 +134,7 @@ class OpenAIChat:
             if data != "[DONE]" and ('"usage"' in data or "\\" in data):  # can name a usage
                 try:
                     chunk = json.loads(data)
-                except ValueError:
+                except (ValueError, RecursionError):  # unreadable: the fold refuses it
                     chunk = None
                 if isinstance(chunk, dict) and chunk.get("choices") == [] and chunk.get("usage"):
                     continue
@@ -169,6 +169,20 @@ def _spoken(doc: dict[str, Any]) -> list[str]:
         if isinstance(audio, dict) and audio.get("data") is not None:
             found.append(f"/choices/{common.get_int(choice, 'index') or position}/message/audio")
     return found
+
+
+def _named(value: Any, names: frozenset[str]) -> bool:
+    return type(value) is str and value in names
+
+
+def _indexes_valid(choice: Any) -> bool:
+    """The fold files a choice and its tool calls by their `index`: each must be one a
+    client reads the same way (`common.valid_index`)."""
+    if not common.valid_index(choice, "index"):
+        return False
+    delta = choice.get("delta") if isinstance(choice, dict) else None
+    calls = delta.get("tool_calls") if isinstance(delta, dict) else None
+    return all(common.valid_index(call, "index") for call in (calls if isinstance(calls, list) else ()))
 
 
 def _fold_choice(choice: Any, pieces: dict[Path, list[str]]) -> None:
@@ -259,7 +273,7 @@ class _Folder(common.StreamFolder):
                 common.keys_within(choice, _CHOICE_MEMBERS)
                 and type(choice.get("index")) is int
                 and choice.get("logprobs") is None
-                and (choice.get("finish_reason") is None or choice.get("finish_reason") in _FINISH)
+                and (choice.get("finish_reason") is None or _named(choice.get("finish_reason"), _FINISH))
                 and _known_delta(choice.get("delta"))
             ):
                 return None
@@ -275,6 +289,9 @@ class _Folder(common.StreamFolder):
         choices = chunk.get("choices")
         if choices is not None and not isinstance(choices, list):
             self.broken = ReasonCode.JSON_INVALID  # not a chat chunk: nothing of the stream folds
+            return
+        if not all(_indexes_valid(choice) for choice in choices or ()):
+            self.broken = ReasonCode.UPSTREAM_INVALID_RESPONSE
             return
         for choice in choices or ():
             _fold_choice(choice, self.pieces)

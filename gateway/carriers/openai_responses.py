@@ -189,6 +189,7 @@ _DELTA_MEMBERS = frozenset(
     {"type", "sequence_number", "item_id", "output_index", "content_index", "summary_index", "delta", "obfuscation"}
 )
 _DELTA_INDEXES = ("sequence_number", "output_index", "content_index", "summary_index")
+_FOLD_INDEXES = ("output_index", "content_index", "summary_index")  # where the fold files text
 _DELTA_TYPES = frozenset(
     {
         "response.output_text.delta",
@@ -225,7 +226,8 @@ class _Folder(common.StreamFolder):
         (folded whole) beside ids, indexes and padding (labels); an empty `logprobs` list
         holds nothing. A finished item, part or text, and the final response object, carry
         text of their own: they are read in full."""
-        if not isinstance(obj, dict) or obj.get("type") not in _DELTA_TYPES or type(obj.get("delta")) is not str:
+        kind = obj.get("type") if isinstance(obj, dict) else None
+        if type(kind) is not str or kind not in _DELTA_TYPES or type(obj.get("delta")) is not str:
             return None
         if not all(key in _DELTA_MEMBERS or (key == "logprobs" and obj[key] == []) for key in obj):
             return None
@@ -238,7 +240,11 @@ class _Folder(common.StreamFolder):
         kind = common.get_str(obj, "type") or event.event or ""
         if kind in _TERMINAL:
             self.terminal = True
-            self.is_error = kind in ("error", "response.failed")
+            # A later terminal event never takes back an error the stream already carried.
+            self.is_error = self.is_error or kind in ("error", "response.failed")
+        if not all(common.valid_index(obj, key) for key in _FOLD_INDEXES):
+            self.broken = ReasonCode.UPSTREAM_INVALID_RESPONSE
+            return
         resp = obj.get("response")
         if isinstance(resp, dict):
             self.response_id = self.response_id or common.get_str(resp, "id")

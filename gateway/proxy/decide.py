@@ -23,15 +23,16 @@ from gateway.carriers.base import Carrier, FoldedResponse, ParsedRequest
 from gateway.carriers.jsonraw import JsonError
 from gateway.checks import prepared, runner
 from gateway.checks.destination import Target
-from gateway.checks.inspect import relevant_headers
+from gateway.checks.inspect import header_units, inspect, relevant_headers
 from gateway.checks.prepared import Replay
 from gateway.checks.runner import CheckOutcome, Party
 from gateway.config.runtime import LoadedProfile, Runtime
 from gateway.errors import ClientError
+from gateway.inspection.engine import Subject
 from gateway.inspection.verdict import Verdict
 from gateway.obs import logging as log
 from gateway.proxy import release
-from gateway.vocab import Mode, Phase, ReasonCode
+from gateway.vocab import Decision, Mode, Phase, ReasonCode
 
 
 def parse_request(carrier: Carrier, raw: bytes, runtime: Runtime) -> ParsedRequest:
@@ -221,6 +222,14 @@ def read_folded(
     verdict, effective = runner.release_verdict(runtime, given, mode, now)
     usage = dict(folded.usage.fields) if folded.usage else None
     return Read(folded.complete, usage, folded.response_id, estimate, released, verdict, effective)
+
+
+def headers_pass(runtime: Runtime, headers: Mapping[str, str], profile_id: str) -> bool:
+    """Do the provider headers a response would release pass inspection on their own? For
+    heartbeats, which commit the headers before the body is read: headers that do not pass
+    are not sent (the whole check then refuses the response on the open stream)."""
+    verdict = inspect(runtime, Subject(raw=None, units=(), extra_units=header_units(headers)), profile_id)
+    return verdict.decision is Decision.ALLOW
 
 
 def _output_estimate(folded: FoldedResponse, estimator: str) -> int:

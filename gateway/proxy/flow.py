@@ -401,7 +401,8 @@ async def respond(request: web.Request, ex: Exchange, trail: Trail, attempt: Att
         if is_stream and 200 <= response.status < 300 and attempt.party.profile.profile.release == "windowed":
             return await release_windowed(request, ex, trail, attempt, passed)
         if is_stream and streaming.heartbeat_after_s > 0 and 200 <= response.status < 300:
-            heartbeats = Heartbeats(request, passed)
+            clean = decide.headers_pass(runtime, passed, attempt.target.profile_id)
+            heartbeats = Heartbeats(request, passed if clean else {})
         started = time.perf_counter()
         body = await buffer(request.app, ex, trail, attempt, heartbeats)  # 8
         stages["buffer"].observe(time.perf_counter() - started)
