@@ -63,7 +63,7 @@ from gateway.carriers.sse import SSEEvent
 from gateway.checks.inspect import header_units, inspect
 from gateway.config.runtime import Runtime
 from gateway.inspection import decoders
-from gateway.inspection.engine import Subject
+from gateway.inspection.engine import Subject, joinable
 from gateway.inspection.verdict import Verdict, withhold
 from gateway.units import STRUCTURAL_FIELDS, Path, TextUnit
 from gateway.vocab import ReasonCode
@@ -177,6 +177,7 @@ class WindowedRelease:
         self.inspected_events = 0
         self.units_seen = self.dups_seen = self.deep_seen = 0
         self.raw_tail = b""
+        self.joined_tail: list[TextUnit] = []  # the text the joined read took in, its last window
         self.sig_at_check = 0
         self.last_check = float("-inf")
         self.checks = 0
@@ -341,8 +342,10 @@ class WindowedRelease:
             duplicate_keys=dups,
             too_deep=deep,
             extra_units=header_units(self.headers) if self.checks == 0 else (),
+            joined_before=self.joined_tail,
         )
         verdict = inspect(self.runtime, subject, self.profile_id)
+        self.joined_tail = self._tail([*self.joined_tail, *(u for u in units if joinable(u))])
         self.checks += 1
         self.units_seen, self.dups_seen, self.deep_seen = len(found.units), len(found.dups), len(found.deep)
         self.inspected_events = len(self.events)
@@ -352,6 +355,30 @@ class WindowedRelease:
         self.sig_at_check = self.total_sig
         self.last_check = now
         return verdict
+
+    def _tail(self, units: list[TextUnit]) -> list[TextUnit]:
+        """The last window of `units` read in order (the first one kept cut at the front):
+        what a value split over the next check's text and this one's can start with. Text
+        outside the folded fields (a logprobs token, a member no one named, text a start
+        event already holds) has no field to hold it back, so without this an event's
+        half and the next one's would never be read together."""
+        kept: list[TextUnit] = []
+        need = self.window
+        for unit in reversed(units):
+            if need <= 0:
+                break
+            size = significant(unit.text)
+            if size > need:  # cut exactly: the joined read runs configured values only, no word rule
+                start, left = len(unit.text), need
+                while left > 0 and start > 0:
+                    lo = max(0, start - left)
+                    left -= significant(unit.text[lo:start])
+                    start = lo
+                unit = unit._replace(text=unit.text[start:])
+            kept.append(unit)
+            need -= size
+        kept.reverse()
+        return kept
 
     def _slice_start(self, text: str, at: int, need: int) -> int:
         """Where to start reading `text` so that `need` significant characters before `at`

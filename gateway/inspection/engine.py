@@ -32,7 +32,13 @@ _SEPARATOR = b"\x00"  # never part of a configured value; a boundary for every f
 # Joined buffers also start with a separator: a bare-form rule consumes the byte before its
 # value, so the first text in a buffer needs a neighbour too.
 # Units whose text the document holds as text (what a reader reads in order).
-_JOINABLE = frozenset({"string", "folded"})
+JOINABLE = frozenset({"string", "folded"})  # unit kinds the joined read of configured values takes in
+
+
+def joinable(unit: TextUnit) -> bool:
+    """Does the joined read of configured values take this unit in (text, not a member
+    that only labels structure)?"""
+    return unit.kind in JOINABLE and not (unit.path and unit.path[-1] in STRUCTURAL_FIELDS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +53,10 @@ class Subject:
     incomplete_reasons: tuple[str, ...] = ()
     extra_units: Sequence[TextUnit] = field(default=())  # e.g. forwarded header names and values
     too_deep: Sequence[str] = ()  # JSON held in strings nested past the decoding budget
+    # Text read before this subject (a stream inspected window by window: the tail of what
+    # the earlier checks read), taken in only by the joined read of configured values, ahead
+    # of this subject's units: a value split across two events is read whole.
+    joined_before: Sequence[TextUnit] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +130,19 @@ class Engine:
                     truncated |= self._scan_batch(nested, findings)
             if over:
                 withhold.append(ReasonCode.DECODE_LIMIT)
-            truncated |= self._scan_joined(read, encoded, squeezed_all, findings)
+            if subject.joined_before:
+                before = list(subject.joined_before)
+                before_encoded = [u.text.encode("utf-8", "surrogatepass") for u in before]
+                _, before_squeezed = decoders.encoded_forms([u.text for u in before], before_encoded)
+                before_squeezed = [d if q == d else q for d, q in zip(before_encoded, before_squeezed, strict=True)]
+                truncated |= self._scan_joined(
+                    [*before, *read],
+                    [*before_encoded, *encoded[: len(read)]],
+                    [*before_squeezed, *squeezed_all[: len(read)]],
+                    findings,
+                )
+            else:
+                truncated |= self._scan_joined(read, encoded, squeezed_all, findings)
         complete = subject.complete and not withhold
         if not subject.complete:
             withhold.extend(subject.incomplete_reasons or (ReasonCode.RESPONSE_INCOMPLETE,))
@@ -183,9 +205,7 @@ class Engine:
         (a value split across a message's name and content), once without (a value split
         across two tool calls has a tool name between its halves). Format rules are not run
         here: they could match across a boundary that a reader does see."""
-        chosen = [
-            i for i, u in enumerate(units) if u.kind in _JOINABLE and not (u.path and u.path[-1] in STRUCTURAL_FIELDS)
-        ]
+        chosen = [i for i, u in enumerate(units) if joinable(u)]
         if len(chosen) < 2:
             return False
         texts = [units[i] for i in chosen]
