@@ -7,6 +7,7 @@ records these read.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import time
@@ -17,9 +18,11 @@ from aiohttp import web
 from gateway import auth
 from gateway.attribution.blocks import ESTIMATOR, LABEL_HEADER
 from gateway.attribution.ledger import TOP_N, Aggregator
+from gateway.attribution.registry import Registry
 from gateway.errors import ClientError
 from gateway.http.body import read_body
 from gateway.http.params import ascii_int, ascii_number
+from gateway.ledgers.attribution import AttributionLedger, Row, decoded
 from gateway.obs import logging as log
 from gateway.proxy import projections
 from gateway.state import ATTRIBUTION, CALL, CONTEXT, RUNTIME
@@ -40,10 +43,29 @@ def query_number(value: str | None, default: float) -> float:
     return number
 
 
+async def _compute(
+    ledger: AttributionLedger, registry: Registry, scope: str | None, since: float, until: float, now: float, top: int
+) -> dict[str, Any]:
+    """Read the rows (on the database's side), then decode and aggregate them off the loop."""
+    rows, limited = await ledger.rows(scope, until, now=now)
+    return await asyncio.to_thread(_aggregate, rows, registry, since, limited, top)
+
+
+def _aggregate(rows: list[Row], registry: Registry, since: float, limited: bool, top: int) -> dict[str, Any]:
+    """One pass, on a worker thread: each row is decoded just before it is added (never every
+    record at once), in time order, then the report."""
+    agg = Aggregator(registry, since=since)
+    for record in decoded(rows):
+        agg.add(record)
+    return agg.report(limited_scan=limited, top_n=top)
+
+
 async def build_report(
     request: web.Request, scope: str | None, since: float | None, until: float | None, top: int = TOP_N
 ) -> dict[str, Any]:
-    """The report for a scope (None: every scope) over [since, until] (unix seconds)."""
+    """The report for a scope (None: every scope) over [since, until] (unix seconds). The
+    event loop only waits for it: the rows are read on the database's side, decoded and
+    aggregated on a worker thread, one report at a time in this process."""
     app = request.app
     runtime = app[RUNTIME].current
     ledger = app[ATTRIBUTION]
@@ -51,11 +73,18 @@ async def build_report(
     start = max(since if since is not None else now - ledger.retention_s, now - ledger.retention_s)
     end = until if until is not None else now
     digest = projections.scope_digest(runtime, scope) if scope is not None else None
-    records, limited = await ledger.records(digest, end, now=now)
-    agg = Aggregator(projections.registry_for(runtime.config.attribution), since=start)
-    for record in records:
-        agg.add(record)
-    body = agg.report(limited_scan=limited, top_n=top)
+    registry = projections.registry_for(runtime.config.attribution)
+    async with ledger.report_lock:  # one report at a time: concurrent observers never multiply its memory
+        work = asyncio.ensure_future(_compute(ledger, registry, digest, start, end, now, top))
+        try:
+            body = await asyncio.shield(work)
+        except asyncio.CancelledError:
+            # The caller went away: the lock is held until the read and the pass end, so
+            # the next report never holds its rows beside this one's.
+            await asyncio.wait({work})
+            if not work.cancelled():
+                work.exception()  # retrieved: the caller is gone, there is no one to tell
+            raise
     if ledger.dropped:  # this process dropped queued records (the database was away too long)
         body["limited"] = True
         body["limitReasons"] = [*body["limitReasons"], "records_dropped"]

@@ -260,7 +260,7 @@ class Aggregator:
             if entry.spec.eligible:
                 controllable += entry.materialized
         reasons = []
-        if limited_scan:
+        if limited_scan:  # the read stopped at a bound: its record count or its bytes of stored records
             reasons.append("record_bound")
         if self.dropped_entries:
             reasons.append("entry_bound")

@@ -4,9 +4,10 @@ usage ledger): raw boundary records and the collection switch.
 Owns: its migrations (component `attribution`), the batched write of records (queued by
 the flow, written off the response path in one transaction a second — a report flushes
 first; a stop flushes; a SIGKILL loses at most the last second of diagnostics), the retention purge (raw records at
-most `retention_s`, seven days by default and at most), the bounded read a report makes,
-and the runtime collection switch shared by every replica on the database (each process
-reads it again at most every `refresh_s`; the process that switches knows at once).
+most `retention_s`, seven days by default and at most), the bounded read a report makes
+(the newest rows, by count and by bytes), and the runtime collection switch shared by
+every replica on the database (each process reads it again at most every `refresh_s`;
+the process that switches knows at once).
 Must not: store text, paths or raw ids (records hold block ids, keyed digests and
 estimates only), block a call, or raise into one (`add` and `defer` only queue).
 """
@@ -18,7 +19,7 @@ import json
 import sqlite3
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from gateway.attribution.ledger import Record
@@ -53,7 +54,27 @@ RETENTION_S = 7 * 86400.0  # raw records are kept at most seven days (SPEC §11)
 MAX_DEFERRED_BYTES = 8 * 1024 * 1024  # request bytes held by records still to be made (see `defer`)
 SLICE_S = 0.002  # deferred records are made in slices of the loop this long, yielding between
 MAX_RECORDS = 100_000  # records one report reads; more makes the report `limited`
+# Stored record text one report reads (more makes it `limited` too): about 14,000 calls of a
+# long agent session (100 turns of history), so the rows, not their count, bound its memory.
+MAX_SCAN_BYTES = 64 * 1024 * 1024
 MIN_PURGE_INTERVAL_S = 1.0  # the idle purge's shortest period
+
+
+Row = tuple[Any, ...]  # a stored record as `rows` reads it: ts, invocation, session, profile, record text, …
+
+
+def decode(row: Row) -> Record:
+    """One stored row as its Record."""
+    ts, invocation, session, profile, doc = row[:5]
+    return Record.from_json(float(ts), invocation, session, str(profile), json.loads(doc))
+
+
+def decoded(rows: list[Row]) -> Iterator[Record]:
+    """The rows' records in their order, each decoded just before it is wanted (never all at
+    once); `rows` is emptied as it goes, so each row's text is let go once it is decoded."""
+    rows.reverse()
+    while rows:
+        yield decode(rows.pop())
 
 
 class AttributionLedger:
@@ -89,6 +110,9 @@ class AttributionLedger:
         self._refresher: asyncio.Task[None] | None = None
         self._purger: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
+        # One report at a time in this process (held by the report around its read and its
+        # pass): concurrent observers never hold the rows of several reports at once.
+        self.report_lock = asyncio.Lock()
         self._held: set[asyncio.Task[None]] = set()  # records being made off the loop
         self._enabled = False  # off by default (SPEC §11)
         self._read_at = float("-inf")
@@ -314,33 +338,57 @@ class AttributionLedger:
 
     # --- reading -----------------------------------------------------------------------
 
-    async def records(self, scope: str | None, until: float, *, now: float) -> tuple[list[Record], bool]:
-        """The newest `max_records` records of the retention window up to `until`, oldest
-        first, and whether more were there (the report is then `limited`)."""
+    async def rows(self, scope: str | None, until: float, *, now: float) -> tuple[list[Row], bool]:
+        """The raw rows a report reads, oldest first, and whether more were there (the report
+        is then `limited`, reason `record_bound`): of the retention window up to `until`, the
+        newest rows up to `max_records` and up to MAX_SCAN_BYTES of stored record text (at
+        least the newest row, however long). Nothing is decoded here: `decoded` makes each
+        record as it is wanted, off the loop (see `gateway.api.attribution.build_report`).
+
+        The byte bound is counted in SQL (the same text for SQLite and PostgreSQL): a window
+        sum of `length(record)` over the newest `max_records + 1` rows, newest first; only
+        those rows' own text is then fetched, with one row past either bound to tell whether
+        the read was limited. Stored records are ASCII JSON: characters are bytes."""
         await self.flush()
         start = now - self.retention_s
-        limit = self.max_records + 1
+        budget = MAX_SCAN_BYTES
         where = "ts >= ? AND ts <= ?" + (" AND scope = ?" if scope is not None else "")
         params: tuple[Any, ...] = (start, until, scope) if scope is not None else (start, until)
-        sql = f"SELECT ts, invocation, session, profile, record FROM wg_attr_records WHERE {where}"  # noqa: S608 -- fixed text
-        sql += " ORDER BY ts DESC, seq DESC LIMIT ?"
+        sql = (
+            "SELECT r.ts, r.invocation, r.session, r.profile, r.record, c.rn, c.scanned FROM ("  # noqa: S608 -- fixed text
+            " SELECT seq, n, ROW_NUMBER() OVER w AS rn, SUM(n) OVER w AS scanned FROM ("
+            f"  SELECT seq, ts, length(record) AS n FROM wg_attr_records WHERE {where}"
+            "   ORDER BY ts DESC, seq DESC LIMIT ?"
+            " ) AS newest WINDOW w AS (ORDER BY ts DESC, seq DESC ROWS UNBOUNDED PRECEDING)"
+            ") AS c JOIN wg_attr_records AS r ON r.seq = c.seq"
+            " WHERE c.rn <= 2 OR c.scanned - c.n <= ?"  # the rows within both bounds, and the first past them
+            " ORDER BY c.rn DESC"
+        )
+        args = (*params, self.max_records + 1, budget)
         if self._db.sqlite is not None:
-            rows = await self._db.sqlite.read(lambda c: [tuple(r) for r in c.execute(sql, (*params, limit))])
+            rows = await self._db.sqlite.read(lambda c: c.execute(sql, args).fetchall())
         else:
             pg_sql = sql.replace("?", "%s")
 
-            async def pg(conn: Conn) -> list[tuple[Any, ...]]:
-                cur = await conn.execute(pg_sql, (*params, limit))
-                return [tuple(r) for r in await cur.fetchall()]
+            async def pg(conn: Conn) -> list[Row]:
+                cur = await conn.execute(pg_sql, args)
+                return list(await cur.fetchall())
 
             assert self._db.postgres is not None
             rows = await self._db.postgres.read(pg)
-        limited = len(rows) > self.max_records
-        rows = rows[: self.max_records]
-        rows.reverse()
-        return [
-            Record.from_json(float(ts), inv, ses, str(prof), json.loads(doc)) for ts, inv, ses, prof, doc in rows
-        ], limited
+        # Oldest first: a row past a bound can only be the first (the newest rows are kept).
+        limited = False
+        if rows:
+            rn, scanned = int(rows[0][5]), int(rows[0][6])
+            if rn > self.max_records or (rn > 1 and scanned > budget):
+                del rows[0]
+                limited = True
+        return rows, limited
+
+    async def records(self, scope: str | None, until: float, *, now: float) -> tuple[list[Record], bool]:
+        """`rows`, each decoded (tests; a report uses `rows` and `decoded`)."""
+        rows, limited = await self.rows(scope, until, now=now)
+        return list(decoded(rows)), limited
 
     async def count(self) -> int:
         """Records held (tests)."""
