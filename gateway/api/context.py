@@ -38,7 +38,18 @@ from urllib.parse import quote
 from aiohttp import web
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 from gateway import auth
 from gateway.checks import claims as claims_
@@ -46,8 +57,8 @@ from gateway.checks.bindings import BindingTooLarge
 from gateway.checks.store import refusal_reasons, write_verdict
 from gateway.config.runtime import Principal, Runtime
 from gateway.context import errors as cx
-from gateway.context.content import compact_json, utf8_ok
-from gateway.context.model import ArtifactRef, AtomicMemoryInput, MemoryState
+from gateway.context.content import compact_json, storable
+from gateway.context.model import ArtifactRef, AtomicMemoryInput, Family, MemoryState, valid_artifact_id
 from gateway.context.service import ContextService, ContextSettings, SearchResult
 from gateway.context.store.base import ScopeRecord
 from gateway.context.store.database import Database
@@ -91,6 +102,21 @@ def service(app: web.Application, db: Database) -> ContextService:
 
 # --- request schemas (1.4.1, closed and strict) ----------------------------------------------
 
+
+def _nul_free(value: str) -> str:
+    if "\x00" in value:
+        raise PydanticCustomError("string_nul", "String contains a NUL character")
+    return value
+
+
+# Text the context layer stores, or looks rows up by, holds no NUL (U+0000): PostgreSQL text
+# cannot hold one, so it is refused (422, `string_nul`) on both backends alike, though SQLite
+# (and 1.4.1 on it) would keep it — the same request gets the same answer whichever store is
+# configured. Ids are not refused here but name nothing: a scope id or path artifact id
+# holding a NUL is "not found", as any id no scope or artifact can have. Queries are not
+# refused either: they are only tokenised (a NUL is a separator), never bound as text.
+NulFree = AfterValidator(_nul_free)
+
 NonBlank = Annotated[StrictStr, Field(min_length=1, pattern=r".*\S.*")]
 ScopeId = Annotated[StrictStr, Field(min_length=1, max_length=256, pattern=r".*\S.*")]
 Visible = Annotated[StrictStr, Field(min_length=1, max_length=128, pattern=r"^[\x21-\x7E]+$")]
@@ -101,17 +127,41 @@ class _Closed(BaseModel):
 
 
 class ExternalReference(_Closed):
-    kind: Annotated[StrictStr, Field(min_length=1, max_length=128, pattern=r".*\S.*")]
-    value: Annotated[StrictStr, Field(min_length=1, max_length=2000, pattern=r".*\S.*")]
+    kind: Annotated[StrictStr, Field(min_length=1, max_length=128, pattern=r".*\S.*"), NulFree]
+    value: Annotated[StrictStr, Field(min_length=1, max_length=2000, pattern=r".*\S.*"), NulFree]
+
+
+# A scope record is read (and remembered) on every authorisation of a request naming it, so
+# it is bounded. 1.4.1 bounds every string of it but neither list; wiregate takes at most 256
+# references of each kind (a host names a handful: a repository, a ticket, a parent's
+# siblings) and at most 256 KiB of UTF-8 text in the whole record (title, summary,
+# idempotency key, parent and every reference), where the per-item bounds alone would allow
+# over 2 MB. Beyond either: 422, like any other request field out of range.
+SCOPE_REFERENCES_MAX = 256
+SCOPE_TEXT_MAX_BYTES = 256 * 1024
 
 
 class CreateScope(_Closed):
-    title: Annotated[StrictStr, Field(min_length=1, max_length=256, pattern=r".*\S.*")]
-    summary: Annotated[StrictStr, Field(min_length=1, max_length=2000, pattern=r".*\S.*")]
-    idempotency_key: Annotated[StrictStr, Field(min_length=1, max_length=256, pattern=r".*\S.*")]
+    title: Annotated[StrictStr, Field(min_length=1, max_length=256, pattern=r".*\S.*"), NulFree]
+    summary: Annotated[StrictStr, Field(min_length=1, max_length=2000, pattern=r".*\S.*"), NulFree]
+    idempotency_key: Annotated[StrictStr, Field(min_length=1, max_length=256, pattern=r".*\S.*"), NulFree]
     parent_scope_id: ScopeId | None = None
-    context_references: list[ScopeId] = Field(default_factory=list)
-    external_references: list[ExternalReference] = Field(default_factory=list)
+    context_references: list[ScopeId] = Field(default_factory=list, max_length=SCOPE_REFERENCES_MAX)
+    external_references: list[ExternalReference] = Field(default_factory=list, max_length=SCOPE_REFERENCES_MAX)
+
+    @model_validator(mode="after")
+    def _bounded(self) -> CreateScope:
+        if _scope_text_bytes(self) > SCOPE_TEXT_MAX_BYTES:
+            raise PydanticCustomError("scope_too_large", "Scope text too large")
+        return self
+
+
+def _scope_text_bytes(dto: CreateScope) -> int:
+    """The UTF-8 size of every text a scope record keeps from its creation request."""
+    texts = [dto.title, dto.summary, dto.idempotency_key, dto.parent_scope_id or "", *dto.context_references]
+    for ref in dto.external_references:
+        texts += (ref.kind, ref.value)
+    return sum(len(t.encode("utf-8")) for t in texts)
 
 
 class Ref(_Closed):
@@ -133,8 +183,8 @@ class MemoryInput(_Closed):
 
 class AtomicContent(_Closed):
     schema_: Literal["powercontext.atomic-memory.v1"] | None = Field(None, alias="schema")
-    kind: Annotated[StrictStr, Field(min_length=1, max_length=128)]
-    text: Annotated[StrictStr, Field(min_length=1)]
+    kind: Annotated[StrictStr, Field(min_length=1, max_length=128), NulFree]
+    text: Annotated[StrictStr, Field(min_length=1), NulFree]
 
     def wire(self) -> dict[str, Any]:
         return self.model_dump(by_alias=True, exclude_none=True)
@@ -148,7 +198,7 @@ class CreateArtifact(_Closed):
 class ReplaceArtifact(_Closed):
     content: dict[str, Any]
     restored_from_revision: Annotated[StrictInt, Field(ge=1)] | None = None
-    reason: StrictStr | None = None
+    reason: Annotated[StrictStr, NulFree] | None = None
 
 
 TagMatch = Literal["all", "any"]
@@ -158,7 +208,7 @@ Tags = Annotated[list[Annotated[StrictStr, Field(min_length=1)]], Field(max_leng
 class ListAtomic(_Closed):
     scope_id: ScopeId
     states: list[Literal["active", "forgotten", "merged", "retired"]] | None = None
-    kind: Annotated[StrictStr, Field(min_length=1)] | None = None
+    kind: Annotated[StrictStr, Field(min_length=1), NulFree] | None = None
     tags: Tags | None = None
     tag_match: TagMatch | None = None
     limit: Annotated[StrictInt, Field(ge=1, le=100)] = 50
@@ -169,7 +219,7 @@ class SearchAtomic(_Closed):
     scope_id: ScopeId
     query: Annotated[StrictStr, Field(min_length=1, max_length=8192)]
     mode: Literal["text", "vector", "hybrid"] = "text"
-    kind: Annotated[StrictStr, Field(min_length=1)] | None = None
+    kind: Annotated[StrictStr, Field(min_length=1), NulFree] | None = None
     tags: Tags | None = None
     tag_match: TagMatch | None = None
     limit: Annotated[StrictInt, Field(ge=1, le=100)] = 20
@@ -204,8 +254,8 @@ class SearchArtifacts(_Closed):
 
 class Remember(_Closed):
     scope_id: ScopeId
-    kind: Annotated[StrictStr, Field(min_length=1, max_length=128)]
-    text: Annotated[StrictStr, Field(min_length=1)]
+    kind: Annotated[StrictStr, Field(min_length=1, max_length=128), NulFree]
+    text: Annotated[StrictStr, Field(min_length=1), NulFree]
     reason: Annotated[StrictStr, Field(max_length=512)] | None = None
     expected_revision: Annotated[StrictInt, Field(ge=1)] | None = None
 
@@ -320,6 +370,8 @@ _MESSAGES = {
     "list_type": "Input should be a valid list",
     "model_type": "Input should be an object",
     "json_invalid": "Invalid JSON",
+    "string_nul": "String contains a NUL character",
+    "scope_too_large": "Scope text too large",
 }
 
 
@@ -604,6 +656,20 @@ def _family(request: web.Request) -> str:
     return request.match_info["family"]
 
 
+_FAMILIES = frozenset(f.value for f in Family)
+
+
+def _artifact_id(request: web.Request) -> str:
+    """The path's artifact id. One no artifact can have (not 1–128 visible ASCII: a NUL, which
+    PostgreSQL text cannot hold, a space, a non-ASCII letter) is 404 here, before any store
+    call, as an impossible scope id is; the store would find nothing under it either. A family
+    wiregate does not serve is left to the service, which refuses it first (422) as before."""
+    artifact_id = request.match_info["artifact_id"]
+    if not valid_artifact_id(artifact_id) and request.match_info.get("family", Family.ATOMIC_MEMORY) in _FAMILIES:
+        raise cx.ArtifactNotFound()
+    return artifact_id
+
+
 @route("context.write", CreateArtifact)
 async def create_artifact(ctx: Ctx, dto: CreateArtifact, raw: bytes) -> web.Response:
     scope_id = ctx.request.match_info["scope_id"]
@@ -630,7 +696,7 @@ async def list_artifacts(ctx: Ctx) -> web.Response:
 async def get_artifact(ctx: Ctx) -> web.Response:
     info = ctx.request.match_info
     await ctx.allow(info["scope_id"], "context.read")
-    head = await ctx.service.get_artifact(info["scope_id"], info["family"], info["artifact_id"])
+    head = await ctx.service.get_artifact(info["scope_id"], info["family"], _artifact_id(ctx.request))
     _if_none_match(ctx.request, head.etag, star=False)
     return _json(head.to_wire(), headers={"ETag": head.etag})
 
@@ -645,7 +711,7 @@ async def replace_artifact(ctx: Ctx, dto: ReplaceArtifact, raw: bytes) -> web.Re
     rev = await ctx.service.replace_artifact(
         info["scope_id"],
         info["family"],
-        info["artifact_id"],
+        _artifact_id(ctx.request),
         dto.content,
         if_match=ctx.request.headers.get("If-Match"),
         principal=ctx.principal.id,
@@ -661,7 +727,7 @@ async def list_revisions(ctx: Ctx) -> web.Response:
     await ctx.allow(info["scope_id"], "context.read")
     limit = _int_query(request, "limit", None, 1, 100)
     page = await ctx.service.list_artifact_revisions(
-        info["scope_id"], info["family"], info["artifact_id"], limit=limit, cursor=_cursor(request)
+        info["scope_id"], info["family"], _artifact_id(request), limit=limit, cursor=_cursor(request)
     )
     return _json({"items": [r.to_collection_item() for r in page.items], "next_cursor": page.next_cursor})
 
@@ -675,7 +741,7 @@ async def get_revision(ctx: Ctx) -> web.Response:
         raise ContractViolation(
             {"errors": [{"type": "int_parsing", "loc": ["path", "revision"], "msg": "Input should be a valid integer"}]}
         )
-    rev = await ctx.service.get_artifact_revision(info["scope_id"], info["family"], info["artifact_id"], revision)
+    rev = await ctx.service.get_artifact_revision(info["scope_id"], info["family"], _artifact_id(ctx.request), revision)
     return _json(rev.to_wire())
 
 
@@ -683,7 +749,7 @@ async def get_revision(ctx: Ctx) -> web.Response:
 async def get_state(ctx: Ctx) -> web.Response:
     info = ctx.request.match_info
     await ctx.allow(info["scope_id"], "context.read")
-    state = await ctx.service.get_atomic_state(info["scope_id"], info["artifact_id"])
+    state = await ctx.service.get_atomic_state(info["scope_id"], _artifact_id(ctx.request))
     _if_none_match(ctx.request, state.etag, star=True)
     return _json(state.to_wire(), headers={"ETag": state.etag})
 
@@ -758,7 +824,7 @@ def _filter_kind(filters: Mapping[str, Any] | None) -> str | None:
     if not set(filters) <= {"kind", "tags", "tag_match"}:
         raise cx.InvalidRequest("filters", "names an unknown filter")
     kind = filters.get("kind")
-    if kind is not None and (not isinstance(kind, str) or not 0 < len(kind) <= 128 or not utf8_ok(kind)):
+    if kind is not None and (not isinstance(kind, str) or not 0 < len(kind) <= 128 or not storable(kind)):
         raise cx.InvalidRequest("filters", "kind must be a string")
     if filters.get("tags"):
         raise cx.CapabilityNotSupported("tags")

@@ -45,13 +45,39 @@ def utf8_ok(value: str) -> bool:
     return True
 
 
+def storable(value: str) -> bool:
+    """Text the context layer may store or look up by: UTF-8 (no lone surrogate) and no NUL.
+
+    PostgreSQL text cannot hold U+0000 (psycopg refuses it before the statement runs); SQLite
+    could, and 1.4.1 on SQLite would keep it. wiregate refuses it on both backends alike, so a
+    write or filter is answered the same whichever store is configured (a 422, never a 500 on
+    one and a 201 on the other), and no stored text ever holds one."""
+    return "\x00" not in value and utf8_ok(value)
+
+
+def _storable_tree(value: Any) -> bool:
+    """Every string in a JSON document (keys too) is `storable`."""
+    stack: list[Any] = [value]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, str):
+            if not storable(node):
+                return False
+        elif isinstance(node, Mapping):
+            stack.extend(node.keys())
+            stack.extend(node.values())
+        elif isinstance(node, list | tuple):
+            stack.extend(node)
+    return True
+
+
 def _reject(family: Family) -> InvalidRequest:
     return InvalidRequest("content", f"does not match the {family.value} model")
 
 
 def _require_str(raw: Mapping[str, Any], key: str, family: Family, max_chars: int) -> str:
     value = raw.get(key)
-    if not isinstance(value, str) or not value.strip() or len(value) > max_chars or not utf8_ok(value):
+    if not isinstance(value, str) or not value.strip() or len(value) > max_chars or not storable(value):
         raise _reject(family)
     return value
 
@@ -70,7 +96,7 @@ def normalize_atomic(raw: Any) -> tuple[str, str]:
         raise _reject(fam)
     kind = _require_str(doc, "kind", fam, KIND_MAX_CHARS)
     text = doc["text"]
-    if not isinstance(text, str) or not utf8_ok(text):
+    if not isinstance(text, str) or not storable(text):
         raise _reject(fam)
     text = normalize_text(text)
     if not text or len(text.encode("utf-8")) > ATOMIC_TEXT_MAX_BYTES:
@@ -94,7 +120,7 @@ def stored_content(family: Family, raw: Any, *, now_iso: str, replacing: bool = 
         doc = _closed(raw, family, {*_EXPERIENCE_FIELDS, "failure"}, set(_EXPERIENCE_FIELDS))
         out: dict[str, Any] = {k: _require_str(doc, k, family, n) for k, n in _EXPERIENCE_FIELDS.items()}
         failure = doc.get("failure")
-        if failure is not None and not isinstance(failure, Mapping):
+        if failure is not None and not (isinstance(failure, Mapping) and _storable_tree(failure)):
             raise _reject(family)
         if failure is not None:
             try:  # what the content digest will canonicalise: an integer past 2^53 or an
@@ -106,7 +132,7 @@ def stored_content(family: Family, raw: Any, *, now_iso: str, replacing: bool = 
     if family is Family.PROFILE:
         doc = _closed(raw, family, {"content", "restored_from_revision"}, {"content"})
         body = doc["content"]
-        if not isinstance(body, str) or not body or not utf8_ok(body):
+        if not isinstance(body, str) or not body or not storable(body):
             raise _reject(family)
         restored = doc.get("restored_from_revision")
         if restored is not None and (type(restored) is not int or restored < 1):

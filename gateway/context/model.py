@@ -53,6 +53,14 @@ def _visible_ascii(value: str) -> bool:
     return _VISIBLE_ASCII.fullmatch(value) is not None
 
 
+def valid_artifact_id(value: str) -> bool:
+    """An artifact id: 1–128 visible ASCII characters (what `ArtifactRef` accepts, and 1.4.1's
+    path pattern). Anything else — a NUL, which PostgreSQL text cannot hold, a space, a
+    non-ASCII letter — names no artifact: a lookup answers "not found" without asking a store,
+    as `valid_scope_id` does for scopes."""
+    return _visible_ascii(value)
+
+
 # No control character (PostgreSQL text holds no NUL) and no lone surrogate (a header whose
 # bytes are not UTF-8 arrives with them): such an id names no scope, and never reaches a store.
 _SCOPE_ID_REFUSED = re.compile(r"[\x00-\x1f\x7f\ud800-\udfff]")

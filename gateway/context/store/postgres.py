@@ -181,6 +181,21 @@ _RECORD_SQL = (
 )
 
 
+def _nul(value: str | None) -> bool:
+    """PostgreSQL text cannot hold U+0000: psycopg refuses a parameter holding one (DataError)
+    before the statement runs. Nothing stored holds one (the API refuses NUL in every text it
+    stores or filters by, and path ids holding one never get here), so a lookup by a key with
+    one finds nothing, without asking the server: the answer SQLite gives for the same key."""
+    return value is not None and "\x00" in value
+
+
+def _after(after: str | None) -> str:
+    """A listing position (a cursor's, which a client can write) the server can bind. Columns
+    compare bytewise (COLLATE "C", as SQLite's BINARY), and no stored key holds a NUL, so
+    `key > p + NUL + rest` is exactly `key > p`: the position is cut at its first NUL."""
+    return (after or "").split("\x00", 1)[0]
+
+
 def _scope_from_row(row: Sequence[Any]) -> ScopeRecord:
     sid, title, summary, parent, refs, ext, version, created_by, created_at = row
     return ScopeRecord(
@@ -212,6 +227,8 @@ _MAX_LEXEME_BYTES = 2047  # PostgreSQL refuses longer tsvector lexemes; such tok
 
 
 def _text_candidates(query: TextQuery) -> list[str]:
+    if _nul(query.kind):  # no stored kind holds one: nothing to find
+        return []
     return [t for t in query.terms if _indexable(t)][:MAX_QUERY_TERMS]
 
 
@@ -307,7 +324,7 @@ class PostgresContextStore:
         async def run(conn: Conn) -> list[ScopeRecord]:
             cur = await conn.execute(
                 f"SELECT {_SCOPE_COLS} FROM ctx_scopes WHERE scope_id > %s ORDER BY scope_id LIMIT %s",
-                (after or "", limit),
+                (_after(after), limit),
             )
             return [_scope_from_row(r) for r in await cur.fetchall()]
 
@@ -384,6 +401,9 @@ class PostgresContextStore:
     async def replace_artifact(
         self, scope_id: str, family: str, artifact_id: str, expected_etag: str, rev: NewRevision
     ) -> ArtifactRevision:
+        if _nul(artifact_id):
+            raise ArtifactNotFound()
+
         async def run(conn: Conn) -> ArtifactRevision:
             cur = await conn.execute(
                 "SELECT rid, head_revision, state FROM ctx_artifacts WHERE scope_id = %s AND family = %s "
@@ -418,6 +438,9 @@ class PostgresContextStore:
         return await self._db.write(run)
 
     async def get_head(self, scope_id: str, family: str, artifact_id: str) -> ArtifactRevision | None:
+        if _nul(artifact_id):
+            return None
+
         async def run(conn: Conn) -> ArtifactRevision | None:
             cur = await conn.execute(
                 _HEAD_SQL + "WHERE a.scope_id = %s AND a.family = %s AND a.artifact_id = %s",
@@ -431,6 +454,9 @@ class PostgresContextStore:
     async def get_revision(
         self, scope_id: str, family: str, artifact_id: str, revision: int
     ) -> ArtifactRevision | None:
+        if _nul(artifact_id):
+            return None
+
         async def run(conn: Conn) -> ArtifactRevision | None:
             try:
                 return await self._revision(conn, scope_id, family, artifact_id, revision)
@@ -444,7 +470,7 @@ class PostgresContextStore:
             cur = await conn.execute(
                 _HEAD_SQL + "WHERE a.scope_id = %s AND a.family = %s AND a.artifact_id > %s "
                 "AND (a.state IS NULL OR a.state NOT IN ('merged', 'retired')) ORDER BY a.artifact_id LIMIT %s",
-                (scope_id, family, after or "", limit),
+                (scope_id, family, _after(after), limit),
             )
             return [revision_from_row(scope_id, family, r[0], r[1:]) for r in await cur.fetchall()]
 
@@ -453,6 +479,9 @@ class PostgresContextStore:
     async def list_revisions(
         self, scope_id: str, family: str, artifact_id: str, before: int | None, limit: int
     ) -> list[ArtifactRevision]:
+        if _nul(artifact_id):
+            return []
+
         async def run(conn: Conn) -> list[ArtifactRevision]:
             cur = await conn.execute(
                 f"SELECT {REVISION_COLUMNS} FROM ctx_revisions WHERE scope_id = %s AND family = %s "
@@ -466,7 +495,7 @@ class PostgresContextStore:
     # ---- atomic memory ------------------------------------------------------------------------
 
     async def get_states(self, scope_id: str, artifact_ids: Sequence[str]) -> dict[str, AtomicMemoryState]:
-        wanted = list(dict.fromkeys(artifact_ids))
+        wanted = [aid for aid in dict.fromkeys(artifact_ids) if not _nul(aid)]
 
         async def run(conn: Conn) -> dict[str, AtomicMemoryState]:
             cur = await conn.execute(
@@ -483,6 +512,8 @@ class PostgresContextStore:
 
     @staticmethod
     async def _record(conn: Conn, scope_id: str, artifact_id: str) -> AtomicMemoryRecord:
+        if _nul(artifact_id):
+            raise ArtifactNotFound()
         cur = await conn.execute(
             _RECORD_SQL + "WHERE a.scope_id = %s AND a.family = %s AND a.artifact_id = %s",
             (scope_id, Family.ATOMIC_MEMORY.value, artifact_id),
@@ -495,9 +526,12 @@ class PostgresContextStore:
     async def list_atomic(
         self, scope_id: str, states: frozenset[MemoryState], kind: str | None, after: str | None, limit: int
     ) -> list[AtomicMemoryRecord]:
+        if _nul(kind):
+            return []
+
         async def run(conn: Conn) -> list[AtomicMemoryRecord]:
             sql = _RECORD_SQL + "WHERE a.scope_id = %s AND a.family = %s AND a.state = ANY(%s) AND a.artifact_id > %s "
-            args: list[Any] = [scope_id, Family.ATOMIC_MEMORY.value, sorted(s.value for s in states), after or ""]
+            args: list[Any] = [scope_id, Family.ATOMIC_MEMORY.value, sorted(s.value for s in states), _after(after)]
             if kind is not None:
                 sql += "AND a.kind = %s "
                 args.append(kind)
@@ -651,6 +685,9 @@ class PostgresContextStore:
         min_cosine: float,
         kind: str | None = None,
     ) -> list[SearchRow]:
+        if _nul(kind):
+            return []
+
         async def run(conn: Conn) -> list[SearchRow]:
             sql = (
                 "SELECT * FROM (SELECT a.artifact_id, r.revision, r.content, r.content_digest, r.created_at, "
