@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 
 from gateway.context import errors
@@ -37,19 +37,19 @@ SCOPE_TEXT_MAX_BYTES = 256 * 1024
 class Gateway:
     backend: str
     env: Env
-    http: httpx.Client
+    http: httpx2.Client
     scope_id: str
     artifact_id: str
 
     def headers(self, **extra: str) -> dict[str, str]:
         return {"authorization": f"Bearer {self.env.gateway_key}", "content-type": "application/json", **extra}
 
-    def send(self, method: str, path: str, body: Any = None, **extra: str) -> httpx.Response:
+    def send(self, method: str, path: str, body: Any = None, **extra: str) -> httpx2.Response:
         path = path.format(sid=self.scope_id, aid=self.artifact_id)
         content = None if body is None else json.dumps(body).encode()  # json.dumps writes U+0000 as \u0000
         return self.http.request(method, path, content=content, headers=self.headers(**extra), timeout=60)
 
-    def scope(self, **fields: Any) -> httpx.Response:
+    def scope(self, **fields: Any) -> httpx2.Response:
         body = {"title": "t", "summary": "s", "idempotency_key": str(uuid.uuid4()), **fields}
         return self.send("POST", "/v1/scopes", body)
 
@@ -275,7 +275,7 @@ def _external(n: int, size: int = 8) -> list[dict[str, str]]:
     return [{"kind": "k", "value": f"{i:06d}".ljust(size, "v")} for i in range(n)]
 
 
-def _too_long(r: httpx.Response, field: str) -> None:
+def _too_long(r: httpx2.Response, field: str) -> None:
     assert r.status_code == 422, r.text[:300]
     assert r.json()["error"]["details"]["errors"] == [
         {"type": "too_long", "loc": ["body", field], "msg": "List too long"}
