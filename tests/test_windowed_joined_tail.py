@@ -17,6 +17,8 @@ import pytest
 from gateway.carriers import CARRIERS, sse
 from gateway.checks.window import WindowedRelease, significant
 from gateway.config.load import load_runtime
+from gateway.inspection.literals import SecretValue
+from gateway.inspection.window import DEFAULT_CAP, stream_window
 from gateway.mockprovider import MockProviderServer
 from gateway.units import TextUnit
 from tests.conftest import GatewayFactory
@@ -110,15 +112,25 @@ def test_windowed_never_releases_the_second_half(windowed: GW, mock: MockProvide
     assert B not in released, r.text[:600]  # ... before the event with the second half went out
 
 
-def test_the_tail_keeps_one_window_however_long_the_text(tmp_path: Any) -> None:
-    env = build_env(
-        tmp_path / "config", "http://127.0.0.1:9", profiles=[mock_profile("p", "openai", "http://127.0.0.1:9")]
-    )
-    runtime = load_runtime(env.config)
-    release = WindowedRelease(runtime, CARRIERS["openai.chat"], "p", {}, False)
+def _release(tmp_path: Any, secrets: list[str] | None) -> WindowedRelease:
+    profile = mock_profile("p", "openai", "http://127.0.0.1:9")
+    env = build_env(tmp_path / "config", "http://127.0.0.1:9", secrets_=secrets, profiles=[profile])
+    return WindowedRelease(load_runtime(env.config), CARRIERS["openai.chat"], "p", {}, False)
+
+
+def test_the_tail_keeps_twice_the_longest_value_however_long_the_text(tmp_path: Any) -> None:
+    release = _release(tmp_path, [SECRET])
+    assert 2 * len(SECRET) <= release.joined_window <= release.runtime.policy.window.cap
     long = "x" * 100_000  # no whitespace to cut at
     tail = release._tail([TextUnit(("a",), "first", "string"), TextUnit(("b",), long, "string")])
-    assert sum(significant(u.text) for u in tail) == release.window
-    assert [u.path for u in tail] == [("b",)] and tail[0].text == long[-release.window :]
+    assert sum(significant(u.text) for u in tail) == release.joined_window
+    assert [u.path for u in tail] == [("b",)] and tail[0].text == long[-release.joined_window :]
     short = release._tail([TextUnit(("a",), "ab", "string"), TextUnit(("b",), "cd", "string")])
-    assert [u.text for u in short] == ["ab", "cd"]  # shorter than a window: kept whole, in order
+    assert [u.text for u in short] == ["ab", "cd"]  # shorter than the tail: kept whole, in order
+
+
+def test_the_tail_follows_the_longest_configured_value(tmp_path: Any) -> None:
+    longer = _release(tmp_path / "longer", [SECRET * 4])
+    assert longer.joined_window >= 2 * len(SECRET * 4) > _release(tmp_path / "short", [SECRET]).joined_window
+    assert stream_window([("rule", 40)], []).joined_chars == 0  # no configured value: nothing to join
+    assert stream_window([], [SecretValue("v" * 5000)]).joined_chars == DEFAULT_CAP  # within the cap

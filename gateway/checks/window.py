@@ -161,6 +161,7 @@ class WindowedRelease:
         self.headers = headers
         self.usage_injected = usage_injected
         self.window = runtime.policy.window.chars
+        self.joined_window = runtime.policy.window.joined_chars
         self.step = max(32, self.window // 2)
         self.interval_s = interval_s
         self.parser = sse.SSEParser()
@@ -345,7 +346,8 @@ class WindowedRelease:
             joined_before=self.joined_tail,
         )
         verdict = inspect(self.runtime, subject, self.profile_id)
-        self.joined_tail = self._tail([*self.joined_tail, *(u for u in units if joinable(u))])
+        if self.joined_window:
+            self.joined_tail = self._tail([*self.joined_tail, *(u for u in units if joinable(u))])
         self.checks += 1
         self.units_seen, self.dups_seen, self.deep_seen = len(found.units), len(found.dups), len(found.deep)
         self.inspected_events = len(self.events)
@@ -357,13 +359,14 @@ class WindowedRelease:
         return verdict
 
     def _tail(self, units: list[TextUnit]) -> list[TextUnit]:
-        """The last window of `units` read in order (the first one kept cut at the front):
-        what a value split over the next check's text and this one's can start with. Text
+        """The last `joined_window` significant characters of `units` read in order (the
+        first one kept cut at the front): what a configured value split over the next
+        check's text and this one's can start with (twice its longest wire form). Text
         outside the folded fields (a logprobs token, a member no one named, text a start
         event already holds) has no field to hold it back, so without this an event's
         half and the next one's would never be read together."""
         kept: list[TextUnit] = []
-        need = self.window
+        need = self.joined_window
         for unit in reversed(units):
             if need <= 0:
                 break

@@ -25,6 +25,9 @@ class StreamWindow:
     cap: int  # the policy's cap
     needed: int  # what the rules and values alone would need
     capped: tuple[str, ...]  # rule ids whose longest match exceeds the cap
+    # Text earlier checks read that the next check's joined read of configured values takes
+    # in (twice the longest wire form of a value, within the cap; none without values).
+    joined_chars: int = DEFAULT_CAP
 
 
 def stream_window(
@@ -40,4 +43,4 @@ def stream_window(
     capped = tuple(sorted(rule for rule, w in widths if w > chars))
     if value_need > chars:
         capped = (*capped, "secret_value")
-    return StreamWindow(chars=chars, cap=cap, needed=needed, capped=capped)
+    return StreamWindow(chars=chars, cap=cap, needed=needed, capped=capped, joined_chars=min(2 * value_need, cap))
