@@ -10,7 +10,9 @@ Owns: the `markdown-v1` chunking (blocks at blank lines, headings and list items
 blocks joined up to 1,800 and closed at 1,200; a short tail joined to its predecessor; fixed
 windows when there would be more than 200 chunks), which of the two channels admits a topic,
 the best chunk (most distinct query terms, then BM25 over the topic's own chunks, then the
-first) and the snippet window.
+first) and the snippet window; and what admission and BM25 need of analyzer v1's tokens
+(which query terms a text holds, how often, and how many tokens it has), counted with string
+operations that run in C rather than by listing the tokens a Python step per character.
 Must not: do I/O, search a store, or render; terms are analyzer v1 (context/search.py).
 """
 
@@ -42,6 +44,7 @@ _BLANK_LINES = re.compile(r"\n[ \t]*\n+")
 _HEADING = re.compile(r"^(?=#{1,6}[ \t]+)", re.MULTILINE)
 _LIST_ITEM = re.compile(r"^(?=[ \t]*(?:[-*+] |\d+[.)] ))", re.MULTILINE)
 _SENTENCE_END = frozenset(".!?。！？")  # noqa: RUF001 - the full-width marks end sentences too
+_SENTENCE_MARK = re.compile("[" + re.escape("".join(sorted(_SENTENCE_END))) + "]")
 _BM25_K1, _BM25_B = 1.2, 0.75  # FTS5's bm25() defaults
 
 
@@ -87,9 +90,8 @@ def _sentences(text: str, block: _Span) -> Iterator[_Span]:
     """An oversized block at its sentence ends (after the punctuation's run of spaces and tabs,
     or right after it before a newline), and a sentence still too long as fixed windows."""
     cuts = {block.start, block.end}
-    for i in range(block.start + 1, block.end):
-        if text[i - 1] not in _SENTENCE_END:
-            continue
+    for mark in _SENTENCE_MARK.finditer(text, block.start, block.end - 1):
+        i = mark.end()  # each position in the block whose character before ends a sentence
         if text[i] == "\n":
             cuts.add(i)
         elif text[i] in " \t":
@@ -142,28 +144,167 @@ def chunks(detail: str) -> list[str]:
     return [detail[s.start : s.end] for s in spans]
 
 
-def best_chunk(terms: Sequence[str], detail: str, need: int) -> str | None:
-    """The chunk the detail channel matches the query with, or None when no chunk holds `need`
-    of the query's distinct terms: the one holding the most, then the best BM25 among the
-    topic's chunks (1.4.1 ranks with the whole index's statistics, which a topic cannot see),
-    then the first."""
-    wanted = set(terms)
-    if not wanted or need < 1:
-        return None
+# A character's part in analyzer v1: " " not a token character, "w" a plain token character, "c" a
+# CJK one (search._is_token_char, search._is_cjk).
+_PLAIN, _CJK_CHAR, _NOT_TOKEN = "w", "c", " "
+_KINDS_REMEMBERED = 1 << 16  # characters each translation table below keeps (a few MB at most)
+
+
+def _kind(ch: str) -> str:
+    if not search._is_token_char(ch):
+        return _NOT_TOKEN
+    return _CJK_CHAR if search._is_cjk(ch) else _PLAIN
+
+
+class _Kinds(dict[int, str]):
+    """A `str.translate` table from a code point to its kind, filled as characters are met: a
+    character already met is translated in C; a new one asks `_kind` (and is remembered while
+    the table is not full — past that it is asked again each time, with the same answer)."""
+
+    def __missing__(self, code: int) -> str:
+        kind = _kind(chr(code))
+        if len(self) < _KINDS_REMEMBERED:
+            self[code] = kind
+        return kind
+
+
+class _PlainOnly(dict[int, str]):
+    """A `str.translate` table that makes every character but a plain token character a space."""
+
+    def __missing__(self, code: int) -> str:
+        plain = chr(code)
+        kept = plain if _kind(plain) == _PLAIN else " "
+        if len(self) < _KINDS_REMEMBERED:
+            self[code] = kept
+        return kept
+
+
+_KINDS = _Kinds()
+_PLAIN_ONLY = _PlainOnly()
+
+
+def _term_kind(term: str) -> str | None:
+    """What kind of token `term` could be: "c" a CJK unigram, "cc" a CJK bigram, "w" a plain
+    run; None: no token is ever `term`."""
+    kinds = term.translate(_KINDS)
+    if kinds in ("c", "cc"):
+        return kinds
+    return _PLAIN if kinds and kinds == _PLAIN * len(kinds) else None
+
+
+def matched_terms(terms: Sequence[str], text: str) -> int:
+    """`search.matched_terms`: how many of `terms` (each as often as listed) `text` holds as a
+    token — found without listing the tokens: a CJK unigram or bigram is one wherever its
+    characters occur (CJK characters are tokens wherever they are, and two adjacent ones are in
+    one run), a plain term where it is a whole run of plain token characters, and nothing else
+    can be a token."""
+    if text.isascii():
+        have = set(search.tokens(text))
+        return sum(1 for t in terms if t in have)
+    folded = unicodedata.normalize("NFC", text).casefold()
+    words: set[str] | None = None
+    count = 0
+    for term in terms:
+        kind = _term_kind(term)
+        if kind == _PLAIN:
+            if words is None:
+                words = set(folded.translate(_PLAIN_ONLY).split())
+            count += term in words
+        elif kind is not None:
+            count += term in folded
+    return count
+
+
+def admits_lexically(terms: Sequence[str], text: str, need: int) -> bool:
+    """`search.admits_lexically` with its floor given."""
+    return bool(terms) and matched_terms(terms, text) >= need
+
+
+def _chunk_terms(wanted: Sequence[tuple[str, str | None]], text: str) -> tuple[int, Counter[str]]:
+    """For `search.tokens(text)`: how many tokens it lists, and how often it lists each wanted
+    term `(term, _term_kind(term))` it holds, in the order of their first occurrence — counted
+    without listing the tokens. In `NFC(text).casefold()` a plain run is one token and a CJK run
+    of n characters n unigrams then n - 1 bigrams (the runs in order); a CJK unigram occurs
+    wherever its character does, a CJK bigram wherever its two characters are adjacent
+    (overlapping when they are the same), a plain term wherever it is a whole plain run."""
+    folded = unicodedata.normalize("NFC", text).casefold()
+    kinds = folded.translate(_KINDS)
+    plain_runs = kinds.count(" w") + kinds.count("cw") + kinds.startswith(_PLAIN)
+    cjk_runs = kinds.count(" c") + kinds.count("wc") + kinds.startswith(_CJK_CHAR)
+    length = plain_runs + 2 * kinds.count(_CJK_CHAR) - cjk_runs
+    plain: str | None = None
+    words: Counter[str] | None = None
+    found: list[tuple[tuple[int, int, int], str, int]] = []  # (where the token stream first lists it, term, count)
+    for term, kind in wanted:
+        if kind == _PLAIN:
+            if plain is None:
+                plain = folded.translate(_PLAIN_ONLY)
+                words = Counter(plain.split())
+            assert words is not None
+            n = words[term]
+            if n:
+                at = re.search(r"(?<![^ ])" + re.escape(term) + r"(?![^ ])", plain)
+                assert at is not None
+                found.append(((at.start(), 0, at.start()), term, n))
+        elif kind is not None:
+            if kind == "cc" and term[0] == term[1]:  # overlapping: a run of k of its character holds k - 1
+                n = sum(len(run) - 1 for run in re.findall(re.escape(term[0]) + "{2,}", folded))
+            else:
+                n = folded.count(term)
+            if n:
+                x = folded.find(term)
+                run = max(kinds.rfind(_NOT_TOKEN, 0, x), kinds.rfind(_PLAIN, 0, x)) + 1
+                found.append(((run, len(kind) - 1, x), term, n))
+    found.sort()
+    return length, Counter({term: n for _, term, n in found})
+
+
+def topic_text(content: Mapping[str, Any]) -> str:
+    """What the `topic_fts` channel reads of a topic: its title and summary."""
+    return f"{content.get('title', '')}\n{content.get('summary', '')}"
+
+
+def detail_text(content: Mapping[str, Any]) -> str:
+    return str(content.get("detail", ""))
+
+
+@dataclass(frozen=True, slots=True)
+class DetailMatch:
+    """How a topic's detail meets a query, whatever the floor: how many of the query's distinct
+    terms its best chunk holds, and that chunk (0 and None when no chunk holds any)."""
+
+    held: int
+    chunk: str | None
+
+    def admits(self, need: int) -> bool:
+        """Whether the detail channel admits the topic at lexical floor `need`."""
+        return need >= 1 and self.held >= need
+
+
+_NO_MATCH = DetailMatch(0, None)
+
+
+def detail_match(terms: Sequence[str], detail: str) -> DetailMatch:
+    """The detail cut into chunks and each chunk tokenised once: the chunk holding the most
+    distinct query terms, then the best BM25 among the topic's chunks (1.4.1 ranks with the
+    whole index's statistics, which a topic cannot see), then the first."""
+    if not terms:
+        return _NO_MATCH
+    wanted = [(t, _term_kind(t)) for t in dict.fromkeys(terms)]
     parts = chunks(detail)
     lengths: list[int] = []
-    counted: list[Counter[str]] = []
+    counted: list[Counter[str]] = []  # each chunk's wanted terms, in the order BM25 below sums them
     for part in parts:
-        found = search.tokens(part)
-        lengths.append(len(found))
-        counted.append(Counter(t for t in found if t in wanted))
+        length, held = _chunk_terms(wanted, part)
+        lengths.append(length)
+        counted.append(held)
     cover = [len(c) for c in counted]
     top = max(cover, default=0)
-    if top < need:
-        return None
+    if top < 1:
+        return _NO_MATCH
     tied = [i for i, c in enumerate(cover) if c == top]
     if len(tied) == 1:
-        return parts[tied[0]]
+        return DetailMatch(top, parts[tied[0]])
     average = sum(lengths[i] for i in tied) / len(tied) or 1.0
     holding = Counter(t for i in tied for t in counted[i])
 
@@ -176,7 +317,16 @@ def best_chunk(terms: Sequence[str], detail: str, need: int) -> str | None:
         return total
 
     best = max(tied, key=lambda i: (score(i, lengths[i]), -i))
-    return parts[best]
+    return DetailMatch(top, parts[best])
+
+
+def best_chunk(terms: Sequence[str], detail: str, need: int) -> str | None:
+    """The chunk the detail channel matches the query with, or None when no chunk holds `need`
+    of the query's distinct terms (`detail_match`)."""
+    if need < 1:
+        return None
+    match = detail_match(terms, detail)
+    return match.chunk if match.admits(need) else None
 
 
 def topic_channels(
@@ -185,19 +335,24 @@ def topic_channels(
     """Which of 1.4.1's lexical channels admit this topic: its title and summary, its detail
     (`first`: only whether any does — the detail is not chunked when the title and summary do)."""
     out: list[str] = []
-    if search.admits_lexically(terms, f"{content.get('title', '')}\n{content.get('summary', '')}", need):
+    if admits_lexically(terms, topic_text(content), need):
         out.append(TOPIC_CHANNEL)
         if first:
             return tuple(out)
-    if best_chunk(terms, str(content.get("detail", "")), need) is not None:
+    if best_chunk(terms, detail_text(content), need) is not None:
         out.append(DETAIL_CHANNEL)
     return tuple(out)
 
 
 def detail_snippet(terms: Sequence[str], detail: str, need: int) -> str | None:
     """The snippet of a topic found through its detail; None when the detail channel does not admit it."""
-    chunk = best_chunk(terms, detail, need)
-    return None if chunk is None else snippet(terms, chunk)
+    return match_snippet(terms, detail_match(terms, detail) if need >= 1 else _NO_MATCH, need)
+
+
+def match_snippet(terms: Sequence[str], match: DetailMatch, need: int) -> str | None:
+    """The snippet of a topic whose detail meets the query as `match`; None when the detail
+    channel does not admit it at floor `need`."""
+    return snippet(terms, match.chunk) if match.admits(need) and match.chunk is not None else None
 
 
 def snippet(terms: Sequence[str], text: str) -> str:

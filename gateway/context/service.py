@@ -21,6 +21,7 @@ import inspect
 import json
 import math
 import os
+import sys
 import time
 import uuid
 from collections import OrderedDict
@@ -91,6 +92,8 @@ MayRead = Callable[[str], "bool | Awaitable[bool]"]
 
 DEFAULT_SCOPE_ID = "default"
 KNOWN_SCOPES = 4096  # scope records remembered per process (least recently used out)
+KNOWN_SCOPE_BYTES = 16 * 1024 * 1024  # what the remembered scope records hold at most (estimated)
+SCOPE_RECORD_BYTES = 1024 * 1024  # a scope record holding more (estimated) is never remembered
 SCOPE_SCAN_BATCH = 256  # scopes read at a time when a listing filters what its caller may see
 SCOPE_SCAN_ROWS = 4096  # scopes read at most for one such page
 _CROCKFORD = "0123456789abcdefghjkmnpqrstvwxyz"
@@ -241,9 +244,12 @@ class ContextService:
         self._mono = monotonic
         self._random = random_bytes
         self._settings = settings or ContextSettings()
-        # Scopes are never updated or deleted, so a scope once read is remembered (bounded, least
-        # recently used out); an absent one is read again every time (another replica may create it).
-        self._scopes: OrderedDict[str, ScopeRecord] = OrderedDict()
+        # Scopes are never updated or deleted, so a scope once read is remembered (bounded in
+        # count and in estimated bytes, least recently used out; a record too large for its share
+        # of the budget is read every time); an absent one is read again every time (another
+        # replica may create it).
+        self._scopes: OrderedDict[str, tuple[ScopeRecord, int]] = OrderedDict()  # record, its bytes
+        self._scope_bytes = 0  # the remembered records' estimated bytes, together
 
     # ---- lifecycle ----------------------------------------------------------------------------
 
@@ -422,13 +428,27 @@ class ContextService:
         known = self._scopes.get(scope_id)
         if known is not None:
             self._scopes.move_to_end(scope_id)
-            return known
+            return known[0]
         record = await self._store.get_scope(scope_id)
         if record is not None:
-            self._scopes[scope_id] = record
-            if len(self._scopes) > KNOWN_SCOPES:
-                self._scopes.popitem(last=False)
+            self._remember_scope(record)
         return record
+
+    def _remember_scope(self, record: ScopeRecord) -> None:
+        """Remember a scope record read, unless it alone holds more than `SCOPE_RECORD_BYTES`;
+        then forget the least recently used ones until at most `KNOWN_SCOPES` records holding
+        at most `KNOWN_SCOPE_BYTES` are left."""
+        size = _scope_record_bytes(record, SCOPE_RECORD_BYTES)
+        if size > SCOPE_RECORD_BYTES:
+            return
+        previous = self._scopes.pop(record.scope_id, None)  # two finds of one scope read it at once
+        if previous is not None:
+            self._scope_bytes -= previous[1]
+        self._scopes[record.scope_id] = (record, size)
+        self._scope_bytes += size
+        while len(self._scopes) > KNOWN_SCOPES or self._scope_bytes > KNOWN_SCOPE_BYTES:
+            _gone, (_, freed) = self._scopes.popitem(last=False)
+            self._scope_bytes -= freed
 
     async def scope_creator(self, scope_id: str) -> str | None:
         record = await self.find_scope(scope_id)
@@ -681,8 +701,9 @@ class ContextService:
         if not text:
             raise InvalidRequest("query", "is blank")
         await self.get_scope(scope_id)
+        terms = search.terms(text)
         rows, used, fallback = await self._search(
-            scope_id, fam, search.terms(text), text, wanted, n, kind, _QueryVector(), None
+            scope_id, fam, terms, text, wanted, n, kind, _QueryVector(), None, scans=_Scans(terms)
         )
         return SearchResult(used, tuple(rows), fallback)
 
@@ -715,10 +736,14 @@ class ContextService:
         floor: int | None,
         min_cosine: float | None = None,
         read: list[SearchRow] | None = None,
+        *,
+        scans: _Scans,
     ) -> tuple[list[SearchHit], SearchMode, str]:
         """One search. `read`: the rows of `_text_query(...)` for this call, already read
         (a prepare without inference reads every family's in one trip); only an FTS search
-        may be given them."""
+        may be given them. `scans`: the request's reading of its rows against `terms` (each
+        row tokenised and chunked at most once per request); the rows are admitted and their
+        channels found off the event loop (`_rank_text`)."""
         if wanted in (SearchMode.VECTOR, SearchMode.HYBRID) and self._embed is None:
             raise CapabilityNotSupported("search_mode")
         used = wanted
@@ -749,10 +774,9 @@ class ContextService:
                 rows = await self._store.search_text(
                     q.scope_id, q.family, q.terms, q.limit, kind, q.min_match, q.enough
                 )
-            admitted = _admitted(fam, rows, terms, q.min_match, q.enough)
+            admitted, lexical = await asyncio.to_thread(_rank_text, fam, rows, scans, q.min_match, q.enough)
             keys = self._keys(admitted, found)
             metric, higher = self._store.text_metric
-            lexical = _lexical_channels(fam, admitted, terms, q.min_match)
             for name, admits in lexical.items():
                 chosen: list[bytes] = []
                 for key, row, yes in zip(keys, admitted, admits, strict=True):
@@ -831,6 +855,7 @@ class ContextService:
         trace.stage("scope.authorize", (self._mono() - t) * 1000)
 
         terms = search.terms(text)
+        scans = _Scans(terms)  # every row read in this prepare is tokenised and chunked once
         holder = _QueryVector()
         pools: dict[tuple[str, Family], list[Candidate]] = {}
         rounds: list[receipt.RecallRound] = []
@@ -855,23 +880,24 @@ class ContextService:
                 ceiling = builder.POOL_CEILINGS[fam.value]
                 hits, used, fallback = await self._search(
                     sid, fam, terms, text, SearchMode.AUTO, ceiling, None, holder, floor, min_cos,
-                    read.rows if read is not None else None,
+                    read.rows if read is not None else None, scans=scans,
                 )  # fmt: skip
                 spent = self._mono() - t + (read.seconds if read is not None else 0.0)
                 trace.stage(_FAMILY_STAGE[fam], spent * 1000)
                 trace.search(rnd, fam.value, used.value, "completed", fallback)
                 pool = pools.setdefault((sid, fam), [])
                 known = {c.address for c in pool}
+                joining: list[SearchHit] = []
                 for hit in hits:
                     address = ArtifactAddress(sid, hit.head.ref)
-                    if address not in known and len(pool) < ceiling:
-                        content = hit.head.content
-                        snippet = (
-                            excerpt.detail_snippet(terms, str(content.get("detail", "")), need)
-                            if fam is Family.TOPIC_MEMORY
-                            else None
-                        )
-                        pool.append(Candidate(address, content, snippet))
+                    if address not in known and len(pool) + len(joining) < ceiling:
+                        joining.append(hit)
+                snippets: list[str | None] = [None] * len(joining)
+                if fam is Family.TOPIC_MEMORY and joining:
+                    heads = [hit.head for hit in joining]
+                    snippets = await asyncio.to_thread(_snippets, heads, scans, need)
+                for hit, snippet in zip(joining, snippets, strict=True):
+                    pool.append(Candidate(ArtifactAddress(sid, hit.head.ref), hit.head.content, snippet))
             for fam in _PREPARE_FAMILIES:  # the scope groups share each family's pool, in turns
                 shared = [pools.get((sid, fam), []) for sid in order]
                 shares = builder.fair_shares([len(g) for g in shared], builder.POOL_CEILINGS[fam.value])
@@ -1011,6 +1037,33 @@ class ContextService:
         return True
 
 
+def _scope_record_bytes(record: ScopeRecord, cap: int) -> int:
+    """An estimate of the memory a scope record holds: `sys.getsizeof` of it and of every
+    object inside it (its references' lists, mappings, keys and values; a shared object is
+    counted each time it is met), counted only until the sum passes `cap`."""
+    total = sys.getsizeof(record)
+    stack: list[object] = [
+        record.scope_id,
+        record.title,
+        record.summary,
+        record.parent_scope_id,
+        record.context_references,
+        record.external_references,
+        record.version,
+        record.created_by,
+        record.created_at,
+    ]
+    while stack and total <= cap:
+        node = stack.pop()
+        total += sys.getsizeof(node)
+        if isinstance(node, Mapping):
+            stack.extend(node.keys())
+            stack.extend(node.values())
+        elif isinstance(node, list | tuple):
+            stack.extend(node)
+    return total
+
+
 def _recalled_in(fam: Family, scope_id: str, current_scope_id: str) -> bool:
     """1.4.1 recalls topic memory from the current scope only; the other families from every scope read."""
     return fam is not Family.TOPIC_MEMORY or scope_id == current_scope_id
@@ -1029,9 +1082,85 @@ def _text_query(
     return TextQuery(scope_id, fam.value, tuple(terms), search.pool_size(coarse), kind, need, enough)
 
 
-def _admitted(
-    fam: Family, rows: Sequence[SearchRow], terms: Sequence[str], need: int, enough: int | None
-) -> list[SearchRow]:
+_RowKey = tuple[str, str, str, int]  # scope, family, artifact, revision: an immutable revision
+
+
+@dataclass(slots=True)
+class _Scan:
+    """What one row's text tells the request's query; each part computed when first needed."""
+
+    text: int | None = None  # how many query terms the row's search text holds
+    topic: int | None = None  # how many a topic's title and summary hold
+    detail: excerpt.DetailMatch | None = None  # how a topic's detail meets the query
+
+
+class _Scans:
+    """One request's reading of the rows it searches against its query terms: a row's text is
+    tokenised, and a topic's detail chunked, at most once per request however often the request
+    admits, ranks and snips it (a prepare searches a scope's family once per round). Keyed by
+    the row's revision, which never changes. Pure CPU work, done off the event loop
+    (`_rank_text`, `_snippets`), by one call at a time (a request awaits each in turn)."""
+
+    def __init__(self, terms: Sequence[str]) -> None:
+        self.terms = tuple(terms)
+        self._rows: dict[_RowKey, _Scan] = {}
+
+    def _scan(self, head: ArtifactRevision) -> _Scan:
+        key = (head.scope_id, head.family, head.artifact_id, head.revision)
+        scan = self._rows.get(key)
+        if scan is None:
+            scan = self._rows[key] = _Scan()
+        return scan
+
+    def admits(self, fam: Family, head: ArtifactRevision, need: int) -> bool:
+        """The lexical floor over the row's whole search text (`search.admits_lexically`)."""
+        scan = self._scan(head)
+        if scan.text is None:
+            scan.text = excerpt.matched_terms(self.terms, search_text(fam, head.content) or "")
+        return bool(self.terms) and scan.text >= need
+
+    def detail(self, head: ArtifactRevision) -> excerpt.DetailMatch:
+        scan = self._scan(head)
+        if scan.detail is None:
+            scan.detail = excerpt.detail_match(self.terms, excerpt.detail_text(head.content))
+        return scan.detail
+
+    def channels(self, head: ArtifactRevision, need: int, *, first: bool = False) -> tuple[str, ...]:
+        """`excerpt.topic_channels` of the topic at this revision."""
+        scan = self._scan(head)
+        if scan.topic is None:
+            scan.topic = excerpt.matched_terms(self.terms, excerpt.topic_text(head.content))
+        out: list[str] = []
+        if self.terms and scan.topic >= need:
+            out.append(excerpt.TOPIC_CHANNEL)
+            if first:
+                return tuple(out)
+        if self.detail(head).admits(need):
+            out.append(excerpt.DETAIL_CHANNEL)
+        return tuple(out)
+
+    def snippet(self, head: ArtifactRevision, need: int) -> str | None:
+        """`excerpt.detail_snippet` of the topic at this revision."""
+        if need < 1:
+            return None
+        return excerpt.match_snippet(self.terms, self.detail(head), need)
+
+
+def _rank_text(
+    fam: Family, rows: Sequence[SearchRow], scans: _Scans, need: int, enough: int | None
+) -> tuple[list[SearchRow], dict[str, list[bool]]]:
+    """The rows a text search admits, in rank order, and which of them each text channel holds:
+    pure CPU work over rows already read (run in a worker thread, not on the event loop)."""
+    admitted = _admitted(fam, rows, scans, need, enough)
+    return admitted, _lexical_channels(fam, admitted, scans, need)
+
+
+def _snippets(heads: Sequence[ArtifactRevision], scans: _Scans, need: int) -> list[str | None]:
+    """The snippets of these topics found by a search (run in a worker thread)."""
+    return [scans.snippet(head, need) for head in heads]
+
+
+def _admitted(fam: Family, rows: Sequence[SearchRow], scans: _Scans, need: int, enough: int | None) -> list[SearchRow]:
     """The rows that pass the lexical floor, in rank order. With one channel (`enough` set)
     fusion keeps the text ranking as it is, so rows past the first `enough` admitted ones
     cannot reach the result and are not re-tokenised (a store's rows are distinct heads).
@@ -1039,8 +1168,8 @@ def _admitted(
     its detail, each on its own (the store matched all three together)."""
     out: list[SearchRow] = []
     for row in rows:
-        if search.admits_lexically(terms, _row_text(fam, row), need) and (
-            fam is not Family.TOPIC_MEMORY or excerpt.topic_channels(terms, row.head.content, need, first=True)
+        if scans.admits(fam, row.head, need) and (
+            fam is not Family.TOPIC_MEMORY or scans.channels(row.head, need, first=True)
         ):
             out.append(row)
             if len(out) == enough:
@@ -1052,7 +1181,7 @@ def _admitted(
 _CHANNEL_ORDER = ("text", "vector", excerpt.TOPIC_CHANNEL, "topic_vector", excerpt.DETAIL_CHANNEL)
 
 
-def _lexical_channels(fam: Family, rows: Sequence[SearchRow], terms: Sequence[str], need: int) -> dict[str, list[bool]]:
+def _lexical_channels(fam: Family, rows: Sequence[SearchRow], scans: _Scans, need: int) -> dict[str, list[bool]]:
     """The ranked text channels and which admitted rows each holds, in rank order. One channel,
     `text`, except topic memory, which 1.4.1 ranks as two fused by RRF: `topic_fts` (title and
     summary) and `detail_fts` (a chunk of the detail). Here both keep the order of the one text
@@ -1060,14 +1189,10 @@ def _lexical_channels(fam: Family, rows: Sequence[SearchRow], terms: Sequence[st
     holding the rows its own admission passes."""
     if fam is not Family.TOPIC_MEMORY:
         return {"text": [True] * len(rows)}
-    held = [excerpt.topic_channels(terms, row.head.content, need) for row in rows]
+    held = [scans.channels(row.head, need) for row in rows]
     return {name: [name in h for h in held] for name in (excerpt.TOPIC_CHANNEL, excerpt.DETAIL_CHANNEL)}
 
 
 def _l2_distance(cosine: float) -> float:
     """The L2 distance between unit vectors whose cosine is `cosine` (1.4.1 reports vector scores so)."""
     return math.sqrt(max(0.0, 2.0 - 2.0 * cosine))
-
-
-def _row_text(fam: Family, row: SearchRow) -> str:
-    return search_text(fam, row.head.content) or ""
