@@ -5,9 +5,12 @@ Owns:
 
 * `normalise` — the normalised copy: Unicode tag characters (U+E0020–U+E007E, "ASCII
   smuggling") mapped to the ASCII they stand for, then every Default_Ignorable code point
-  and every control (Cc) or format (Cf) character removed, then NFKC. A value interleaved
-  with zero-width or bidi controls, variation selectors, fillers, NUL or any other C0/C1
-  control, or written in tag characters, reads as the value again.
+  and every control (Cc) or format (Cf) character removed, then every combining mark
+  (Mn, Me) and the parenthesised letters and digits (U+2474–U+24B5, U+1F110–U+1F129)
+  mapped to the letter or digit they enclose, then NFKC. A value interleaved with
+  zero-width or bidi controls, variation selectors, fillers, NUL or any other C0/C1
+  control, with a strike-through or underline mark after each character, or written in
+  tag characters or parenthesised letters, reads as the value again.
 * `encoded_runs` — runs of base64, base64url, hex, percent-encoding, HTML character
   references and backslash escapes (`\\xHH`, `\\uHHHH`, `\\u{H…}`, `\\UHHHHHHHH`) inside
   a text, each decoded. Bounded: a minimum run length (short runs are ordinary words and
@@ -75,12 +78,49 @@ IGNORABLE = re.compile(_class(_IGNORABLE_RANGES))
 _INVISIBLE_RANGES = ((0x00, 0x08), (0x0E, 0x1F)) + _IGNORABLE_RANGES[1:]
 _INVISIBLE = re.compile(_class(_INVISIBLE_RANGES))
 _ASCII_INVISIBLE = re.compile("[\x00-\x08\x0e-\x1f\x7f]")  # the ASCII part of _INVISIBLE
-_DELETE_WHITESPACE_CONTROLS = str.maketrans("", "", "\t\n\x0b\x0c\r")
+_DELETE_WHITESPACE_CONTROLS = str.maketrans("", "", "\t\n\x0b\x0c\r\u2028\u2029")
 _TAG = re.compile("[\U000e0020-\U000e007e]")
 # What does not count towards a stream's release window: everything `squeeze` removes
 # (ignorable, control and format characters, whitespace controls), but not tag characters,
 # which normalise to the ASCII they stand for.
 INSIGNIFICANT = re.compile(_class(_IGNORABLE_RANGES[:-1] + ((0xE0000, 0xE001F), (0xE007F, 0xE0FFF))))
+
+
+def _mark_ranges() -> tuple[tuple[int, int], ...]:
+    """Every combining mark (general category Mn or Me) of this interpreter's Unicode, as
+    ranges: the same database NFKC uses."""
+    ranges: list[tuple[int, int]] = []
+    for cp in range(0x300, 0x110000):
+        if unicodedata.category(chr(cp)) in ("Mn", "Me"):
+            if ranges and ranges[-1][1] == cp - 1:
+                ranges[-1] = (ranges[-1][0], cp)
+            else:
+                ranges.append((cp, cp))
+    return tuple(ranges)
+
+
+# A mark after each character (U+0336 strike-through, U+0332 underline, an acute accent)
+# leaves the text readable as the letters under it; NFKC alone would keep most of them, and
+# compose some into new letters. Removed before NFKC (a precomposed accented letter stays).
+_MARK = re.compile(_class(_mark_ranges()))
+# Letters and digits written in parentheses ("⒫⒧⒜", "⑴"): NFKC spells them "(p)(l)(a)".
+_PARENTHESISED = {
+    **{0x249C + i: chr(0x61 + i) for i in range(26)},  # ⒜–⒵
+    **{0x1F110 + i: chr(0x41 + i) for i in range(26)},  # 🄐–🄩
+    **{0x2474 + i: str(i + 1) for i in range(20)},  # ⑴–⒇
+    **{0x2488 + i: str(i + 1) for i in range(20)},  # ⒈–⒛ (the digit and a full stop)
+}
+_PARENTHESISED_ANY = re.compile("[\u2474-\u24b5\U0001f110-\U0001f129]")
+# Line and paragraph separators end a line as LF does: the copy for configured values
+# removes them with the whitespace controls (`squeeze`).
+_SEPARATORS_UTF8 = ("\u2028".encode(), "\u2029".encode())
+
+
+def unmarked(text: str) -> str:
+    """`text` with every combining mark removed from its canonical decomposition, then NFKC:
+    what `normalise` reads a copy of it with marks after each letter as (a configured value
+    with accents is matched in this form too)."""
+    return unicodedata.normalize("NFKC", _MARK.sub("", unicodedata.normalize("NFD", text)))
 
 
 def is_ignorable(ch: str) -> bool:
@@ -111,6 +151,10 @@ def normalise(text: str) -> str:
         if flags & 2:
             text = _TAG.sub(_untag, text)
         text = _INVISIBLE.sub("", text)
+    if _MARK.search(text) is not None:
+        text = _MARK.sub("", text)
+    if _PARENTHESISED_ANY.search(text) is not None:
+        text = text.translate(_PARENTHESISED)
     if not unicodedata.is_normalized("NFKC", text):
         text = unicodedata.normalize("NFKC", text)
         if invisible_flags(text):  # NFKC never produces these today; stay safe if it does
@@ -137,7 +181,12 @@ def _normalise_ascii(data: bytes) -> bytes:
 
 def squeeze_encoded(normalised: bytes) -> bytes:
     """`squeeze` of an already normalised UTF-8 text."""
-    return normalised.translate(None, _WHITESPACE_CONTROL_BYTES)
+    out = normalised.translate(None, _WHITESPACE_CONTROL_BYTES)
+    if not out.isascii():
+        for separator in _SEPARATORS_UTF8:
+            if separator in out:
+                out = out.replace(separator, b"")
+    return out
 
 
 def ascii_forms(encoded: list[bytes]) -> tuple[list[bytes | None], list[bytes | None]]:
@@ -176,8 +225,9 @@ def encoded_forms(texts: Sequence[str], encoded: list[bytes]) -> tuple[list[byte
 
 
 def squeeze(text: str) -> str:
-    """`normalise`, and whitespace controls removed too: the copy configured literals are
-    matched against (a value interleaved with newlines or tabs reads as the value)."""
+    """`normalise`, and whitespace controls and the line and paragraph separators removed
+    too: the copy configured literals are matched against (a value interleaved with
+    newlines or tabs reads as the value)."""
     return normalise(text).translate(_DELETE_WHITESPACE_CONTROLS)
 
 
@@ -197,7 +247,12 @@ _HEX_RUN = re.compile(rb"[0-9A-Fa-f]{%d,}" % MIN_HEX_RUN)
 _PERCENT = re.compile(rb"%[0-9A-Fa-f]{2}")
 # A numeric reference needs no ';' (`html.unescape`, and every browser, read "&#119g" as "wg").
 _ENTITY = re.compile(rb"&(?:#[0-9]{1,8};?|#[xX][0-9A-Fa-f]{1,7};?|[A-Za-z][A-Za-z0-9]{1,31};)")
-_BACKSLASH = re.compile(rb"\\(?:x[0-9A-Fa-f]{2}|u[0-9A-Fa-f]{4}|u\{[0-9A-Fa-f]{1,6}\}|U[0-9A-Fa-f]{8}|[0-7]{3})")
+# A UTF-16 surrogate pair written as two escapes (any case) is one character: it is read
+# first, as a whole, else each half would decode to a lone surrogate.
+_BACKSLASH = re.compile(
+    rb"\\u[dD][89abAB][0-9A-Fa-f]{2}\\u[dD][c-fC-F][0-9A-Fa-f]{2}"
+    rb"|\\(?:x[0-9A-Fa-f]{2}|u[0-9A-Fa-f]{4}|u\{[0-9A-Fa-f]{1,6}\}|U[0-9A-Fa-f]{8}|[0-7]{3})"
+)
 
 
 def _b64(run: bytes) -> bytes | None:
@@ -232,6 +287,9 @@ def _escape_value(m: re.Match[bytes]) -> bytes:
         return bytes([int(token[1:], 8) & 0xFF])
     if kind == b"x":
         return bytes([int(token[2:], 16)])
+    if len(token) == 12:  # a surrogate pair
+        high, low = int(token[2:6], 16), int(token[8:12], 16)
+        return chr(0x10000 + ((high - 0xD800) << 10) + (low - 0xDC00)).encode("utf-8")
     digits = token[3:-1] if token[2:3] == b"{" else token[2:]
     code = int(digits, 16)
     if code > 0x10FFFF:

@@ -13,6 +13,8 @@ import json
 import unicodedata
 from dataclasses import dataclass
 
+from gateway.inspection import decoders
+
 
 class LiteralError(ValueError):
     pass
@@ -57,6 +59,7 @@ def variants(value: str) -> tuple[bytes, ...]:
     forms: dict[str, None] = {value: None}
     normal = unicodedata.normalize("NFKC", value)
     forms.setdefault(normal, None)
+    forms.setdefault(decoders.unmarked(value), None)  # its accents gone, as marks after each letter leave it
     once = set().union(*(_escaped(f) for f in list(forms)))
     for form in sorted(once):
         forms.setdefault(form, None)
