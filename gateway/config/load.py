@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 import tomllib
 from collections.abc import Collection
 from datetime import UTC, datetime
@@ -87,11 +88,19 @@ class Private:
     principals file anyone else may read, are warnings the server logs loudly.
 
     Files that decide what the gateway enforces or trusts (the configuration, the policy,
-    the principals, the trusted profile keys, and every secret file) must not be writable
-    by others: whoever can write them can empty the secret values, add a principal or a
-    signing key, so that refuses the load; writable by the group is a warning."""
+    its custom format rules, the principals, the trusted profile keys, and every secret
+    file) must not be writable by others: whoever can write them can empty the secret
+    values, add a principal or a signing key, so that refuses the load; writable by the
+    group is a warning. Writable by others also means: owned by a user that is neither the
+    gateway's effective uid nor root (the owner may rewrite it whatever its mode), or
+    replaceable, in a directory (the file's own, and every one above it up to and including
+    the configuration directory `base` when the file is inside it) that others may write
+    without the sticky bit or that such a user owns. A directory the group may write
+    without the sticky bit is a warning. A directory on a read-only mount lets no one
+    replace what is in it (a Kubernetes ConfigMap or Secret volume), so it is not judged."""
 
-    def __init__(self) -> None:
+    def __init__(self, base: Path | None = None) -> None:
+        self.base = base
         self.secret_files: dict[Path, str] = {}
         self.guarded_files: dict[Path, str] = {}
         self.warnings: list[str] = []
@@ -104,9 +113,10 @@ class Private:
 
     def check(self, principals: Path) -> tuple[str, ...]:
         self.guarded(principals, "principals")
+        writable = {**self.guarded_files, **self.secret_files}
         # (files, bit others may not have: the load is refused, bit the group should not have, what it is, fix)
         rules = (
-            ({**self.guarded_files, **self.secret_files}, 0o002, 0o020, "writable", "chmod o-w it"),
+            (writable, 0o002, 0o020, "writable", "chmod o-w it"),
             (self.secret_files, 0o004, 0o040, "readable", "chmod 600 it"),
         )
         for files, others, group, able, fix in rules:
@@ -118,10 +128,74 @@ class Private:
                     raise ConfigError(f"{what}: {path} is {able} by others (mode {mode:04o}); {fix}")
                 if mode & group:
                     self.warnings.append(f"{what}: {path} is {able} by its group (mode {mode:04o})")
+        judged: set[Path] = set()
+        for path, what in writable.items():
+            self._owner_and_directories(path, what, judged)
         mode = _mode(principals)
         if mode is not None and mode & 0o044:
             self.warnings.append(f"principals: {principals} is readable by group or others (mode {mode:04o})")
         return tuple(self.warnings)
+
+    def _owner_and_directories(self, path: Path, what: str, judged: set[Path]) -> None:
+        """Refuse `path` if a user other than this gateway's and root can rewrite or replace it."""
+        try:
+            owner = path.stat().st_uid
+        except OSError:
+            return
+        if not _trusted_owner(owner):
+            raise ConfigError(
+                f"{what}: {path} is writable by others (owned by uid {owner}, neither this gateway's "
+                f"uid {os.geteuid()} nor root); chown it"
+            )
+        for directory in _directories(path, self.base):
+            if directory in judged:
+                continue
+            judged.add(directory)
+            try:
+                st = directory.stat()
+                if os.statvfs(directory).f_flag & os.ST_RDONLY:
+                    continue  # a read-only mount: no one replaces what is in it
+            except OSError:
+                continue
+            if not _trusted_owner(st.st_uid):
+                raise ConfigError(
+                    f"{what}: {path} is writable by others: its directory {directory} is owned by uid "
+                    f"{st.st_uid}, neither this gateway's uid {os.geteuid()} nor root; chown it"
+                )
+            mode = st.st_mode & 0o7777
+            if mode & stat.S_ISVTX:
+                continue  # sticky: only a file's owner (or the directory's) may replace it
+            if mode & 0o002:
+                raise ConfigError(
+                    f"{what}: {path} is writable by others: its directory {directory} is writable by others "
+                    f"without the sticky bit (mode {mode:04o}); chmod o-w it"
+                )
+            if mode & 0o020:
+                self.warnings.append(
+                    f"{what}: {path} can be replaced by its directory's group: {directory} is writable by its "
+                    f"group without the sticky bit (mode {mode:04o})"
+                )
+
+
+def _trusted_owner(uid: int) -> bool:
+    return uid in (0, os.geteuid())
+
+
+def _directories(path: Path, base: Path | None) -> list[Path]:
+    """The directories whose writers could replace `path`: its own, and when it is inside
+    `base`, every one above it up to and including `base`; for the path as named (a symlink
+    there can be replaced) and for the file it resolves to."""
+    out: list[Path] = []
+    real_base = None if base is None else Path(os.path.realpath(base))
+    for file, top in ((Path(os.path.normpath(path)), base), (Path(os.path.realpath(path)), real_base)):
+        directory = file.parent
+        chain = [directory]
+        if top is not None and (directory == top or top in directory.parents):
+            while directory != top:
+                directory = directory.parent
+                chain.append(directory)
+        out.extend(d for d in chain if d not in out)
+    return out
 
 
 def _mode(path: Path) -> int | None:
@@ -342,10 +416,12 @@ def _modes(override: ModeOverride) -> dict[Phase, Mode]:
     return out
 
 
-def _format_set(file: PolicyFile, path: Path, base: Path) -> tuple[FormatSet, bytes]:
+def _format_set(file: PolicyFile, path: Path, base: Path, private: Private | None = None) -> tuple[FormatSet, bytes]:
     custom: bytes | None = None
     if file.formats.custom_file is not None:
         custom_path = resolve(base, file.formats.custom_file)
+        if private is not None:  # it decides what is enforced, as the policy does
+            private.guarded(custom_path, "custom format rules")
         try:
             custom = custom_path.read_bytes()
         except OSError as exc:
@@ -385,7 +461,7 @@ def load_policy(
         for lp in profiles.values()
         if lp.credential and "\x00" not in lp.credential and lp.credential not in {v.value for v in values}
     ]
-    formats, custom = _format_set(file, path, base)
+    formats, custom = _format_set(file, path, base, private)
     literal_values = [*values, *dict.fromkeys(credentials)]
     # What the policy decides with, as one digest (in memory only; it names no value).
     content = hashlib.sha256(file.model_dump_json().encode())
@@ -427,7 +503,7 @@ def load_runtime(config_path: Path, *, now: datetime | None = None, generation: 
     config = read_config(config_path)
     trusted = load_trusted_keys(config.trust.profile_keys, base)
     refuse_signing_keys_inside(base, trusted)
-    private = Private()
+    private = Private(base)
     private.guarded(config_path, "configuration")
     for ref in config.trust.profile_keys:
         private.guarded(resolve(base, ref), "trusted profile key")

@@ -110,6 +110,18 @@ class BindingSettings(_Strict):
     # How long a release decision stays valid for the caller to act on.
     release_valid_s: float = Field(120.0, gt=0, le=3600)
 
+    @model_validator(mode="after")
+    def _send_within_correlation(self) -> BindingSettings:
+        # A send binding carries issued_at = now, expires_at = now + send_valid_s and
+        # correlate_until = now + correlate_s, and its opener refuses one that is not
+        # issued_at <= expires_at <= correlate_until (checks/claims.py) as never ours. The
+        # first half holds by send_valid_s > 0; the second needs this, or every send binding
+        # would be withheld `binding_invalid` after the upstream call was made. (A release
+        # binding and a reuse binding have one lifetime each: nothing else to order.)
+        if self.send_valid_s > self.correlate_s:
+            raise ValueError("bindings.send_valid_s must not be greater than bindings.correlate_s")
+        return self
+
 
 class LoggingSettings(_Strict):
     level: Literal["debug", "info", "warning", "error"] = "info"
