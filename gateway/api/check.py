@@ -6,16 +6,26 @@ phase are 422; a discriminated union on `phase`; payload schemas
 into a call of the same `checks` functions the proxy uses, and the
 `powercontext.context-check.v1` result. The API always enforces (observe/off modes are the
 proxy's), `completion: "incomplete"` is never allowed, and `before_release` needs a valid
-`request_binding`.
+`request_binding`. The check request itself is read strictly: an object key given twice
+anywhere in it is 422 `duplicate_key` (parsers keep different values; SPEC §6.2). A
+before_send's model is held to the proxy's rules (`routing.primary`, the target profile as
+the requested one): a model the principal may not use, or the profile does not serve, is
+refused as the proxy refuses it. A check request of at least `limits.offload_bytes` is read,
+parsed, folded and inspected in a thread, off the event loop (the proxy's check-worker
+interface takes one carrier and plans the body; the API inspects the union of the target's
+carriers as written), under the runtime the call is pinned to — the same pure functions,
+so the same verdicts.
 Must not: echo payload content, bindings' claims, or validation input values.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
@@ -29,14 +39,16 @@ from gateway.checks.bindings import MAX_LENGTH, BindingError
 from gateway.checks.claims import SendClaims
 from gateway.checks.inspect import relevant_headers
 from gateway.checks.runner import Party
-from gateway.config.runtime import LoadedProfile, Runtime
+from gateway.config.runtime import LoadedProfile, Principal, Runtime
 from gateway.http.body import read_body
 from gateway.inspection.verdict import Verdict, withhold
-from gateway.proxy import projections, replay
+from gateway.proxy import projections, replay, routing
 from gateway.state import CALL, CONTEXT, RELEASE_LEDGER, RUNTIME
 from gateway.vocab import Decision, Mode, Outcome, Phase, ReasonCode
 
 RESULT_SCHEMA = "powercontext.context-check.v1"
+
+T = TypeVar("T")
 
 
 class _Strict(BaseModel):
@@ -133,6 +145,45 @@ def _invalid() -> errors.ClientError:
     return errors.invalid_request("The check request does not match its phase's schema.")
 
 
+class _Repeated(Exception):
+    """An object of the check request named one key twice (which key is not kept)."""
+
+
+def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        raise _Repeated
+    return obj
+
+
+def _read_dto(raw: bytes) -> BeforeSendCheck | BeforeReleaseCheck:
+    """The check request as its phase's DTO. pydantic keeps the last of duplicate keys, so
+    they are looked for first, in every object of the request (`payload`, `headers`,
+    `usage`, ...): one `body` checked while another is what a different parser would keep
+    must never earn a binding. Neither the key nor any value is echoed."""
+    try:
+        json.loads(raw, object_pairs_hook=_unique)
+    except _Repeated:
+        raise errors.ClientError(
+            422, "invalid_request", (ReasonCode.DUPLICATE_KEY,), "The check request repeats an object key."
+        ) from None
+    except (ValueError, RecursionError):  # not JSON (or too deep to be a check request)
+        raise _invalid() from None
+    try:
+        return CheckRequest.validate_json(raw)
+    except ValidationError:
+        raise _invalid() from None
+
+
+async def _work(off_loop: bool, fn: Callable[..., T], *args: Any) -> T:
+    """`fn(*args)` — for a large check request in a thread, so that decoding and inspecting
+    it never stalls the loop's other connections. `fn` is pure (the runtime it is given is
+    the immutable one this call is pinned to; the rule engine keeps its scratch per thread)."""
+    if off_loop:
+        return await asyncio.to_thread(fn, *args)
+    return fn(*args)
+
+
 async def handle(request: web.Request) -> web.Response:
     runtime = request.app[RUNTIME].current
     call = request[CALL]
@@ -140,10 +191,8 @@ async def handle(request: web.Request) -> web.Response:
     auth.require(auth.authenticate(runtime, request.headers), "context.check")  # 401 / 403 before reading a byte
     raw = await read_body(request, runtime.config.limits)
     call.bytes_in = len(raw)
-    try:
-        dto = CheckRequest.validate_json(raw)
-    except ValidationError:
-        raise _invalid() from None
+    large = len(raw) >= runtime.config.limits.offload_bytes  # the proxy's threshold for its check workers
+    dto = await _work(large, _read_dto, raw)
     service = request.app.get(CONTEXT)
     finder = service.scope_creator if service else None
     creator_of = await auth.creators(runtime, request.headers, finder, body_scope=dto.scope_id)
@@ -162,14 +211,9 @@ async def handle(request: web.Request) -> web.Response:
         phase = Phase.BEFORE_SEND if isinstance(dto, BeforeSendCheck) else Phase.BEFORE_RELEASE
         return web.json_response(_result(phase, outcome_verdict, now))
     if isinstance(dto, BeforeSendCheck):
-        replays = tuple(
-            prepared.Replay(p.binding, p.location.pointer, p.location.start_byte, p.location.end_byte)
-            for p in dto.prepared_contexts
-        )
-        eligible = await replay.eligibility(request.app.get(CONTEXT), runtime, replays, identity.principal)
-        body = _before_send(runtime, party, dto, now, replays, eligible)
+        body = await _before_send(request, runtime, party, identity.principal, dto, now, large)
     else:
-        body = await _before_release(request, runtime, party, dto, now)
+        body = await _before_release(request, runtime, party, dto, now, large)
     call.outcome = Outcome.OK
     call.reason_codes = tuple(body["reason_codes"])
     return web.json_response(body)
@@ -179,26 +223,67 @@ def _carriers(loaded: LoadedProfile) -> list[Carrier]:
     return [CARRIERS[SHORT_NAMES[c]] for c in loaded.profile.carriers]
 
 
-def _before_send(
+def _parse_send(
+    runtime: Runtime, loaded: LoadedProfile, payload: JsonPayload
+) -> tuple[bytes, list[tuple[Carrier, ParsedRequest]], list[str]]:
+    """The payload's exact bytes, as every carrier the target profile speaks reads it (the
+    route is not part of the payload: the union is a superset of what any one sees), and
+    the reasons of the carriers that could not read it."""
+    body = payload.body.encode("utf-8", "surrogatepass")
+    parsed: list[tuple[Carrier, ParsedRequest]] = []
+    failures: list[str] = []
+    for carrier in _carriers(loaded):
+        try:
+            parsed.append((carrier, carrier.parse_request(body, runtime.carrier_limits)))
+        except JsonError as exc:
+            failures.append(exc.reason)
+    return body, parsed, failures
+
+
+def _allowed_models(
+    runtime: Runtime, principal: Principal, target: str, parsed: list[tuple[Carrier, ParsedRequest]], now: float
+) -> None:
+    """The proxy's rules for the model each carrier read, with the target profile as the one
+    the call asks for (`x-wiregate-profile`): the principal's `models`, then the profile
+    carries, serves and may take it. Raises the proxy's 403."""
+    when = datetime.fromtimestamp(now, UTC)
+    for carrier, request in parsed:
+        routing.primary(runtime, principal, carrier.short_name, request.model, target, when)
+
+
+def _inspect_send(
     runtime: Runtime,
     party: Party,
-    dto: BeforeSendCheck,
+    body: bytes,
+    parsed: list[tuple[Carrier, ParsedRequest]],
+    headers: dict[str, str],
     now: float,
     replays: tuple[prepared.Replay, ...],
     eligible: Mapping[str, bool],
+) -> runner.CheckOutcome:
+    given = runner.SendInput(
+        party=party,
+        parsed=tuple(p for _, p in parsed),
+        body=body,
+        bound_headers=relevant_headers(headers, party.profile),
+        carriers=",".join(c.name for c, _ in parsed),
+        inspect_headers=headers,  # every header the caller supplied, names as written
+        replays=replays,
+        eligible=eligible,
+    )
+    return runner.before_send(runtime, given, route=None, mode=Mode.ENFORCE, now=now)
+
+
+async def _before_send(
+    request: web.Request,
+    runtime: Runtime,
+    party: Party,
+    principal: Principal,
+    dto: BeforeSendCheck,
+    now: float,
+    large: bool,
 ) -> dict[str, Any]:
-    body = dto.payload.body.encode("utf-8", "surrogatepass")
-    parsed: list[ParsedRequest] = []
-    names: list[str] = []
-    failures: list[str] = []
-    # The route is not part of the payload: inspect the request as every carrier the
-    # target profile speaks would read it (the union is a superset of what any one sees).
-    for carrier in _carriers(party.profile):
-        try:
-            parsed.append(carrier.parse_request(body, runtime.carrier_limits))
-            names.append(carrier.name)
-        except JsonError as exc:
-            failures.append(exc.reason)
+    body, parsed, failures = await _work(large, _parse_send, runtime, party.profile, dto.payload)
     if not parsed:
         reason = (
             ReasonCode.JSON_INVALID
@@ -206,17 +291,15 @@ def _before_send(
             else (failures[0] if failures else ReasonCode.UNSUPPORTED_CARRIER)
         )
         return _result(Phase.BEFORE_SEND, withhold(reason, runtime.policy.version, complete=False), now)
-    given = runner.SendInput(
-        party=party,
-        parsed=tuple(parsed),
-        body=body,
-        bound_headers=relevant_headers(dto.payload.headers, party.profile),
-        carriers=",".join(names),
-        inspect_headers=dto.payload.headers,  # every header the caller supplied, names as written
-        replays=replays,
-        eligible=eligible,
+    _allowed_models(runtime, principal, dto.target_profile, parsed, now)  # before anything else is looked up
+    replays = tuple(
+        prepared.Replay(p.binding, p.location.pointer, p.location.start_byte, p.location.end_byte)
+        for p in dto.prepared_contexts
     )
-    outcome = runner.before_send(runtime, given, route=None, mode=Mode.ENFORCE, now=now)
+    eligible = await replay.eligibility(request.app.get(CONTEXT), runtime, replays, principal)
+    outcome = await _work(
+        large, _inspect_send, runtime, party, body, parsed, dto.payload.headers, now, replays, eligible
+    )
     cfg = runtime.config.bindings
     return _result(
         Phase.BEFORE_SEND,
@@ -269,8 +352,16 @@ def _fold(names: list[str], payload: JsonPayload | SsePayload, limits: Any) -> t
     ), raw
 
 
+def _inspect_release(
+    runtime: Runtime, party: Party, names: list[str], payload: JsonPayload | SsePayload, now: float
+) -> tuple[bytes, tuple[Verdict, Mode]]:
+    folded, raw = _fold(names, payload, runtime.carrier_limits)
+    given = runner.ReleaseInput(party, folded, raw, payload.headers)  # header names as written, and values
+    return raw, runner.release_verdict(runtime, given, Mode.ENFORCE, now)
+
+
 async def _before_release(
-    request: web.Request, runtime: Runtime, party: Party, dto: BeforeReleaseCheck, now: float
+    request: web.Request, runtime: Runtime, party: Party, dto: BeforeReleaseCheck, now: float, large: bool
 ) -> dict[str, Any]:
     cfg = runtime.config.bindings
     try:
@@ -284,9 +375,7 @@ async def _before_release(
             now + cfg.release_valid_s,
         )
     names = claims.carriers.split(",")
-    folded, raw = _fold(names, dto.payload, runtime.carrier_limits)
-    given = runner.ReleaseInput(party, folded, raw, dto.payload.headers)  # header names as written, and values
-    verdict = runner.release_verdict(runtime, given, Mode.ENFORCE, now)
+    raw, verdict = await _work(large, _inspect_release, runtime, party, names, dto.payload, now)
     outcome = await runner.before_release(
         runtime,
         party,
