@@ -4,8 +4,10 @@ underline, accents — `decoders.normalise` removes them before NFKC, which woul
 some into new letters), letters and digits in parentheses (NFKC spells them "(p)"), line
 and paragraph separators between the characters (the copy for configured values removes
 them like newlines), and a surrogate pair escaped in upper-case hex outside a parsed
-document (decoded as one character). Each is refused and nothing reaches the provider;
-ordinary accented and parenthesised text still goes through."""
+document (decoded as one character), and a percent-encoded, entity or escaped value cut by
+raw NUL characters inside one string (NUL also separates units where the engine decodes:
+such a string is decoded whole without them too). Each is refused and nothing reaches the
+provider; ordinary accented and parenthesised text still goes through."""
 
 from __future__ import annotations
 
@@ -137,6 +139,31 @@ def test_a_surrogate_pair_escaped_in_upper_case(gw: GW, mock: MockProviderServer
     _refused(gw, mock, "chat.user", "Result: " + upper)
 
 
+def _percent(text: str) -> str:
+    return "".join(f"%{b:02X}" for b in text.encode())
+
+
+NUL_CUT = {
+    "percent around an invisible": lambda v: _percent(v[:9]) + "\x00%E2%80%8B\x00" + _percent(v[9:]),
+    "percent around %00": lambda v: _percent(v[:9]) + "\x00%00\x00" + _percent(v[9:]),
+    "percent, every character": lambda v: "\x00%E2%80%8B\x00".join(_percent(c) for c in v),
+    "entities": lambda v: (
+        "".join(f"&#{ord(c)};" for c in v[:9]) + "\x00&#8203;\x00" + "".join(f"&#{ord(c)};" for c in v[9:])
+    ),
+    "escapes": lambda v: (
+        "".join(f"\\x{b:02x}" for b in v[:9].encode())
+        + "\x00\\u200b\x00"
+        + "".join(f"\\x{b:02x}" for b in v[9:].encode())
+    ),
+}
+
+
+@pytest.mark.parametrize("placement", ["chat.user", "embeddings.input", "messages.system"])
+@pytest.mark.parametrize("form", sorted(NUL_CUT))
+def test_an_encoded_value_cut_by_nul_characters(gw: GW, mock: MockProviderServer, placement: str, form: str) -> None:
+    _refused(gw, mock, placement, NUL_CUT[form](PLAIN))
+
+
 @pytest.mark.parametrize(
     "text",
     [
@@ -145,6 +172,7 @@ def test_a_surrogate_pair_escaped_in_upper_case(gw: GW, mock: MockProviderServer
         "Tiếng Việt có dấu",
         "steps ⑴ mix ⑵ bake, options ⒜ and ⒝",
         "first line\u2028second line",
+        "a%20tool\x00output%21 with &#38; and \\x41",
     ],
 )
 def test_ordinary_text_with_marks_and_parentheses_goes_through(gw: GW, mock: MockProviderServer, text: str) -> None:

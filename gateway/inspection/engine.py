@@ -119,7 +119,8 @@ class Engine:
             if squeezed.parts:
                 truncated |= self._scan_batch(squeezed, findings, literals_only=True)
             budget = int(self.decode_budget * len(buf)) + 65536
-            decoded, over = _decoded(locator, buf, budget)
+            with_nul = [(data, unit.path) for unit, data in zip(units, encoded, strict=True) if b"\x00" in data]
+            decoded, over = _decoded(locator, buf, budget, with_nul)
             if decoded.parts:
                 truncated |= self._scan_batch(decoded, findings)
                 # a value split in parts that were each encoded on their own
@@ -305,9 +306,13 @@ def _normalised(units: Sequence[TextUnit], encoded: list[bytes]) -> tuple[_Batch
     return batch, literal, squeezed_all
 
 
-def _decoded(locator: _UnitLocator, buf: bytes, budget: int) -> tuple[_Batch, bool]:
+def _decoded(
+    locator: _UnitLocator, buf: bytes, budget: int, with_nul: Sequence[tuple[bytes, Path]] = ()
+) -> tuple[_Batch, bool]:
     """Decoded copies of the encoded runs in every unit (`buf`, located by `locator`),
-    within `budget` bytes. Returns the copies and whether the budget ran out."""
+    within `budget` bytes. Returns the copies and whether the budget ran out. `with_nul`:
+    the units whose own text holds a NUL (the separator between units in `buf`, which
+    ends a text decoding's segment), each also decoded whole without its NULs."""
     batch = _Batch()
     used = 0
     for offset, decoded in decoders.run_decodings(buf):
@@ -321,6 +326,15 @@ def _decoded(locator: _UnitLocator, buf: bytes, budget: int) -> tuple[_Batch, bo
             if used > budget:
                 return batch, True
             batch.add(decoded, locator.origin(start))
+    for data, path in with_nul:
+        whole = data.replace(b"\x00", b"")
+        if decoders.TEXT_TRIGGER.search(whole) is None:
+            continue
+        for decoded in decoders.text_decodings(whole):
+            used += len(decoded)
+            if used > budget:
+                return batch, True
+            batch.add(decoded, path)
     return batch, False
 
 
