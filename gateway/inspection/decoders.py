@@ -102,7 +102,29 @@ def _mark_ranges() -> tuple[tuple[int, int], ...]:
 # A mark after each character (U+0336 strike-through, U+0332 underline, an acute accent)
 # leaves the text readable as the letters under it; NFKC alone would keep most of them, and
 # compose some into new letters. Removed before NFKC (a precomposed accented letter stays).
-_MARK = re.compile(_class(_mark_ranges()))
+# Two classes: one of BMP ranges only compiles to a table (a lookup per character); with the
+# supplementary planes' ranges beside it the class is tried range by range, some fifty times
+# as slow. Supplementary characters are rare in text (an emoji), and each is judged alone.
+_MARK_BMP = re.compile(_class(tuple((lo, min(hi, 0xFFFF)) for lo, hi in _mark_ranges() if lo <= 0xFFFF)))
+_SUPPLEMENTARY = re.compile("[\U00010000-\U0010ffff]")
+_MARK_CATEGORIES = ("Mn", "Me")
+
+
+def _has_mark(text: str) -> bool:
+    if _MARK_BMP.search(text) is not None:
+        return True
+    return any(unicodedata.category(m.group()) in _MARK_CATEGORIES for m in _SUPPLEMENTARY.finditer(text))
+
+
+def _unmark_supplementary(m: re.Match[str]) -> str:
+    return "" if unicodedata.category(m.group()) in _MARK_CATEGORIES else m.group()
+
+
+def _without_marks(text: str) -> str:
+    text = _MARK_BMP.sub("", text)
+    return _SUPPLEMENTARY.sub(_unmark_supplementary, text) if _SUPPLEMENTARY.search(text) else text
+
+
 # Letters and digits written in parentheses ("⒫⒧⒜", "⑴"): NFKC spells them "(p)(l)(a)".
 _PARENTHESISED = {
     **{0x249C + i: chr(0x61 + i) for i in range(26)},  # ⒜–⒵
@@ -120,7 +142,7 @@ def unmarked(text: str) -> str:
     """`text` with every combining mark removed from its canonical decomposition, then NFKC:
     what `normalise` reads a copy of it with marks after each letter as (a configured value
     with accents is matched in this form too)."""
-    return unicodedata.normalize("NFKC", _MARK.sub("", unicodedata.normalize("NFD", text)))
+    return unicodedata.normalize("NFKC", _without_marks(unicodedata.normalize("NFD", text)))
 
 
 def is_ignorable(ch: str) -> bool:
@@ -151,8 +173,8 @@ def normalise(text: str) -> str:
         if flags & 2:
             text = _TAG.sub(_untag, text)
         text = _INVISIBLE.sub("", text)
-    if _MARK.search(text) is not None:
-        text = _MARK.sub("", text)
+    if _has_mark(text):
+        text = _without_marks(text)
     if _PARENTHESISED_ANY.search(text) is not None:
         text = text.translate(_PARENTHESISED)
     if not unicodedata.is_normalized("NFKC", text):
