@@ -105,7 +105,8 @@ def _mark_ranges() -> tuple[tuple[int, int], ...]:
 # Two classes: one of BMP ranges only compiles to a table (a lookup per character); with the
 # supplementary planes' ranges beside it the class is tried range by range, some fifty times
 # as slow. Supplementary characters are rare in text (an emoji), and each is judged alone.
-_MARK_BMP = re.compile(_class(tuple((lo, min(hi, 0xFFFF)) for lo, hi in _mark_ranges() if lo <= 0xFFFF)))
+_BMP_MARK_RANGES = tuple((lo, min(hi, 0xFFFF)) for lo, hi in _mark_ranges() if lo <= 0xFFFF)
+_MARK_BMP = re.compile(_class(_BMP_MARK_RANGES))
 _SUPPLEMENTARY = re.compile("[\U00010000-\U0010ffff]")
 _MARK_CATEGORIES = ("Mn", "Me")
 
@@ -132,7 +133,9 @@ _PARENTHESISED = {
     **{0x2474 + i: str(i + 1) for i in range(20)},  # ⑴–⒇
     **{0x2488 + i: str(i + 1) for i in range(20)},  # ⒈–⒛ (the digit and a full stop)
 }
-_PARENTHESISED_ANY = re.compile("[\u2474-\u24b5\U0001f110-\U0001f129]")
+# One pass finds whether a text needs either (a BMP mark, a parenthesised form) or holds a
+# supplementary character (which may be a mark or a parenthesised capital).
+_MARK_OR_FORM = re.compile(_class((*_BMP_MARK_RANGES, (0x2474, 0x24B5), (0x10000, 0x10FFFF))))
 # Line and paragraph separators end a line as LF does: the copy for configured values
 # removes them with the whitespace controls (`squeeze`).
 _SEPARATORS_UTF8 = ("\u2028".encode(), "\u2029".encode())
@@ -173,9 +176,9 @@ def normalise(text: str) -> str:
         if flags & 2:
             text = _TAG.sub(_untag, text)
         text = _INVISIBLE.sub("", text)
-    if _has_mark(text):
-        text = _without_marks(text)
-    if _PARENTHESISED_ANY.search(text) is not None:
+    if _MARK_OR_FORM.search(text) is not None:
+        if _has_mark(text):
+            text = _without_marks(text)
         text = text.translate(_PARENTHESISED)
     if not unicodedata.is_normalized("NFKC", text):
         text = unicodedata.normalize("NFKC", text)
