@@ -81,6 +81,17 @@ def significant(text: str) -> int:
     return len(decoders.INSIGNIFICANT.sub("", text))
 
 
+def _back_by(text: str, at: int, need: int) -> int:
+    """The position before `at` from which `text` holds `need` significant characters up
+    to `at` (0 when it holds fewer)."""
+    start = at
+    while need > 0 and start > 0:
+        lo = max(0, start - need)
+        need -= significant(text[lo:start])
+        start = lo
+    return start
+
+
 def _unescape(match: re.Match[str]) -> str:
     token = match.group(1)
     if token[0] == "u":
@@ -372,12 +383,7 @@ class WindowedRelease:
                 break
             size = significant(unit.text)
             if size > need:  # cut exactly: the joined read runs configured values only, no word rule
-                start, left = len(unit.text), need
-                while left > 0 and start > 0:
-                    lo = max(0, start - left)
-                    left -= significant(unit.text[lo:start])
-                    start = lo
-                unit = unit._replace(text=unit.text[start:])
+                unit = unit._replace(text=unit.text[_back_by(unit.text, len(unit.text), need) :])
             kept.append(unit)
             need -= size
         kept.reverse()
@@ -386,11 +392,7 @@ class WindowedRelease:
     def _slice_start(self, text: str, at: int, need: int) -> int:
         """Where to start reading `text` so that `need` significant characters before `at`
         are read too, at a whitespace boundary (or the start)."""
-        start = at
-        while need > 0 and start > 0:
-            lo = max(0, start - need)
-            need -= significant(text[lo:start])
-            start = lo
+        start = _back_by(text, at, need)
         if start == 0 or start == len(text):
             return start
         cut = max(text.rfind(ch, 0, start) for ch in " \n\t\r")
