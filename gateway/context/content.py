@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import unicodedata
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pydantic_core
@@ -55,20 +55,23 @@ def storable(value: str) -> bool:
     return "\x00" not in value and utf8_ok(value)
 
 
-def _storable_tree(value: Any) -> bool:
-    """Every string in a JSON document (keys too) is `storable`."""
-    stack: list[Any] = [value]
+def nodes(*roots: Any) -> Iterator[Any]:
+    """Every object in `roots` and inside them (mappings' keys and values, lists' and
+    tuples' items), depth first, without recursion: a document is walked whatever its depth."""
+    stack: list[Any] = list(roots)
     while stack:
         node = stack.pop()
-        if isinstance(node, str):
-            if not storable(node):
-                return False
-        elif isinstance(node, Mapping):
+        yield node
+        if isinstance(node, Mapping):
             stack.extend(node.keys())
             stack.extend(node.values())
         elif isinstance(node, list | tuple):
             stack.extend(node)
-    return True
+
+
+def _storable_tree(value: Any) -> bool:
+    """Every string in a JSON document (keys too) is `storable`."""
+    return all(storable(node) for node in nodes(value) if isinstance(node, str))
 
 
 def _reject(family: Family) -> InvalidRequest:

@@ -37,6 +37,7 @@ from gateway.context.builder import BuildResult, Candidate, ScopeGroup
 from gateway.context.content import (
     compact_json,
     content_digest,
+    nodes,
     normalize_text,
     search_text,
     stored_content,
@@ -1042,25 +1043,11 @@ def _scope_record_bytes(record: ScopeRecord, cap: int) -> int:
     object inside it (its references' lists, mappings, keys and values; a shared object is
     counted each time it is met), counted only until the sum passes `cap`."""
     total = sys.getsizeof(record)
-    stack: list[object] = [
-        record.scope_id,
-        record.title,
-        record.summary,
-        record.parent_scope_id,
-        record.context_references,
-        record.external_references,
-        record.version,
-        record.created_by,
-        record.created_at,
-    ]
-    while stack and total <= cap:
-        node = stack.pop()
+    fields = (record.scope_id, record.title, record.summary, record.parent_scope_id, record.context_references)
+    for node in nodes(*fields, record.external_references, record.version, record.created_by, record.created_at):
+        if total > cap:
+            break
         total += sys.getsizeof(node)
-        if isinstance(node, Mapping):
-            stack.extend(node.keys())
-            stack.extend(node.values())
-        elif isinstance(node, list | tuple):
-            stack.extend(node)
     return total
 
 
