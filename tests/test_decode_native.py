@@ -134,32 +134,62 @@ def test_reference_semantics() -> None:
 def test_invisible_flags_for_every_code_point() -> None:
     """The native class is the reference's, code point by code point (tag characters
     included), and a text's flags are found wherever the character sits."""
-    differ, found = [], 0
+    differ, found, marked = [], 0, 0
     for code in range(0x110000):
         ch = chr(code)
         decoders.use_native(True)
-        native = decoders.invisible_flags(ch)
+        native = decoders.invisible_flags(ch), decoders.text_flags(ch)
         decoders.use_native(False)
-        if native != decoders.invisible_flags(ch):
+        if native != (decoders.invisible_flags(ch), decoders.text_flags(ch)):
             differ.append(hex(code))
-        found += native != 0
+        found += native[0] != 0
+        marked += (native[1] & decoders.MARK_OR_FORM) != 0
     assert differ == []
     assert found > 4000  # controls, format characters, variation selectors, tags...
+    assert marked > 0x100000  # every character above the BMP, the BMP's marks and the parenthesised forms
+
+
+@needs_native
+@pytest.mark.parametrize("before", ["", "\u00e9", "\u0394", "\U0001f600"], ids=["ascii", "latin1", "bmp", "astral"])
+@pytest.mark.parametrize(
+    "ch", ["\u200b", "\u0301", "\u0336", "\u249c", "\u2474", "\U0001f110", "\U000e0041", "\u00ad", "x"]
+)
+def test_text_flags_wherever_the_character_sits(before: str, ch: str) -> None:
+    """Each string width (the text's widest character decides it), the character first,
+    last and between others: the flags are the reference's."""
+    for text in (ch + before * 3, before * 3 + ch, before + ch + before + "ab"):
+        decoders.use_native(True)
+        native = decoders.text_flags(text), decoders.normalise(text)
+        decoders.use_native(False)
+        assert native == (decoders.text_flags(text), decoders.normalise(text)), text.encode("unicode_escape")
 
 
 @needs_native
 @settings(max_examples=2000, deadline=None)
 @given(
     st.text(
-        alphabet=st.sampled_from("ab é\u200b\u00ad\t\n\x00\x7f\ufe0f\U000e0041\U000e0100\U0001f600\uff21\u3164"),
+        alphabet=st.sampled_from(
+            "ab é\u200b\u00ad\t\n\x00\x7f\ufe0f\U000e0041\U000e0100\U0001f600\uff21\u3164"
+            "\u0301\u0336\u20dd\u249c\u2474\u2488\U0001f110\U0001d167"
+        ),
         max_size=60,
     )
 )
 def test_invisible_flags_and_normalise_on_generated_text(text: str) -> None:
     decoders.use_native(True)
-    native = (decoders.invisible_flags(text), decoders.normalise(text), decoders.squeeze(text))
+    native = (
+        decoders.invisible_flags(text),
+        decoders.text_flags(text),
+        decoders.normalise(text),
+        decoders.squeeze(text),
+    )
     decoders.use_native(False)
-    assert native == (decoders.invisible_flags(text), decoders.normalise(text), decoders.squeeze(text))
+    assert native == (
+        decoders.invisible_flags(text),
+        decoders.text_flags(text),
+        decoders.normalise(text),
+        decoders.squeeze(text),
+    )
 
 
 @needs_native

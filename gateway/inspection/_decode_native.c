@@ -19,6 +19,10 @@
  *       (whose ranges configure_invisible hands over at import), 3 when one of them is a
  *       tag character.
  *
+ *   text_flags(text: str) -> int
+ *       decoders.text_flags: invisible_flags' bits, and 4 when the text holds a character of
+ *       decoders._MARK_OR_FORM (whose BMP ranges configure_marks hands over at import).
+ *
  *   ascii_forms(encoded: list[bytes]) -> (list[bytes | None], list[bytes | None])
  *       decoders.ascii_forms: each ASCII text's normalised copy and that copy squeezed.
  *
@@ -334,6 +338,72 @@ static PyObject *invisible_flags(PyObject *self, PyObject *arg) {
     return PyLong_FromLong(flags);
 }
 
+/* decoders._MARK_OR_FORM's BMP part as a bitmap, handed over once by configure_marks(ranges);
+ * every character above the BMP belongs to the class too (decoders judges each alone). */
+static uint8_t markform_bmp[0x10000 / 8];
+static int marks_configured = 0;
+
+static PyObject *configure_marks(PyObject *self, PyObject *arg) {
+    PyObject *seq = PySequence_Fast(arg, "configure_marks() takes a sequence of (lo, hi) pairs");
+    if (seq == NULL) return NULL;
+    marks_configured = 0;
+    memset(markform_bmp, 0, sizeof markform_bmp);
+    for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(seq); k++) {
+        unsigned long lo, hi;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, k), "kk", &lo, &hi)) goto fail;
+        if (lo > hi || hi > 0xFFFF) {
+            PyErr_SetString(PyExc_ValueError, "a range must satisfy lo <= hi <= 0xFFFF");
+            goto fail;
+        }
+        for (unsigned long c = lo; c <= hi; c++) markform_bmp[c >> 3] |= (uint8_t)(1u << (c & 7));
+    }
+    Py_DECREF(seq);
+    marks_configured = 1;
+    Py_RETURN_NONE;
+fail:
+    Py_DECREF(seq);
+    memset(markform_bmp, 0, sizeof markform_bmp);
+    return NULL;
+}
+
+static inline int markform(Py_UCS4 c) { return c >= 0x10000 || ((markform_bmp[c >> 3] >> (c & 7)) & 1); }
+
+/* text_flags(text) -> int: invisible_flags' bits, and 4 when the text holds a character of
+ * decoders._MARK_OR_FORM; one pass over the text (stopping once every bit is known). */
+static PyObject *text_flags(PyObject *self, PyObject *arg) {
+    if (!PyUnicode_Check(arg)) {
+        PyErr_SetString(PyExc_TypeError, "text_flags() takes str");
+        return NULL;
+    }
+    if (astral_count < 0 || !marks_configured) {
+        PyErr_SetString(PyExc_RuntimeError, "configure_invisible() and configure_marks() were not both called");
+        return NULL;
+    }
+    int kind = PyUnicode_KIND(arg);
+    const void *data = PyUnicode_DATA(arg);
+    Py_ssize_t n = PyUnicode_GET_LENGTH(arg);
+    long flags = 0;
+    if (kind == PyUnicode_1BYTE_KIND) { /* Latin-1: no mark, no form, no tag */
+        const Py_UCS1 *p = data;
+        for (Py_ssize_t i = 0; i < n; i++)
+            if (invisible(p[i])) return PyLong_FromLong(1);
+    } else if (kind == PyUnicode_2BYTE_KIND) { /* no tag either */
+        const Py_UCS2 *p = data;
+        for (Py_ssize_t i = 0; i < n && flags != 5; i++) {
+            if (invisible(p[i])) flags |= 1;
+            if (markform(p[i])) flags |= 4;
+        }
+    } else {
+        const Py_UCS4 *p = data;
+        for (Py_ssize_t i = 0; i < n && flags != 7; i++) {
+            Py_UCS4 c = p[i];
+            if (invisible(c)) flags |= (c >= TAG_LO && c <= TAG_HI) ? 3 : 1;
+            if (markform(c)) flags |= 4;
+        }
+    }
+    return PyLong_FromLong(flags);
+}
+
 /* --- ASCII units' normalised and squeezed copies --------------------------------------- */
 
 /* ASCII controls that normalising removes (decoders._ASCII_INVISIBLE_BYTES), and those
@@ -418,6 +488,8 @@ static PyMethodDef methods[] = {
     {"trigger_segments", trigger_segments, METH_O, "(start, end) of every NUL-separated segment with a text trigger."},
     {"configure_invisible", configure_invisible, METH_O, "Hand over decoders' invisible-character ranges."},
     {"invisible_flags", invisible_flags, METH_O, "1: the text holds an invisible character; 2 more: a tag character."},
+    {"configure_marks", configure_marks, METH_O, "Hand over the BMP part of decoders' mark-or-form class."},
+    {"text_flags", text_flags, METH_O, "invisible_flags, and 4 when the text holds a mark or parenthesised form."},
     {"ascii_forms", ascii_forms, METH_O, "The normalised and squeezed copies of ASCII texts (None for others)."},
     {NULL, NULL, 0, NULL},
 };

@@ -135,7 +135,8 @@ _PARENTHESISED = {
 }
 # One pass finds whether a text needs either (a BMP mark, a parenthesised form) or holds a
 # supplementary character (which may be a mark or a parenthesised capital).
-_MARK_OR_FORM = re.compile(_class((*_BMP_MARK_RANGES, (0x2474, 0x24B5), (0x10000, 0x10FFFF))))
+_MARK_OR_FORM_BMP_RANGES = (*_BMP_MARK_RANGES, (0x2474, 0x24B5))
+_MARK_OR_FORM = re.compile(_class((*_MARK_OR_FORM_BMP_RANGES, (0x10000, 0x10FFFF))))
 # Line and paragraph separators end a line as LF does: the copy for configured values
 # removes them with the whitespace controls (`squeeze`).
 _SEPARATORS_UTF8 = ("\u2028".encode(), "\u2029".encode())
@@ -166,17 +167,30 @@ def invisible_flags(text: str) -> int:
     return 3 if _TAG.search(text) else 1
 
 
+MARK_OR_FORM = 4
+
+
+def text_flags(text: str) -> int:
+    """`invisible_flags`, and `MARK_OR_FORM` when `text` holds a character of `_MARK_OR_FORM`
+    (a combining mark, a parenthesised form, or any character above the BMP): what
+    `normalise` must do to a non-ASCII text, found in one pass."""
+    if _native is not None:
+        return cast(int, _native.text_flags(text))
+    flags = invisible_flags(text)
+    return flags | MARK_OR_FORM if _MARK_OR_FORM.search(text) is not None else flags
+
+
 def normalise(text: str) -> str:
     """The normalised copy (see the module docstring), keeping whitespace controls. Cheap
     when nothing applies: printable ASCII is returned as is."""
     if text.isascii():  # NFKC leaves ASCII alone; only its controls can go
         return _ASCII_INVISIBLE.sub("", text) if _ASCII_INVISIBLE.search(text) else text
-    flags = invisible_flags(text)
-    if flags:
+    flags = text_flags(text)
+    if flags & 3:
         if flags & 2:
             text = _TAG.sub(_untag, text)
         text = _INVISIBLE.sub("", text)
-    if _MARK_OR_FORM.search(text) is not None:
+    if flags & MARK_OR_FORM:  # removing invisible characters adds none; the passes re-check
         if _has_mark(text):
             text = _without_marks(text)
         text = text.translate(_PARENTHESISED)
@@ -405,6 +419,7 @@ except ImportError:  # pragma: no cover - a machine without a C compiler
     NATIVE_AVAILABLE = False
 else:
     _decode_native.configure_invisible(_INVISIBLE_RANGES)
+    _decode_native.configure_marks(_MARK_OR_FORM_BMP_RANGES)
     NATIVE_AVAILABLE = True
     _native = _decode_native
 
