@@ -256,13 +256,15 @@ def invalid_request(message: str | None = None) -> ClientError:
     return ClientError(422, "invalid_request", (ReasonCode.INVALID_REQUEST,), message)
 
 
-def upstream_unavailable(reason: str = ReasonCode.UPSTREAM_UNAVAILABLE) -> UpstreamError:
+def upstream_unavailable(reason: str = ReasonCode.UPSTREAM_UNAVAILABLE, *, resendable: bool = True) -> UpstreamError:
+    """`resendable`: false when the provider may have the request already (a connection
+    that broke, or timed out, once the request was written) and its profile does not allow
+    resending it: then neither we nor the SDK resend it."""
     if reason == ReasonCode.UPSTREAM_RESET:
-        # The provider may have the request already: neither we nor the SDK resend it.
-        return UpstreamError(502, "upstream_unavailable", (reason,))
+        return UpstreamError(502, "upstream_unavailable", (reason,), retryable=resendable)
     code = (
         "upstream_timeout"
         if reason in (ReasonCode.UPSTREAM_TIMEOUT, ReasonCode.BUFFER_TIMEOUT)
         else "upstream_unavailable"
     )
-    return UpstreamError(503, code, (reason,), retryable=True)
+    return UpstreamError(503, code, (reason,), retryable=resendable)

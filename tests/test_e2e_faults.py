@@ -519,6 +519,71 @@ def test_sdk_sees_the_reset_as_a_server_error(gw: tuple[Env, GatewayThread], moc
     assert len(_records(mock, sid)) == 1  # neither the gateway nor the SDK resent it
 
 
+# --- a timeout once the request was written: it may have reached the provider too ----------
+
+_PATIENT_RETRY = {"attempts": 2, "backoff_initial_ms": 10, "backoff_max_ms": 50}
+
+
+def _timeout_profiles(mock: MockProviderServer, name: str, timeouts: dict[str, float], **retry: Any) -> list[Any]:
+    return [
+        mock_profile(name, "openai", mock.url, retry=_PATIENT_RETRY | retry, timeouts=timeouts, fallbacks=["backup"]),
+        mock_profile("backup", "openai", mock.url),
+    ]
+
+
+@pytest.mark.parametrize(
+    "timeouts",
+    [{"connect_s": 2, "read_s": 0.5, "total_s": 10}, {"connect_s": 2, "read_s": 10, "total_s": 1.0}],
+    ids=["read_s", "total_s"],
+)
+def test_timeout_before_headers_is_not_resent_by_default(
+    mock: MockProviderServer, make_env: Any, gateway_for: Any, timeouts: dict[str, float]
+) -> None:
+    """The provider holds the whole request and has not answered when the read timeout (or
+    the attempt's total) passes: like a reset at that point, neither a retry, nor the
+    fallback profile, nor the SDK sends it again."""
+    env = make_env(profiles=_timeout_profiles(mock, "patient", timeouts))
+    gateway = gateway_for(env)
+    sid = _sid(mock, {"fault": "hang"}, {"text": "a second generation"})
+    client = openai_client(gateway, env, max_retries=2, default_headers={"x-wiregate-profile": "patient"})
+    with pytest.raises(openai.APIStatusError) as info:
+        client.chat.completions.create(**_chat(sid))
+    assert info.value.status_code == 503 and info.value.response.headers["x-should-retry"] == "false"
+    assert info.value.body["code"] == "upstream_timeout"  # type: ignore[index]
+    assert len(_records(mock, sid)) == 1
+
+
+def test_timeout_before_headers_is_resent_when_the_profile_allows(
+    mock: MockProviderServer, make_env: Any, gateway_for: Any
+) -> None:
+    profiles = _timeout_profiles(
+        mock, "resends", {"connect_s": 2, "read_s": 0.5, "total_s": 10}, attempts=1, resend_after_reset=True
+    )
+    env = make_env(profiles=profiles)
+    gateway = gateway_for(env)
+    sid = _sid(mock, {"fault": "hang"}, {"text": "answered on the resend"})
+    client = openai_client(gateway, env, default_headers={"x-wiregate-profile": "resends"})
+    result = client.chat.completions.create(**_chat(sid))
+    assert result.choices[0].message.content == "answered on the resend"
+    assert [r.status for r in _records(mock, sid)] == [None, 200]
+
+
+def test_a_retry_after_longer_than_the_attempts_total_goes_back_at_once(
+    mock: MockProviderServer, make_env: Any, gateway_for: Any
+) -> None:
+    """A 429 whose wait would outlast the profile's `total_s` is the answer: the client gets
+    the provider's 429 and its retry-after, not a timeout after a wait cut short."""
+    profile = mock_profile(
+        "brief", "openai", mock.url, retry=_PATIENT_RETRY, timeouts={"connect_s": 2, "read_s": 5, "total_s": 1.5}
+    )
+    env = make_env(profiles=[profile])
+    gateway = gateway_for(env)
+    sid = _sid(mock, {"status": 429, "headers": {"retry-after": "3"}}, {"text": "too late"})
+    r = _post(env, gateway, _chat(sid))
+    assert r.status_code == 429 and r.headers["retry-after"] == "3"
+    assert [x.status for x in _records(mock, sid)] == [429]
+
+
 # --- the fault matrix: every carrier, streaming or not, through the official SDKs ------------
 #
 # Each case asserts the SDK's exception class (or, where the gateway can check and release,

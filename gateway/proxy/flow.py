@@ -233,7 +233,7 @@ async def send_along_chain(app: web.Application, ex: Exchange, trail: Trail) -> 
             trail.add(Attempted(record))
         failed = sent.response is None or sent.response.status in loaded.profile.retry.statuses
         # A request that may have reached the provider is not resent to a fallback either.
-        resendable = sent.failure != ReasonCode.UPSTREAM_RESET or loaded.profile.retry.resend_after_reset
+        resendable = not sent.reached or loaded.profile.retry.resend_after_reset
         if failed and more and resendable:
             status = sent.response.status if sent.response is not None else None
             if sent.response is not None:
@@ -247,7 +247,7 @@ async def send_along_chain(app: web.Application, ex: Exchange, trail: Trail) -> 
             )
             continue
         if sent.response is None:
-            raise errors.upstream_unavailable(sent.failure or ReasonCode.UPSTREAM_UNAVAILABLE)
+            raise errors.upstream_unavailable(sent.failure or ReasonCode.UPSTREAM_UNAVAILABLE, resendable=resendable)
         return Attempt(party, target, send, sent, prepared.usage_injected)
     raise ServiceError(503, "upstream_unavailable", (ReasonCode.NO_PROFILE,), retryable=True)
 
@@ -275,7 +275,10 @@ async def _send(
     sent = Sent(response=None, until=time.monotonic() + budget)
     try:
         async with asyncio.timeout(budget):
-            await app[UPSTREAM].send(target, loaded, body, headers, deadline=ex.wait_deadline, into=sent)
+            # A wait for a retry that would outlast the attempt's budget is not slept through
+            # either: the provider's answer (a 429 and its retry-after) goes back at once.
+            deadline = min(ex.wait_deadline, sent.until)
+            await app[UPSTREAM].send(target, loaded, body, headers, deadline=deadline, into=sent)
     except TimeoutError:
         sent.timed_out()  # what was tried before the deadline still counts (metrics, retry advice)
     metrics.stages["upstream"].observe(time.perf_counter() - started)  # to the response headers

@@ -28,6 +28,7 @@ from aiohttp import web
 from gateway.checks.destination import Target
 from gateway.config.runtime import LoadedProfile
 from gateway.errors import ClientError
+from gateway.hop import NEVER_PASSED, connection_listed
 from gateway.profiles.model import UpstreamProfile
 from gateway.vocab import AttemptOutcome, ReasonCode
 
@@ -54,16 +55,22 @@ class Sent:
     failure: str | None = None  # a reason code when no response could be had
     attempts: list[AttemptRecord] = field(default_factory=list)
     until: float = float("inf")  # monotonic end of the attempt: the profile's total_s, the call's deadline
+    # An attempt that got no answer may have reached the provider (see `_reached`): the
+    # request is then resent — by a retry or a fallback profile — only under the profile's
+    # `retry.resend_after_reset`.
+    reached: bool = False
 
     def timed_out(self) -> None:
         """The send was stopped by a deadline (the profile's total, the call's): no
-        response, the attempt under way a timeout; the attempts before it still count."""
+        response, the attempt under way a timeout (one that may have reached the provider);
+        the attempts before it still count."""
         if self.response is not None:
             self.response.close()
             self.response = None
         self.failure = ReasonCode.UPSTREAM_TIMEOUT
         if self.attempts and self.attempts[-1].outcome == AttemptOutcome.RESPONSE and self.attempts[-1].status is None:
             self.attempts[-1].outcome = AttemptOutcome.TIMEOUT
+            self.reached = True
 
 
 def upstream_headers(
@@ -75,15 +82,23 @@ def upstream_headers(
     A client value that leaves must be printable ASCII (or tab): the server reads a byte
     that is not UTF-8 as a lone surrogate, the check reads that text, and the client writer
     drops the surrogate on the wire — so `sec\\xffret` would be checked as two harmless
-    halves and sent whole. Such a value is refused (400 `invalid_request`), never cleaned."""
+    halves and sent whole. Such a value is refused (400 `invalid_request`), never cleaned.
+
+    A client header its Connection header lists is hop-by-hop (RFC 9110 §7.6.1) and never
+    leaves; nor does a framing, hop-by-hop or credential name, even one a profile lists
+    (the profile model refuses those at load)."""
+    listed = connection_listed(client_headers)
     headers = {"content-type": "application/json", "user-agent": USER_AGENT}
     if profile.provider == "anthropic":
-        headers["anthropic-version"] = _forwardable(client_headers.get("anthropic-version", ANTHROPIC_VERSION))
+        version = client_headers.get("anthropic-version", ANTHROPIC_VERSION)
+        headers["anthropic-version"] = _forwardable(ANTHROPIC_VERSION if "anthropic-version" in listed else version)
         if credential:
             headers["x-api-key"] = credential
     elif credential:
         headers["authorization"] = f"Bearer {credential}"
     for name in profile.passthrough_headers:
+        if name in NEVER_PASSED or name in listed:
+            continue
         value = client_headers.get(name)
         if value is not None:
             headers[name] = _forwardable(value)
@@ -149,6 +164,14 @@ def _failure(exc: BaseException) -> str:
     return ReasonCode.UPSTREAM_RESET
 
 
+def _reached(exc: BaseException) -> bool:
+    """May the provider have received the request of an attempt that failed with `exc`?
+    Not when its connection could not be opened (refused, unresolvable, a failed TLS
+    handshake, the connect timeout); otherwise it may: a connection that broke, or a read
+    timeout while the provider, holding the whole request, had not answered yet."""
+    return not isinstance(exc, (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError))
+
+
 class Upstream:
     """The client side of every provider call (one per app, under `UPSTREAM`)."""
 
@@ -193,11 +216,9 @@ class Upstream:
                 record.outcome = AttemptOutcome.TIMEOUT if timed_out else AttemptOutcome.CONNECTION_ERROR
                 record.seconds = time.monotonic() - started
                 sent.failure = _failure(exc)
-                allowed = (
-                    policy.resend_after_reset
-                    if sent.failure == ReasonCode.UPSTREAM_RESET
-                    else policy.on_connection_error
-                )
+                reached = _reached(exc)
+                sent.reached = sent.reached or reached
+                allowed = policy.resend_after_reset if reached else policy.on_connection_error
                 if last or not allowed:
                     return sent
                 delay = retry_delay({}, attempt, policy.backoff_initial_ms, policy.backoff_max_ms)
