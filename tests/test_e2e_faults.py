@@ -242,6 +242,23 @@ def test_unreadable_provider_error_is_not_relayed(gw: tuple[Env, GatewayThread],
     assert json.loads(r.text)["error"]["type"] == "server_error"
 
 
+@pytest.mark.parametrize("status", [299, 600, 999])
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_status_outside_what_http_defines_is_not_relayed(
+    gw: tuple[Env, GatewayThread], mock: MockProviderServer, status: int, stream: bool
+) -> None:
+    """A readable body under a status no SDK knows how to read (600 and up) is not released
+    with it: 502 `upstream_invalid_response`, as for a redirect. An unusual 2xx is a success."""
+    env, gateway = gw
+    sid = _sid(mock, {"status": status, "text": "a readable answer"})
+    r = _post(env, gateway, _chat(sid, stream=stream), headers={"x-wiregate-profile": "single"})
+    if status < 300:
+        assert r.status_code == status and ("a readable answer" in r.text or stream)
+    else:
+        assert r.status_code == 502 and r.json()["error"]["reason_codes"] == ["upstream_invalid_response"]
+        assert "a readable answer" not in r.text
+
+
 # --- a provider error event in the middle of a stream ---------------------------------------
 
 _LEAD = "a first half that must never be released"

@@ -503,10 +503,12 @@ async def check_response(
     response = attempt.response
     read, outcome = await read_and_check(app, ex, attempt, body, passed, Mode.ENFORCE, folded=folded)
     trail.add(Decoded(read.complete, read.usage, read.response_id, read.output_estimate))
-    if (not 200 <= response.status < 300 and not read.complete) or 300 <= response.status < 400:
-        # A provider error we cannot read (an HTML page from a proxy, say), or a redirect (never
+    status = response.status
+    if (not 200 <= status < 300 and not read.complete) or not (200 <= status < 300 or 400 <= status < 600):
+        # A provider error we cannot read (an HTML page from a proxy, say), a redirect (never
         # followed: the call and its credential stay with the profile's upstream, and a client
-        # must not be sent elsewhere either): say so, without it.
+        # must not be sent elsewhere either), or a status HTTP does not define (600 and up):
+        # say so, without it.
         err = UpstreamError(502, "upstream_error", (ReasonCode.UPSTREAM_INVALID_RESPONSE,))
         raise _refused(trail, err, Outcome.WITHHELD)
     trail.add(Checked(attempt.target.profile_id, outcome))
