@@ -3,7 +3,8 @@ cleanup context per resource.
 
 Owns: the route table (SPEC §2; provider routes derived from the carrier registry), the
 middleware that gives every response an `X-PowerContext-Request-ID` (and, once the gateway
-has retried upstream, retry advice for the SDK: `release.retry_advice`), renders
+has retried upstream, retry advice for the SDK: `release.retry_advice`; on its own ops,
+attribution, context and check routes, `no-store` and `nosniff`), renders
 `GatewayError`s in the caller's dialect and writes one allow-listed access line, and the
 resources under typed AppKeys (runtime holder, metrics, capacity, calls per principal,
 release, usage, cache pace and attribution ledgers, the upstream client session, the bundled
@@ -193,6 +194,24 @@ async def _stamp_request_id(request: web.Request, response: web.StreamResponse) 
         response.headers[REQUEST_ID_HEADER] = secrets.token_hex(8)
 
 
+# The gateway's own answers on the ops, attribution, context and check routes (reports,
+# metrics, usage, what a caller may use, stored memories, prepared context, verdicts): per
+# caller, so no cache may keep them and no browser may sniff them, the refusals included.
+# The provider routes mirror their provider's headers and are left as they are; /ui/ has
+# its own (`gateway.api.ui.SECURITY_HEADERS`).
+OWN_ROUTE_HEADERS = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
+_OWN_ROUTE_MODULES = frozenset({ops.__name__, attribution_api.__name__, context_api.__name__, check.__name__})
+
+
+async def _own_route_headers(request: web.Request, response: web.StreamResponse) -> None:
+    """Every response of a route whose handler is in `gateway.api.ops`,
+    `gateway.api.attribution`, `gateway.api.context` or `gateway.api.check` carries
+    `OWN_ROUTE_HEADERS`."""
+    handler = getattr(request.match_info, "handler", None)
+    if getattr(handler, "__module__", None) in _OWN_ROUTE_MODULES:
+        response.headers.update(OWN_ROUTE_HEADERS)
+
+
 async def _advise_on_retries(request: web.Request, response: web.StreamResponse) -> None:
     """Every response leaves through here (released, refused, heartbeat or passed through):
     once wiregate has retried upstream, a failure tells the SDK not to retry it again."""
@@ -315,6 +334,7 @@ def create_app(
     app.router.add_get("/metrics", ops.metrics)
     app.on_response_prepare.append(_stamp_request_id)
     app.on_response_prepare.append(_advise_on_retries)
+    app.on_response_prepare.append(_own_route_headers)
     app.cleanup_ctx.append(embedded_mock)  # first up, last down: in-flight calls finish first
     app.cleanup_ctx.append(_database)
     app.cleanup_ctx.append(_upstream)

@@ -28,6 +28,8 @@ from gateway.proxy import projections
 from gateway.state import ATTRIBUTION, CALL, CONTEXT, RUNTIME
 from gateway.vocab import ReasonCode
 
+SWITCH_BYTES = 1024  # the collection switch's body: more is never read, nor inflated (413)
+
 
 def _bad() -> ClientError:
     return ClientError(422, "invalid_request", (ReasonCode.INVALID_REQUEST,))
@@ -98,12 +100,14 @@ async def report(request: web.Request) -> web.Response:
     runtime = request.app[RUNTIME].current
     query = request.query
     scope = query.get("scope") or None
-    if scope is not None and len(scope) > 256:
-        raise _bad()
     service = request.app.get(CONTEXT)
+    # Authenticates first (an unknown key is 401 whatever the query says) and looks up no
+    # creator for a scope past 256 characters, which is refused right after.
     creator_of = await auth.creators(
         runtime, request.headers, service.scope_creator if service else None, body_scope=scope
     )
+    if scope is not None and len(scope) > 256:
+        raise _bad()
     identity = auth.identify(runtime, request.headers, "observe", body_scope=scope, creator_of=creator_of)
     request[CALL].identify(identity, runtime)
     if scope is None and (
@@ -129,9 +133,9 @@ async def switch(request: web.Request) -> web.Response:
     runtime = request.app[RUNTIME].current
     identity = auth.identify(runtime, request.headers, "admin")
     request[CALL].identify(identity, runtime)
-    raw = await read_body(request, runtime.config.limits)
+    raw = await read_body(request, runtime.config.limits, max_bytes=SWITCH_BYTES)
     try:
-        body = json.loads(raw) if len(raw) <= 1024 else None
+        body = json.loads(raw)
     except (ValueError, RecursionError):  # a kilobyte of "[" nests too deep to read: unreadable
         body = None
     if not isinstance(body, dict) or set(body) != {"collecting"} or type(body["collecting"]) is not bool:

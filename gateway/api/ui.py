@@ -115,12 +115,17 @@ def _same_origin(request: web.Request) -> None:
         raise _forbidden()
 
 
+BODY_BYTES = 4096  # a sign-in or a switch: more is never read, nor inflated (413)
+
+
 async def _json_body(request: web.Request) -> object:
     if request.content_type != "application/json":
         raise ClientError(415, "invalid_request", (ReasonCode.INVALID_REQUEST,))
-    raw = await read_body(request, request.app[RUNTIME].current.config.limits)
+    # Sign-in reads this before any authentication: the route's own bound, not the
+    # gateway's 32 MiB, so an anonymous caller never makes it buffer or inflate more.
+    raw = await read_body(request, request.app[RUNTIME].current.config.limits, max_bytes=BODY_BYTES)
     try:
-        return json.loads(raw) if len(raw) <= 4096 else None
+        return json.loads(raw)
     except (ValueError, RecursionError):  # four kilobytes of "[" nest too deep to read: unreadable
         return None
 

@@ -30,7 +30,21 @@ def _unsupported_encoding() -> ClientError:
     return ClientError(415, "unsupported_encoding", (ReasonCode.UNSUPPORTED_ENCODING,))
 
 
-async def read_body(request: web.Request, limits: Limits, *, media_type: str = "application/json") -> bytes:
+def _too_large() -> ClientError:
+    return ClientError(413, "payload_too_large", (ReasonCode.PAYLOAD_TOO_LARGE,))
+
+
+async def read_body(
+    request: web.Request, limits: Limits, *, media_type: str = "application/json", max_bytes: int | None = None
+) -> bytes:
+    """The whole body, decoded. `max_bytes`: a route's own, smaller bound (a sign-in, a
+    switch), held like the gateway's — on the declared length before anything is read (and
+    before `100 Continue`), on the bytes as they arrive, and on the inflated size — so a
+    small route never buffers or inflates more than it could use."""
+    raw_limit = limits.request_bytes if max_bytes is None else min(limits.request_bytes, max_bytes)
+    inflated_limit = (
+        limits.decompressed_request_bytes if max_bytes is None else min(limits.decompressed_request_bytes, max_bytes)
+    )
     # One Content-Encoding line naming one coding (lines are a list: "identity" then "gzip"
     # on two lines read as identity, once), and no transfer coding but chunked (the parser
     # de-chunks and would pass "gzip, chunked" through still compressed).
@@ -45,8 +59,8 @@ async def read_body(request: web.Request, limits: Limits, *, media_type: str = "
         raise _unsupported_encoding()
     if request.content_type != media_type:
         raise ClientError(415, "unsupported_media_type", (ReasonCode.UNSUPPORTED_MEDIA_TYPE,))
-    if request.content_length is not None and request.content_length > limits.request_bytes:
-        raise ClientError(413, "payload_too_large", (ReasonCode.PAYLOAD_TOO_LARGE,))
+    if request.content_length is not None and request.content_length > raw_limit:
+        raise _too_large()
     if request.get(EXPECT) == CONTINUE:  # every check before the body passed
         await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         request.writer.output_size = 0  # the response proper has not started
@@ -66,12 +80,12 @@ async def read_body(request: web.Request, limits: Limits, *, media_type: str = "
         if not chunk:
             break
         total += len(chunk)
-        if total > limits.request_bytes:
-            raise ClientError(413, "payload_too_large", (ReasonCode.PAYLOAD_TOO_LARGE,))
+        if total > raw_limit:
+            raise _too_large()
         chunks.append(chunk)
     raw = b"".join(chunks)
     if encoding == "gzip":
-        raw = _gunzip(raw, limits.decompressed_request_bytes)
+        raw = _gunzip(raw, inflated_limit)
     return raw
 
 
@@ -82,7 +96,7 @@ def _gunzip(data: bytes, limit: int) -> bytes:
     except zlib.error:
         raise ClientError(400, "invalid_request", (ReasonCode.INVALID_REQUEST,)) from None
     if len(out) > limit or inflater.unconsumed_tail:
-        raise ClientError(413, "payload_too_large", (ReasonCode.PAYLOAD_TOO_LARGE,))
+        raise _too_large()
     if not inflater.eof or inflater.unused_data:
         raise ClientError(400, "invalid_request", (ReasonCode.INVALID_REQUEST,))
     return out
