@@ -363,7 +363,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("init", help="create a working directory with dev keys, profiles and certificates")
     p.add_argument("--dir", default=".wiregate")
-    p.add_argument("--force", action="store_true")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="regenerate every file init writes (a new profile-signing key, key ring and dev gateway key); "
+        "without it init refuses, writing nothing, if any of them exists",
+    )
     p.add_argument("--https-port", type=int, default=8443, help="the HTTPS listener's port")
     p.add_argument("--mock-port", type=int, default=9901, help="the bundled mock provider's loopback port")
     p.set_defaults(func=_cmd_init)

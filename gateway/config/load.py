@@ -502,7 +502,8 @@ def load_runtime(config_path: Path, *, now: datetime | None = None, generation: 
     base = config_path.parent
     config = read_config(config_path)
     trusted = load_trusted_keys(config.trust.profile_keys, base)
-    refuse_signing_keys_inside(base, trusted)
+    named = (*config.trust.profile_keys, config.keyring_file, config.profiles_dir)
+    refuse_signing_keys_inside(base, trusted, named=[Path(path) for path in named])
     private = Private(base)
     private.guarded(config_path, "configuration")
     for ref in config.trust.profile_keys:
@@ -545,31 +546,123 @@ def load_runtime(config_path: Path, *, now: datetime | None = None, generation: 
     )
 
 
-# A file that could hold a private key: small, and named like one or holding a PEM block.
-_KEY_SCAN_MAX_FILES = 5000
-_KEY_SCAN_MAX_BYTES = 64 * 1024
+# The check that no trusted profile-signing private key lies inside the served tree walks it
+# lazily and within a bound, and when the bound runs out before the tree does it refuses the
+# load (it never passes having read part of the tree). Version-control metadata directories
+# are not walked: their objects are compressed (a key committed there cannot be seen by a
+# scan for a PEM block anyway) and a checkout's history would spend the bound for nothing.
+_KEY_SCAN_MAX_ENTRIES = 5000  # directory entries looked at (files, directories, anything else)
+_KEY_SCAN_MAX_BYTES = 64 * 1024  # a PEM private key is far smaller; larger files are not read
+_KEY_SCAN_FIRST = ("keys", "secrets")  # where a key is most likely to be dropped: looked at first
+_KEY_SCAN_SKIPPED = frozenset({".git", ".hg", ".svn"})
 
 
-def refuse_signing_keys_inside(base: Path, trusted: dict[str, signing.TrustedKey]) -> None:
+def refuse_signing_keys_inside(
+    base: Path, trusted: dict[str, signing.TrustedKey], *, named: Collection[Path] = ()
+) -> None:
     """The private half of a trusted profile-signing key must not live in the directory the
     gateway serves from: whoever can read that tree could sign profiles the gateway then
-    trusts. Every small file holding a PEM private key is checked (bounded walk)."""
+    trusts. Every small file holding a PEM private key is checked.
+
+    The walk is lazy (no listing or sorting of the whole tree up front) and goes where a key
+    is most likely first: the directories of the paths the configuration names (`named`),
+    then keys/ and secrets/, then the rest. It does not follow symbolic links, skips what it
+    cannot read, and does not enter .git, .hg or .svn. It looks at no more than
+    _KEY_SCAN_MAX_ENTRIES entries: a tree with more refuses the load (fail closed)."""
+    if not trusted:
+        return  # no private key can match: nothing to look for
+    root = os.path.realpath(base)
+    walked: set[str] = set()
     seen = 0
-    for path in sorted(base.rglob("*")):
-        seen += 1
-        if seen > _KEY_SCAN_MAX_FILES:
-            break
+    for top in _key_scan_roots(root, named):
+        walked.add(top)
+        pending = [top]
+        while pending:
+            try:
+                listing = os.scandir(pending.pop())
+            except OSError:
+                continue  # a directory the gateway cannot read is skipped, as a file it cannot read is
+            with listing:
+                for entry in _key_scan_listed(listing):
+                    seen += 1
+                    if seen > _KEY_SCAN_MAX_ENTRIES:
+                        raise ConfigError(_key_scan_bound_message(root))
+                    if entry.path in walked:
+                        continue  # a directory walked before as a start of its own
+                    try:
+                        if entry.is_dir(follow_symlinks=False):
+                            if entry.name not in _KEY_SCAN_SKIPPED:
+                                pending.append(entry.path)
+                            continue
+                        if not entry.is_file(follow_symlinks=False):
+                            continue
+                        if entry.stat(follow_symlinks=False).st_size > _KEY_SCAN_MAX_BYTES:
+                            continue
+                    except OSError:
+                        continue
+                    key_id = _trusted_private_key_id(entry.path, trusted)
+                    if key_id is not None:
+                        raise ConfigError(
+                            f"{entry.path}: the private key of trusted profile-signing key {key_id} is inside the "
+                            f"served configuration directory; move it out (wiregate init keeps it in a sibling "
+                            f"directory)"
+                        )
+
+
+def _key_scan_listed(listing: Any) -> Any:
+    """The entries of an open os.scandir listing; an error while listing ends it (as for a
+    directory that cannot be opened) rather than escaping the load as an OSError."""
+    while True:
         try:
-            if not path.is_file() or path.is_symlink() or path.stat().st_size > _KEY_SCAN_MAX_BYTES:
-                continue
-            data = path.read_bytes()
-        except OSError:
+            entry = next(listing)
+        except (StopIteration, OSError):
+            return
+        yield entry
+
+
+def _key_scan_roots(root: str, named: Collection[Path]) -> list[str]:
+    """Where the scan starts, in order: the directories (inside `root`) of the paths the
+    configuration names, keys/, secrets/, and last `root` itself, whose walk skips the
+    directories already walked. A directory reached through a symbolic link, inside one
+    already listed, or inside version-control metadata is not a start of its own."""
+    wanted = [os.path.normpath(os.path.join(root, path)) for path in named]
+    wanted = [path if os.path.isdir(path) else os.path.dirname(path) for path in wanted]
+    wanted += [os.path.join(root, name) for name in _KEY_SCAN_FIRST]
+    roots: list[str] = []
+    for path in wanted:
+        if not path.startswith(root + os.sep) or path in roots:
             continue
-        if b"PRIVATE KEY-----" not in data:
+        if _KEY_SCAN_SKIPPED.intersection(Path(os.path.relpath(path, root)).parts):
             continue
-        key_id = signing.private_key_id(data)
-        if key_id is not None and key_id in trusted:
-            raise ConfigError(
-                f"{path}: the private key of trusted profile-signing key {key_id} is inside the served "
-                f"configuration directory; move it out (wiregate init keeps it in a sibling directory)"
-            )
+        if any(path.startswith(parent + os.sep) for parent in roots):
+            continue
+        if os.path.realpath(path) != path or not os.path.isdir(path):
+            continue
+        roots.append(path)
+    return [*roots, root]
+
+
+def _trusted_private_key_id(path: str, trusted: dict[str, signing.TrustedKey]) -> str | None:
+    """The key id if `path` is a regular file holding the PEM private half of a trusted key."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        with os.fdopen(os.open(path, flags), "rb") as fh:  # never a link, nor a FIFO that would block
+            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                return None
+            data = fh.read(_KEY_SCAN_MAX_BYTES + 1)
+    except OSError:
+        return None
+    if len(data) > _KEY_SCAN_MAX_BYTES or b"PRIVATE KEY-----" not in data:
+        return None
+    key_id = signing.private_key_id(data)
+    return key_id if key_id is not None and key_id in trusted else None
+
+
+def _key_scan_bound_message(root: str) -> str:
+    return (
+        f"{root}: the served configuration directory holds more than {_KEY_SCAN_MAX_ENTRIES} files and "
+        f"directories (.git, .hg and .svn not counted), more than the gateway looks through to make sure no "
+        f"trusted profile-signing private key is inside it; the load is refused rather than trusting a tree "
+        f"it did not finish checking. Move what the gateway does not need (data, build output, other "
+        f"projects) out of this directory"
+    )
