@@ -44,6 +44,27 @@ class GatewayError(Exception):
         self.retryable = retryable
         super().__init__(f"{status} {code} {','.join(self.reason_codes)}")
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Rebuilt whole on the far side of a pickle (a check worker's answer): the default
+        would call the constructor with the message alone, which fails there — and an
+        exception a process pool cannot unpickle breaks the pool for every call in it."""
+        return (
+            _rebuilt,
+            (type(self), self.status, self.code, self.reason_codes, self.public_message, self.headers, self.retryable),
+        )
+
+
+def _rebuilt(
+    kind: type[GatewayError],
+    status: int,
+    code: str,
+    reason_codes: tuple[str, ...],
+    message: str,
+    headers: dict[str, str],
+    retryable: bool,
+) -> GatewayError:
+    return kind(status, code, reason_codes, message, headers=headers, retryable=retryable)
+
 
 class ClientError(GatewayError):
     """The request is at fault: authentication, permission, limits, its own content."""

@@ -337,3 +337,37 @@ def test_a_worker_lost_while_idle_is_replaced_by_the_next_warm_up(make_env: Any)
             await pool.close()
 
     asyncio.run(go())
+
+
+def _refuse_in_a_worker(kind: str) -> None:
+    from gateway import errors
+
+    raise getattr(errors, kind)(422, "invalid_request", ("invalid_request",), headers={"x-a": "b"}, retryable=True)
+
+
+@pytest.mark.parametrize("kind", ["ClientError", "PolicyRefusal", "UpstreamError", "ServiceError"])
+def test_a_refusal_raised_in_a_worker_comes_back_whole_and_the_pool_survives(kind: str) -> None:
+    """A GatewayError crosses the process boundary intact: by default an exception is rebuilt
+    from its message alone, which fails for ours, and an answer the pool cannot unpickle
+    breaks the pool for every call in it."""
+    import concurrent.futures
+    import multiprocessing
+    import pickle
+
+    from gateway import errors
+
+    again = pickle.loads(pickle.dumps(getattr(errors, kind)(413, "payload_too_large", ("payload_too_large",))))
+    assert type(again) is getattr(errors, kind) and (again.status, again.reason_codes) == (413, ("payload_too_large",))
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=context) as pool:
+        with pytest.raises(getattr(errors, kind)) as info:
+            pool.submit(_refuse_in_a_worker, kind).result(timeout=60)
+        err = info.value
+        assert (err.status, err.code, err.reason_codes, err.headers, err.retryable) == (
+            422,
+            "invalid_request",
+            ("invalid_request",),
+            {"x-a": "b"},
+            True,
+        )
+        assert pool.submit(len, "still here").result(timeout=60) == 10
