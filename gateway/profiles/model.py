@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gateway.carriers import CARRIERS
+from gateway.hop import NEVER_PASSED
 
 Provider = Literal["openai", "anthropic", "openai-compatible"]
 
@@ -96,11 +97,12 @@ class RetryPolicy(_Strict):
     backoff_initial_ms: int = Field(250, ge=0, le=60_000)
     backoff_max_ms: int = Field(8_000, ge=0, le=120_000)
     max_retry_after_s: float = Field(30.0, ge=0, le=600)  # longer waits are not retried
-    # Resend a request whose connection broke after it was written and before response
-    # headers came back: the provider may have received it and be generating (and billing)
-    # an answer already. Off (the default), such a call fails closed: 502
-    # `upstream_unavailable` / `upstream_reset`, no retry, no fallback, and the SDK is told
-    # not to resend either. A connection that could not be opened is `on_connection_error`.
+    # Resend a request whose connection broke (or timed out) after it was written and before
+    # response headers came back: the provider may have received it and be generating (and
+    # billing) an answer already. Off (the default), such a call fails closed: 502
+    # `upstream_unavailable` / `upstream_reset` (503 `upstream_timeout`), no retry, no
+    # fallback, and the SDK is told not to resend either. A connection that could not be
+    # opened is `on_connection_error`.
     resend_after_reset: bool = False
 
 
@@ -141,10 +143,11 @@ class UpstreamProfile(_Strict):
     @field_validator("passthrough_headers")
     @classmethod
     def _lower_headers(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        forbidden = {"authorization", "x-api-key", "host", "content-length", "cookie"}
         out = tuple(h.lower() for h in value)
-        if forbidden.intersection(out):
-            raise ValueError("passthrough_headers may not include credentials or framing headers")
+        refused = NEVER_PASSED.intersection(out)
+        if refused:  # names from our own list, never other text of the document
+            names = ", ".join(sorted(refused))
+            raise ValueError(f"passthrough_headers may not include credential, framing or hop-by-hop headers ({names})")
         return out
 
     @model_validator(mode="after")

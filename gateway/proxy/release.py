@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from gateway import hop
 from gateway.carriers import sse
 from gateway.carriers.sse import SSEEvent
 from gateway.errors import GatewayError, render_body, response_headers
@@ -41,10 +42,14 @@ _PASS_VALUE = re.compile(r"[A-Za-z0-9 .:+_-]{0,128}")
 
 def released_headers(upstream: CIMultiDictProxy[str] | Mapping[str, str]) -> dict[str, str]:
     """Provider response headers a client may see (rate limits, provider request ids),
-    only in the forms such headers have; before_release inspects names and values too."""
+    only in the forms such headers have; before_release inspects names and values too.
+    None that the response's Connection header lists (hop-by-hop, RFC 9110 §7.6.1)."""
+    listed = hop.connection_listed(upstream)
     out: dict[str, str] = {}
     for name, value in upstream.items():
         low = name.lower()
+        if low in listed:
+            continue
         if (low in _PASS_HEADERS or _PASS_NAME.fullmatch(low)) and _PASS_VALUE.fullmatch(value):
             out[low] = value
     return out
