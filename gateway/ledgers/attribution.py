@@ -26,7 +26,7 @@ from gateway.attribution.ledger import Record
 from gateway.context.store.database import Database
 from gateway.context.store.migrations import Migration
 from gateway.context.store.postgres import Conn
-from gateway.ledgers.batches import to_the_end
+from gateway.ledgers.batches import BatchQueue, to_the_end
 from gateway.obs import logging as log
 
 ATTRIBUTION_MIGRATIONS: tuple[Migration, ...] = (
@@ -98,11 +98,12 @@ class AttributionLedger:
         self.retention_s = min(retention_s, RETENTION_S)
         self.max_records = max_records
         self._after = flush_after_s
-        self._max_pending = max_pending
         self._refresh_s = refresh_s
         self._purge_every = purge_every_s
         self._next_purge = 0.0
-        self._pending: deque[tuple[str, Record]] = deque()
+        # Records not yet written, at most `max_pending` besides the batch being written
+        # (`BatchQueue`); a record dropped from it makes this process's reports `limited`.
+        self._pending: BatchQueue[tuple[str, Record]] = BatchQueue(max_pending)
         self._deferred: deque[tuple[Callable[[], tuple[str, Record] | None], int]] = deque()
         self._deferred_bytes = 0  # request bytes the deferred records hold
         self._max_deferred_bytes = max_deferred_bytes
@@ -116,7 +117,11 @@ class AttributionLedger:
         self._held: set[asyncio.Task[None]] = set()  # records being made off the loop
         self._enabled = False  # off by default (SPEC §11)
         self._read_at = float("-inf")
-        self.dropped = 0
+
+    @property
+    def dropped(self) -> int:
+        """Records dropped from a full queue (never written): reports say `limited`."""
+        return self._pending.dropped
 
     # --- the switch --------------------------------------------------------------------
 
@@ -227,7 +232,7 @@ class AttributionLedger:
         the queue is full."""
         if (
             self._deferred_bytes + weight > self._max_deferred_bytes
-            or len(self._deferred) + len(self._pending) >= self._max_pending
+            or len(self._deferred) + len(self._pending) >= self._pending.max_pending
         ):
             return False
         self._deferred.append((make, weight))
@@ -236,10 +241,7 @@ class AttributionLedger:
         return True
 
     def _queue(self, scope: str, record: Record) -> None:
-        if len(self._pending) >= self._max_pending:
-            self._pending.popleft()
-            self.dropped += 1  # reports from this process say `limited` from now on
-        self._pending.append((scope, record))
+        self._pending.put((scope, record))  # a drop: reports from this process say `limited` from now on
 
     def _schedule(self) -> None:
         if self._flusher is None or self._flusher.done():
@@ -266,11 +268,17 @@ class AttributionLedger:
                 await asyncio.sleep(0)
 
     async def _flush_soon(self) -> None:
-        await asyncio.sleep(self._after)
-        try:
-            await self.flush()
-        except Exception as exc:  # kept queued; the next add or a stop retries
-            log.error("attribution_flush_failed", error_class=type(exc).__name__, count=len(self._pending))
+        while True:
+            await asyncio.sleep(self._after)
+            try:
+                await self.flush()
+            except Exception as exc:  # kept queued; the next add or a stop retries
+                log.error("attribution_flush_failed", error_class=type(exc).__name__, count=len(self._pending))
+                return
+            if not self._pending and not self._deferred:
+                return
+            # Records queued while that batch was written (their `add` saw this task running
+            # and started none): they get the next write.
 
     async def flush(self) -> None:
         async with self._lock:
@@ -279,50 +287,56 @@ class AttributionLedger:
             purge_before = now - self.retention_s if now >= self._next_purge else None
             if not self._pending and purge_before is None:
                 return
-            batch = list(self._pending)
-            started = time.thread_time()
-            rows = [(r.ts, scope, r.session, r.invocation, r.profile, r.as_text()) for scope, r in batch]
-            spent = [time.thread_time() - started]  # the loop's part, then each thread's
-            if self._db.sqlite is not None:
+            with self._pending.batch() as taken:  # back in front unless it is committed
+                await self._write(taken.items, taken.written, now, purge_before)
 
-                def lite(conn: sqlite3.Connection) -> None:
-                    started = time.thread_time()
-                    conn.executemany(
-                        "INSERT INTO wg_attr_records(ts, scope, session, invocation, profile, record)"
-                        " VALUES (?, ?, ?, ?, ?, ?)",
-                        rows,
-                    )
-                    if purge_before is not None:
-                        conn.execute("DELETE FROM wg_attr_records WHERE ts < ?", (purge_before,))
-                    spent.append(time.thread_time() - started)
+    async def _write(
+        self, batch: list[tuple[str, Record]], written: Callable[[], None], now: float, purge_before: float | None
+    ) -> None:
+        """Write `batch` (and purge what is older than `purge_before`) in one transaction;
+        `written()` once it is committed."""
+        started = time.thread_time()
+        rows = [(r.ts, scope, r.session, r.invocation, r.profile, r.as_text()) for scope, r in batch]
+        spent = [time.thread_time() - started]  # the loop's part, then each thread's
+        if self._db.sqlite is not None:
 
-                written = self._db.sqlite.write(lite)
-            else:
-
-                async def pg(conn: Conn) -> None:
-                    async with conn.cursor() as cur:
-                        if rows:
-                            await cur.executemany(
-                                "INSERT INTO wg_attr_records(ts, scope, session, invocation, profile, record)"
-                                " VALUES (%s, %s, %s, %s, %s, %s)",
-                                rows,
-                            )
-                        if purge_before is not None:
-                            await cur.execute("DELETE FROM wg_attr_records WHERE ts < %s", (purge_before,))
-
-                assert self._db.postgres is not None
-                written = self._db.postgres.write(pg)
-
-            async def write() -> None:
-                await written
-                if self._on_write is not None and batch:
-                    self._on_write(sum(spent))
+            def lite(conn: sqlite3.Connection) -> None:
+                started = time.thread_time()
+                conn.executemany(
+                    "INSERT INTO wg_attr_records(ts, scope, session, invocation, profile, record)"
+                    " VALUES (?, ?, ?, ?, ?, ?)",
+                    rows,
+                )
                 if purge_before is not None:
-                    self._next_purge = now + self._purge_every
-                for _ in batch:
-                    self._pending.popleft()
+                    conn.execute("DELETE FROM wg_attr_records WHERE ts < ?", (purge_before,))
+                spent.append(time.thread_time() - started)
 
-            await to_the_end(write())  # a stop mid-COMMIT never leaves the batch queued to be written again
+            committed = self._db.sqlite.write(lite)
+        else:
+
+            async def pg(conn: Conn) -> None:
+                async with conn.cursor() as cur:
+                    if rows:
+                        await cur.executemany(
+                            "INSERT INTO wg_attr_records(ts, scope, session, invocation, profile, record)"
+                            " VALUES (%s, %s, %s, %s, %s, %s)",
+                            rows,
+                        )
+                    if purge_before is not None:
+                        await cur.execute("DELETE FROM wg_attr_records WHERE ts < %s", (purge_before,))
+
+            assert self._db.postgres is not None
+            committed = self._db.postgres.write(pg)
+
+        async def write() -> None:
+            await committed
+            written()
+            if self._on_write is not None and batch:
+                self._on_write(sum(spent))
+            if purge_before is not None:
+                self._next_purge = now + self._purge_every
+
+        await to_the_end(write())  # a stop mid-COMMIT never leaves the batch queued to be written again
 
     async def close(self) -> None:
         if self._held:

@@ -15,9 +15,11 @@ the process (`MemoryReleaseLedger`), and costs no database write per call.
 
 Usage writes are batched: `add` queues the record and a flush task writes every queued record
 in one transaction soon after (`flush_after_s`). A stop (SIGTERM, app cleanup) flushes; a
-SIGKILL can lose at most the records of the last `flush_after_s`. If the database is down the
-queue is kept up to `max_pending` records; past that the oldest are dropped and counted
-(`dropped`), never blocking a call.
+SIGKILL can lose at most the records of the last `flush_after_s`. A write takes its batch out
+of the queue; records added meanwhile wait for the next write, which the flush task makes
+`flush_after_s` after it. If the database is down the queue is kept up to `max_pending`
+records not yet being written (a failed write puts its batch back in front); past that the
+oldest are dropped and counted (`dropped`), never blocking a call (`BatchQueue`).
 """
 
 from __future__ import annotations
@@ -25,13 +27,13 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
-from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from gateway.context.store.database import Database
 from gateway.context.store.migrations import Migration
 from gateway.context.store.postgres import Conn
-from gateway.ledgers.batches import to_the_end
+from gateway.ledgers.batches import BatchQueue, to_the_end
 from gateway.ledgers.release import PURGE_GRACE_S
 from gateway.obs import logging as log
 from gateway.usage import KINDS, UsageRecord
@@ -182,6 +184,10 @@ def report_from_totals(rows: list[tuple[str, str, int]]) -> dict[str, Any]:
     }
 
 
+def _log_dropped(count: int) -> None:
+    log.error("usage_dropped", count=count)
+
+
 class StoredUsageLedger:
     """`UsageLedger` in the database, written in batches (see the module docstring)."""
 
@@ -196,81 +202,89 @@ class StoredUsageLedger:
         self._db = db
         self._keep = keep_recent
         self._after = flush_after_s
-        self._pending: deque[UsageRecord] = deque()
-        self._max_pending = max_pending
+        self._pending: BatchQueue[UsageRecord] = BatchQueue(max_pending, on_drop=_log_dropped)
         self._flusher: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
-        self.dropped = 0
+
+    @property
+    def dropped(self) -> int:
+        """Records dropped from a full queue (never written)."""
+        return self._pending.dropped
 
     async def add(self, record: UsageRecord) -> None:
-        if len(self._pending) >= self._max_pending:
-            self._pending.popleft()
-            self.dropped += 1
-            log.error("usage_dropped", count=self.dropped)
-        self._pending.append(record)
+        self._pending.put(record)
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush_soon(), name="usage-flush")
 
     async def _flush_soon(self) -> None:
-        await asyncio.sleep(self._after)
-        try:
-            await self.flush()
-        except Exception as exc:  # kept queued; the next add or a stop retries
-            log.error("usage_flush_failed", error_class=type(exc).__name__, count=len(self._pending))
+        while True:
+            await asyncio.sleep(self._after)
+            try:
+                await self.flush()
+            except Exception as exc:  # kept queued; the next add or a stop retries
+                log.error("usage_flush_failed", error_class=type(exc).__name__, count=len(self._pending))
+                return
+            if not self._pending:
+                return
+            # Records added while that batch was written (their `add` saw this task running
+            # and started none): they get the next write.
 
     async def flush(self) -> None:
         """Write every queued record now (one transaction)."""
         async with self._lock:
             if not self._pending:
                 return
-            batch = list(self._pending)
-            totals: dict[tuple[str, str], int] = {}
-            for record in batch:
-                for metric, value in increments(record).items():
-                    key = (record.profile, metric)
-                    totals[key] = totals.get(key, 0) + value
-            rows = [(p, m, v) for (p, m), v in totals.items()]
-            docs = [json.dumps(r.as_json(), separators=(",", ":")) for r in batch[-self._keep :]]
-            if self._db.sqlite is not None:
+            with self._pending.batch() as taken:  # back in front unless it is committed
+                await self._write(taken.items, taken.written)
 
-                def lite(conn: sqlite3.Connection) -> None:
-                    conn.executemany(
-                        "INSERT INTO wg_usage_totals(profile, metric, value) VALUES (?, ?, ?)"
-                        " ON CONFLICT(profile, metric) DO UPDATE SET value = value + excluded.value",
-                        rows,
+    async def _write(self, batch: list[UsageRecord], written: Callable[[], None]) -> None:
+        """Write `batch` in one transaction; `written()` once it is committed."""
+        totals: dict[tuple[str, str], int] = {}
+        for record in batch:
+            for metric, value in increments(record).items():
+                key = (record.profile, metric)
+                totals[key] = totals.get(key, 0) + value
+        rows = [(p, m, v) for (p, m), v in totals.items()]
+        docs = [json.dumps(r.as_json(), separators=(",", ":")) for r in batch[-self._keep :]]
+        if self._db.sqlite is not None:
+
+            def lite(conn: sqlite3.Connection) -> None:
+                conn.executemany(
+                    "INSERT INTO wg_usage_totals(profile, metric, value) VALUES (?, ?, ?)"
+                    " ON CONFLICT(profile, metric) DO UPDATE SET value = value + excluded.value",
+                    rows,
+                )
+                conn.executemany("INSERT INTO wg_usage_recent(record) VALUES (?)", [(d,) for d in docs])
+                conn.execute(
+                    "DELETE FROM wg_usage_recent WHERE seq <= (SELECT max(seq) FROM wg_usage_recent) - ?",
+                    (self._keep,),
+                )
+
+            committed = self._db.sqlite.write(lite)
+        else:
+
+            async def pg(conn: Conn) -> None:
+                async with conn.cursor() as cur:
+                    await cur.executemany(
+                        "INSERT INTO wg_usage_totals(profile, metric, value) VALUES (%s, %s, %s)"
+                        " ON CONFLICT (profile, metric) DO UPDATE"
+                        " SET value = wg_usage_totals.value + excluded.value",
+                        sorted(rows),  # one lock order for every replica: no deadlock between batches
                     )
-                    conn.executemany("INSERT INTO wg_usage_recent(record) VALUES (?)", [(d,) for d in docs])
-                    conn.execute(
-                        "DELETE FROM wg_usage_recent WHERE seq <= (SELECT max(seq) FROM wg_usage_recent) - ?",
+                    await cur.executemany("INSERT INTO wg_usage_recent(record) VALUES (%s)", [(d,) for d in docs])
+                    await cur.execute(
+                        "DELETE FROM wg_usage_recent WHERE seq <= (SELECT max(seq) FROM wg_usage_recent) - %s",
                         (self._keep,),
                     )
 
-                written = self._db.sqlite.write(lite)
-            else:
+            assert self._db.postgres is not None
+            committed = self._db.postgres.write(pg)
 
-                async def pg(conn: Conn) -> None:
-                    async with conn.cursor() as cur:
-                        await cur.executemany(
-                            "INSERT INTO wg_usage_totals(profile, metric, value) VALUES (%s, %s, %s)"
-                            " ON CONFLICT (profile, metric) DO UPDATE"
-                            " SET value = wg_usage_totals.value + excluded.value",
-                            sorted(rows),  # one lock order for every replica: no deadlock between batches
-                        )
-                        await cur.executemany("INSERT INTO wg_usage_recent(record) VALUES (%s)", [(d,) for d in docs])
-                        await cur.execute(
-                            "DELETE FROM wg_usage_recent WHERE seq <= (SELECT max(seq) FROM wg_usage_recent) - %s",
-                            (self._keep,),
-                        )
+        async def write() -> None:
+            await committed
+            written()
 
-                assert self._db.postgres is not None
-                written = self._db.postgres.write(pg)
-
-            async def write() -> None:
-                await written
-                for _ in batch:
-                    self._pending.popleft()
-
-            await to_the_end(write())  # a stop mid-COMMIT never leaves the batch queued to be added again
+        await to_the_end(write())  # a stop mid-COMMIT never leaves the batch queued to be added again
 
     async def close(self) -> None:
         """Flush what is queued (a stop loses nothing, and adds nothing twice)."""
