@@ -325,6 +325,25 @@ def read_until_closed(sock: socket.socket) -> bytes:
         data += chunk
 
 
+def read_response(sock: socket.socket) -> tuple[str, dict[str, str], bytes, bytes]:
+    """One HTTP/1.1 response read off a raw socket: its status line, headers (lower-cased
+    names), body (by its Content-Length) and whatever followed it."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, data
+        data += chunk
+    head, rest = data.split(b"\r\n\r\n", 1)
+    status, *lines = head.decode().split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, v in (line.split(":", 1) for line in lines)}
+    length = int(headers.get("content-length", "0"))
+    while len(rest) < length:
+        chunk = sock.recv(65536)
+        assert chunk, rest
+        rest += chunk
+    return status, headers, rest[:length], rest[length:]
+
+
 def raw_client(gw: GatewayThread, env: Env, *, uds: bool = False) -> httpx2.Client:
     if uds:
         return httpx2.Client(transport=httpx2.HTTPTransport(uds=str(gw.uds)), base_url="http://localhost", timeout=30)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import socket
 import tracemalloc
 from collections.abc import Iterator
 from typing import Any
@@ -18,7 +17,7 @@ import pytest
 
 from gateway.api.ui import SECURITY_HEADERS
 from tests.conftest import GatewayFactory, LogCapture
-from tests.harness import Env, GatewayThread, openai_client, raw_client, raw_socket
+from tests.harness import Env, GatewayThread, openai_client, raw_client, raw_socket, read_response
 
 MiB = 1024 * 1024
 KEYS: dict[str, str] = {}
@@ -36,24 +35,6 @@ def gw(gateways: GatewayFactory) -> Iterator[tuple[Env, GatewayThread]]:
 
 def _bearer(key: str) -> dict[str, str]:
     return {"authorization": f"Bearer {key}"}
-
-
-def _read_response(sock: socket.socket) -> tuple[str, dict[str, str], bytes]:
-    """One response: its status line, headers and body."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = sock.recv(65536)
-        assert chunk, data
-        data += chunk
-    head, rest = data.split(b"\r\n\r\n", 1)
-    status, *lines = head.decode().split("\r\n")
-    headers = {k.strip().lower(): v.strip() for k, v in (line.split(":", 1) for line in lines)}
-    length = int(headers.get("content-length", "0"))
-    while len(rest) < length:
-        chunk = sock.recv(65536)
-        assert chunk, rest
-        rest += chunk
-    return status, headers, rest[:length]
 
 
 def _too_large(body: Any) -> bool:
@@ -74,7 +55,7 @@ def test_sign_in_refuses_a_declared_length_past_4_kib_before_the_body(gw: tuple[
             b"POST /ui/login HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
             b"Expect: 100-continue\r\nConnection: close\r\n" + f"Content-Length: {31 * MiB}\r\n\r\n".encode()
         )
-        status, headers, body = _read_response(sock)
+        status, headers, body, _ = read_response(sock)
     assert status.split(" ", 2)[1] == "413", status  # not "100 Continue"
     assert _too_large(json.loads(body))
     assert headers["content-security-policy"] == SECURITY_HEADERS["Content-Security-Policy"]  # still under /ui/

@@ -8,13 +8,12 @@ requests keep ignoring the header, as RFC 9110 says."""
 from __future__ import annotations
 
 import json
-import socket
 from collections.abc import Iterator
 
 import pytest
 
 from tests.conftest import GatewayFactory, LogCapture
-from tests.harness import Env, GatewayThread, raw_socket
+from tests.harness import Env, GatewayThread, raw_socket, read_response
 
 VALUE = "sk-expect-secret-5521"
 CHAT = json.dumps({"model": "gpt-4.1", "messages": [{"role": "user", "content": "hello"}]}).encode()
@@ -31,34 +30,16 @@ def _head(path: str, *lines: str, length: int = len(CHAT), version: str = "1.1")
     return ("\r\n".join(head) + "\r\n\r\n").encode()
 
 
-def _read_response(sock: socket.socket) -> tuple[str, dict[str, str], bytes, bytes]:
-    """One response (status line, headers, body) and whatever followed it."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = sock.recv(65536)
-        assert chunk, data
-        data += chunk
-    head, rest = data.split(b"\r\n\r\n", 1)
-    status, *lines = head.decode().split("\r\n")
-    headers = {k.strip().lower(): v.strip() for k, v in (line.split(":", 1) for line in lines)}
-    length = int(headers.get("content-length", "0"))
-    while len(rest) < length:
-        chunk = sock.recv(65536)
-        assert chunk, rest
-        rest += chunk
-    return status, headers, rest[:length], rest[length:]
-
-
 @pytest.mark.parametrize("value", ["100-continue", "100-Continue "])  # the token is case-insensitive
 def test_continue_comes_only_after_the_checks_before_the_body(gw: tuple[Env, GatewayThread], value: str) -> None:
     env, gateway = gw
     auth = f"Authorization: Bearer {env.gateway_key}"
     with raw_socket(gateway) as sock:
         sock.sendall(_head("/v1/chat/completions", auth, "Content-Type: application/json", f"Expect: {value}"))
-        status, _, body, rest = _read_response(sock)
+        status, _, body, rest = read_response(sock)
         assert status == "HTTP/1.1 100 Continue" and body == b"" and rest == b""
         sock.sendall(CHAT)
-        status, headers, body, _ = _read_response(sock)
+        status, headers, body, _ = read_response(sock)
         assert status == "HTTP/1.1 200 OK", body
         assert json.loads(body)["choices"][0]["message"]["content"]
 
@@ -80,7 +61,7 @@ def test_a_refused_request_is_never_invited_to_send_its_body(
     head = [f"Authorization: Bearer {env.gateway_key}" if line == "AUTH" else line for line in lines]
     with raw_socket(gateway) as sock:
         sock.sendall(_head(path, *head, "Expect: 100-continue"))
-        status, _, body, _ = _read_response(sock)
+        status, _, body, _ = read_response(sock)
     assert status.split()[1] == want, (status, body)
     assert json.loads(body)  # the route's own error shape, not an interim response
 
@@ -94,7 +75,7 @@ def test_an_unknown_expectation_is_a_content_free_417(
     extra = ("anthropic-version: 2023-06-01",) if path == "/v1/messages" else ()
     with raw_socket(gateway) as sock:
         sock.sendall(_head(path, "Content-Type: application/json", f"Expect: {VALUE}", *extra) + CHAT)
-        status, headers, body, _ = _read_response(sock)
+        status, headers, body, _ = read_response(sock)
     assert status.startswith("HTTP/1.1 417"), (status, body)
     assert VALUE.encode() not in body and headers["content-type"].startswith("application/json")
     error = json.loads(body)
@@ -115,9 +96,9 @@ def test_http_1_0_ignores_the_header(gw: tuple[Env, GatewayThread]) -> None:
             "/v1/chat/completions", auth, "Content-Type: application/json", "Expect: 100-continue", version="1.0"
         )
         sock.sendall(head + CHAT)
-        status, _, body, _ = _read_response(sock)
+        status, _, body, _ = read_response(sock)
     assert status.split()[1] == "200", body
     with raw_socket(gateway) as sock:
         sock.sendall(b"GET /healthz HTTP/1.0\r\nExpect: " + VALUE.encode() + b"\r\n\r\n")
-        status, _, body, _ = _read_response(sock)
+        status, _, body, _ = read_response(sock)
     assert status.split()[1] == "200" and VALUE.encode() not in body
