@@ -303,41 +303,6 @@ static inline int invisible(Py_UCS4 c) {
     return 0;
 }
 
-/* invisible_flags(text) -> int: 1 when `text` holds a character of the class, 2 more when it
- * holds a tag character (U+E0020-U+E007E). */
-static PyObject *invisible_flags(PyObject *self, PyObject *arg) {
-    if (!PyUnicode_Check(arg)) {
-        PyErr_SetString(PyExc_TypeError, "invisible_flags() takes str");
-        return NULL;
-    }
-    if (astral_count < 0) {
-        PyErr_SetString(PyExc_RuntimeError, "configure_invisible() was not called");
-        return NULL;
-    }
-    int kind = PyUnicode_KIND(arg);
-    const void *data = PyUnicode_DATA(arg);
-    Py_ssize_t n = PyUnicode_GET_LENGTH(arg);
-    long flags = 0;
-    if (kind == PyUnicode_1BYTE_KIND) {
-        const Py_UCS1 *p = data;
-        for (Py_ssize_t i = 0; i < n; i++)
-            if (invisible(p[i])) return PyLong_FromLong(1);
-    } else if (kind == PyUnicode_2BYTE_KIND) {
-        const Py_UCS2 *p = data;
-        for (Py_ssize_t i = 0; i < n; i++)
-            if (invisible(p[i])) return PyLong_FromLong(1);
-    } else {
-        const Py_UCS4 *p = data;
-        for (Py_ssize_t i = 0; i < n; i++) {
-            if (invisible(p[i])) {
-                flags |= 1;
-                if (p[i] >= TAG_LO && p[i] <= TAG_HI) return PyLong_FromLong(3);
-            }
-        }
-    }
-    return PyLong_FromLong(flags);
-}
-
 /* decoders._MARK_OR_FORM's BMP part as a bitmap, handed over once by configure_marks(ranges);
  * every character above the BMP belongs to the class too (decoders judges each alone). */
 static uint8_t markform_bmp[0x10000 / 8];
@@ -368,41 +333,52 @@ fail:
 
 static inline int markform(Py_UCS4 c) { return c >= 0x10000 || ((markform_bmp[c >> 3] >> (c & 7)) & 1); }
 
-/* text_flags(text) -> int: invisible_flags' bits, and 4 when the text holds a character of
- * decoders._MARK_OR_FORM; one pass over the text (stopping once every bit is known). */
-static PyObject *text_flags(PyObject *self, PyObject *arg) {
+/* The flags of `text` (1: an invisible character, 2 more: a tag character; with `marks`, 4:
+ * a character of decoders._MARK_OR_FORM), in one pass that stops once every bit the string's
+ * width allows is known (Latin-1 holds no tag, mark or form; the BMP no tag). */
+static PyObject *scan_flags(PyObject *arg, int marks, const char *name) {
     if (!PyUnicode_Check(arg)) {
-        PyErr_SetString(PyExc_TypeError, "text_flags() takes str");
+        PyErr_Format(PyExc_TypeError, "%s() takes str", name);
         return NULL;
     }
-    if (astral_count < 0 || !marks_configured) {
-        PyErr_SetString(PyExc_RuntimeError, "configure_invisible() and configure_marks() were not both called");
+    if (astral_count < 0 || (marks && !marks_configured)) {
+        PyErr_SetString(PyExc_RuntimeError, "configure_invisible() or configure_marks() was not called");
         return NULL;
     }
     int kind = PyUnicode_KIND(arg);
     const void *data = PyUnicode_DATA(arg);
     Py_ssize_t n = PyUnicode_GET_LENGTH(arg);
     long flags = 0;
-    if (kind == PyUnicode_1BYTE_KIND) { /* Latin-1: no mark, no form, no tag */
+    if (kind == PyUnicode_1BYTE_KIND) {
         const Py_UCS1 *p = data;
-        for (Py_ssize_t i = 0; i < n; i++)
-            if (invisible(p[i])) return PyLong_FromLong(1);
-    } else if (kind == PyUnicode_2BYTE_KIND) { /* no tag either */
+        for (Py_ssize_t i = 0; i < n && !flags; i++)
+            if (invisible(p[i])) flags = 1;
+    } else if (kind == PyUnicode_2BYTE_KIND) {
         const Py_UCS2 *p = data;
-        for (Py_ssize_t i = 0; i < n && flags != 5; i++) {
+        long all = marks ? 5 : 1;
+        for (Py_ssize_t i = 0; i < n && flags != all; i++) {
             if (invisible(p[i])) flags |= 1;
-            if (markform(p[i])) flags |= 4;
+            if (marks && markform(p[i])) flags |= 4;
         }
     } else {
         const Py_UCS4 *p = data;
-        for (Py_ssize_t i = 0; i < n && flags != 7; i++) {
+        long all = marks ? 7 : 3;
+        for (Py_ssize_t i = 0; i < n && flags != all; i++) {
             Py_UCS4 c = p[i];
             if (invisible(c)) flags |= (c >= TAG_LO && c <= TAG_HI) ? 3 : 1;
-            if (markform(c)) flags |= 4;
+            if (marks && markform(c)) flags |= 4;
         }
     }
     return PyLong_FromLong(flags);
 }
+
+/* invisible_flags(text) -> int: 1 when `text` holds a character of the class, 2 more when it
+ * holds a tag character (U+E0020-U+E007E). */
+static PyObject *invisible_flags(PyObject *self, PyObject *arg) { return scan_flags(arg, 0, "invisible_flags"); }
+
+/* text_flags(text) -> int: invisible_flags' bits, and 4 when the text holds a character of
+ * decoders._MARK_OR_FORM. */
+static PyObject *text_flags(PyObject *self, PyObject *arg) { return scan_flags(arg, 1, "text_flags"); }
 
 /* --- ASCII units' normalised and squeezed copies --------------------------------------- */
 
