@@ -26,7 +26,7 @@ from gateway.attribution.ledger import Record
 from gateway.context.store.database import Database
 from gateway.context.store.migrations import Migration
 from gateway.context.store.postgres import Conn
-from gateway.ledgers.batches import BatchQueue, to_the_end
+from gateway.ledgers.batches import BatchQueue, flush_soon, to_the_end
 from gateway.obs import logging as log
 
 ATTRIBUTION_MIGRATIONS: tuple[Migration, ...] = (
@@ -268,17 +268,11 @@ class AttributionLedger:
                 await asyncio.sleep(0)
 
     async def _flush_soon(self) -> None:
-        while True:
-            await asyncio.sleep(self._after)
-            try:
-                await self.flush()
-            except Exception as exc:  # kept queued; the next add or a stop retries
-                log.error("attribution_flush_failed", error_class=type(exc).__name__, count=len(self._pending))
-                return
-            if not self._pending and not self._deferred:
-                return
-            # Records queued while that batch was written (their `add` saw this task running
-            # and started none): they get the next write.
+        await flush_soon(self._after, self.flush, self._waiting, "attribution_flush_failed")
+
+    def _waiting(self) -> int:
+        """Records not yet written: queued, or deferred to be made with the next write."""
+        return len(self._pending) + len(self._deferred)
 
     async def flush(self) -> None:
         async with self._lock:

@@ -1,7 +1,7 @@
 """A bounded queue with a batch being written, and a batched write that, once started, is
 seen through.
 
-Owns: `BatchQueue` and `to_the_end`.
+Owns: `BatchQueue`, `to_the_end` and `flush_soon`.
 
 `BatchQueue` holds the records a ledger has not yet written, at most `max_pending` of them;
 past that the oldest is dropped and counted (`dropped`), never blocking the caller. A write
@@ -31,6 +31,8 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import Generic, TypeVar
+
+from gateway.obs import logging as log
 
 T = TypeVar("T")
 
@@ -130,3 +132,21 @@ async def to_the_end(work: Awaitable[T]) -> T:
         if cancelled:
             raise asyncio.CancelledError
         return result
+
+
+async def flush_soon(
+    after_s: float, flush: Callable[[], Awaitable[None]], waiting: Callable[[], int], failed: str
+) -> None:
+    """A ledger's background write: `after_s` after the record that started it, then again
+    while records wait that were queued during a write (their `add` saw this task running
+    and started none). A failed write logs `failed` (its class and how many records wait,
+    nothing of them) and ends: they stay queued, and the next add or a stop retries."""
+    while True:
+        await asyncio.sleep(after_s)
+        try:
+            await flush()
+        except Exception as exc:
+            log.error(failed, error_class=type(exc).__name__, count=waiting())
+            return
+        if not waiting():
+            return

@@ -33,7 +33,7 @@ from typing import Any
 from gateway.context.store.database import Database
 from gateway.context.store.migrations import Migration
 from gateway.context.store.postgres import Conn
-from gateway.ledgers.batches import BatchQueue, to_the_end
+from gateway.ledgers.batches import BatchQueue, flush_soon, to_the_end
 from gateway.ledgers.release import PURGE_GRACE_S
 from gateway.obs import logging as log
 from gateway.usage import KINDS, UsageRecord
@@ -217,17 +217,7 @@ class StoredUsageLedger:
             self._flusher = asyncio.create_task(self._flush_soon(), name="usage-flush")
 
     async def _flush_soon(self) -> None:
-        while True:
-            await asyncio.sleep(self._after)
-            try:
-                await self.flush()
-            except Exception as exc:  # kept queued; the next add or a stop retries
-                log.error("usage_flush_failed", error_class=type(exc).__name__, count=len(self._pending))
-                return
-            if not self._pending:
-                return
-            # Records added while that batch was written (their `add` saw this task running
-            # and started none): they get the next write.
+        await flush_soon(self._after, self.flush, lambda: len(self._pending), "usage_flush_failed")
 
     async def flush(self) -> None:
         """Write every queued record now (one transaction)."""
