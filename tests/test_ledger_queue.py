@@ -292,14 +292,11 @@ async def test_the_flush_task_writes_what_was_queued_during_its_write(kind: Ledg
             await waiting_writer(locker, db, kind.table)
             for n in range(5, 8):
                 await ledger.add(n)
-        stored: list[str] = []
-        for _ in range(100):
-            stored = await kind.stored(other)
-            if len(stored) == 8:
-                break
-            await asyncio.sleep(0.05)
-        assert stored == names(range(8))
-        assert ledger.queued() == []
+        flusher = ledger.ledger._flusher
+        assert flusher is not None
+        await asyncio.wait_for(asyncio.shield(flusher), 5)  # it ends once nothing waits: no add, report or stop
+        assert ledger.queued() == [] and ledger.ledger._pending.writing == 0
+        assert await kind.stored(other) == names(range(8))  # read once every write has committed
 
 
 # --- the queue itself -------------------------------------------------------------------
