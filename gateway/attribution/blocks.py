@@ -147,29 +147,47 @@ def prepared_segments(text: str) -> list[tuple[bool, str]]:
     return out
 
 
+def _utf8(text: str) -> bytes:
+    return text.encode("utf-8", "surrogatepass")  # lone surrogates, as the reader keeps them
+
+
+_MARKER_UTF8 = _utf8(BEGIN_MARKER)
+
+
 def split(
     layout: PromptLayout,
     registry: Registry,
-    digest: Callable[[str, str], str],
+    digest: Callable[[str, bytes], str],
     labels: Mapping[str, str] | None = None,
     *,
     max_blocks: int = MAX_BLOCKS_PER_CALL,
 ) -> Split:
     """The blocks of one request, in prompt order. Consecutive pieces of one message (or
-    of the tool list) with the same block id are one block; each tool result is its own."""
+    of the tool list) with the same block id are one block; each tool result is its own.
+    `digest` takes a block's id and its text's UTF-8 (lone surrogates as "surrogatepass"
+    writes them). Each part's text is encoded once, first: the marker scan and the digest
+    then read that copy while it is in cache (a large body's text, read once per call, comes
+    from memory, and a second pass over it cost more than the hashing)."""
     current = _current_turn(layout.parts)
-    pieces: list[tuple[Any, str, list[str]]] = []  # (group, block id, texts)
+    pieces: list[tuple[Any, str, list[str], list[bytes]]] = []  # (group, block id, texts, their UTF-8)
     for n, part in enumerate(layout.parts):
+        if not part.text:
+            continue
+        data = _utf8(part.text)
         label = _label_for(pointer(part.path), labels) if labels else None
+        found: Sequence[tuple[str, str, bytes]]
         if label is not None:
-            found: Sequence[tuple[str, str]] = ((registry.resolve(label).id, part.text),)
-        elif BEGIN_MARKER not in part.text:  # most parts: the whole text is one piece
-            found = ((classify(part, current), part.text),)
+            found = ((registry.resolve(label).id, part.text, data),)
+        elif _MARKER_UTF8 not in data:  # most parts: the whole text is one piece
+            found = ((classify(part, current), part.text, data),)
         else:
             base = classify(part, current)
-            found = [(PREPARED if prepared else base, piece) for prepared, piece in prepared_segments(part.text)]
+            found = [
+                (PREPARED if prepared else base, piece, _utf8(piece))
+                for prepared, piece in prepared_segments(part.text)
+            ]
         group: Any = "tools" if part.region == "tools" else (part.region, part.message)
-        for block_id, text in found:
+        for block_id, text, encoded in found:
             if not text:
                 continue
             # Each tool result is its own block (an OpenAI tool message is one, whatever its fields).
@@ -179,18 +197,20 @@ def split(
             key = (group, n) if separate else group
             if pieces and pieces[-1][0] == key and pieces[-1][1] == block_id:
                 pieces[-1][2].append(text)
+                pieces[-1][3].append(encoded)
             else:
-                pieces.append((key, block_id, [text]))
+                pieces.append((key, block_id, [text], [encoded]))
     blocks: list[Block] = []
     truncated = len(pieces) > max_blocks
     kept = pieces[: max_blocks - 1] if truncated else pieces
-    for _, block_id, texts in kept:
-        text = "".join(texts)
-        blocks.append(Block(block_id, digest(block_id, text), estimate(text)))
+    for _, block_id, texts, utf8 in kept:
+        runes = sum(map(len, texts))
+        blocks.append(Block(block_id, digest(block_id, b"".join(utf8)), (runes + 3) // 4))
     if truncated:
-        rest = [t for _, _, texts in pieces[max_blocks - 1 :] for t in texts]
-        total = sum(estimate(t) for t in rest)
-        blocks.append(Block(UNATTRIBUTED, digest(UNATTRIBUTED, "".join(rest)), total))
+        rest = pieces[max_blocks - 1 :]
+        total = sum(estimate(t) for _, _, texts, _ in rest for t in texts)
+        joined = b"".join(data for _, _, _, utf8 in rest for data in utf8)
+        blocks.append(Block(UNATTRIBUTED, digest(UNATTRIBUTED, joined), total))
     return Split(tuple(blocks), truncated)
 
 

@@ -14,11 +14,6 @@
  *   (3 and 4 swap for loads(check_depth=True), as in the reference.)
  *
  * Pure: no I/O. The types, reason codes and kinds come from jsonraw via configure().
- *
- * Beside the reader, one byte builder that works on what the reader made: block_message,
- * the message an attribution block identity hashes (reference:
- * gateway.proxy.projections.block_message, which uses it through jsonraw.native();
- * tests/attribution/test_blocks.py compares them).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -1059,60 +1054,6 @@ native_configure(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
-/* block_message(text: str, name: bytes) -> bytes: what an attribution block identity hashes
- * (gateway.proxy.projections.block_message, the reference): the text's UTF-8 (lone
- * surrogates as "surrogatepass" writes them), zero bytes up to a whole number of 16 KiB
- * (a power of two of bytes from 1 KiB to 16 KiB; none up to 1 KiB), then `name`, its length
- * as a little-endian u32 and the text's UTF-8 length as a u64. One copy of the text (an
- * ASCII str's characters are its UTF-8) instead of an encode and a join. */
-static PyObject *
-native_block_message(PyObject *self, PyObject *args)
-{
-    PyObject *text, *encoded = NULL, *out = NULL;
-    Py_buffer name;
-    if (!PyArg_ParseTuple(args, "Uy*", &text, &name)) return NULL;
-#if PY_VERSION_HEX < 0x030C0000
-    if (PyUnicode_READY(text) < 0) goto done;
-#endif
-    const char *data;
-    Py_ssize_t len;
-    if (PyUnicode_IS_ASCII(text)) {
-        data = (const char *)PyUnicode_DATA(text);
-        len = PyUnicode_GET_LENGTH(text);
-    } else {
-        encoded = PyUnicode_AsEncodedString(text, "utf-8", "surrogatepass");
-        if (encoded == NULL) goto done;
-        data = PyBytes_AS_STRING(encoded);
-        len = PyBytes_GET_SIZE(encoded);
-    }
-    if (name.len > 0xFFFFFFFFLL || len > PY_SSIZE_T_MAX - name.len - 12 - 16384) {
-        PyErr_SetString(PyExc_OverflowError, "block too large");
-        goto done;
-    }
-    Py_ssize_t size = len + name.len + 12, target = size;
-    if (size > 1024 && size < 16384) {
-        target = 1024;
-        while (target < size) target <<= 1;
-    } else if (size >= 16384) {
-        target = (size + 16383) / 16384 * 16384;
-    }
-    out = PyBytes_FromStringAndSize(NULL, target);
-    if (out == NULL) goto done;
-    unsigned char *w = (unsigned char *)PyBytes_AS_STRING(out);
-    memcpy(w, data, (size_t)len);
-    memset(w + len, 0, (size_t)(target - size));
-    w += len + (target - size);
-    memcpy(w, name.buf, (size_t)name.len);
-    w += name.len;
-    unsigned long long lengths[2] = {(unsigned long long)name.len, (unsigned long long)len};
-    for (int i = 0; i < 4; i++) *w++ = (unsigned char)(lengths[0] >> (8 * i));
-    for (int i = 0; i < 8; i++) *w++ = (unsigned char)(lengths[1] >> (8 * i));
-done:
-    Py_XDECREF(encoded);
-    PyBuffer_Release(&name);
-    return out;
-}
-
 static PyMethodDef methods[] = {
     {"configure", native_configure, METH_VARARGS, "Hand over jsonraw's types, reason codes and unit kinds."},
     {"decode_units", native_decode_units, METH_VARARGS, "jsonraw.decode_units for wire bytes."},
@@ -1120,7 +1061,6 @@ static PyMethodDef methods[] = {
     {"decode_shape", native_decode_shape, METH_VARARGS, "jsonraw.decode_shape (NotImplemented: use the reference)."},
     {"decode_texts", native_decode_texts, METH_VARARGS, "jsonraw.decode_texts (NotImplemented: use the reference)."},
     {"sse_parse_all", native_sse_parse_all, METH_VARARGS, "sse.parse_all for a whole buffered stream."},
-    {"block_message", native_block_message, METH_VARARGS, "projections.block_message (an attribution identity's input)."},
     {NULL, NULL, 0, NULL},
 };
 

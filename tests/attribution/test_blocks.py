@@ -13,14 +13,13 @@ from gateway.attribution import blocks, registry
 from gateway.attribution.blocks import estimate, parse_labels, split
 from gateway.carriers import CARRIERS
 from gateway.context import builder
-from tests import native_build
 
 REG = registry.build()
 PREPARED = builder.TRUST_POLICY + "\n\n" + builder.BEGIN_MARKER + '\n{"items":[]}\n' + builder.END_MARKER
 
 
-def digest(block_id: str, text: str) -> str:
-    return "d" + str(len(text))  # tests only: the gateway uses a keyed digest
+def digest(block_id: str, data: bytes) -> str:
+    return "d" + str(len(data))  # tests only: the gateway uses a keyed digest
 
 
 def ids(carrier: str, doc: dict, labels: dict | None = None) -> list[tuple[str, int]]:
@@ -230,60 +229,93 @@ def test_the_configuration_extends_the_registry_and_refuses_illegal_entries() ->
         GatewayConfig(deployment_id="d", attribution={"retention_days": 8})
 
 
-def test_block_identities_are_keyed_stable_and_name_their_construction() -> None:
+def _documented_identity(key: bytes, block_id: str, text: str) -> str:
+    """The construction as the README states it, written out independently: XXH3-128 of the
+    text's UTF-8, seeded with the first 8 bytes (little-endian) of an HMAC of the key, then
+    the id, its length (u32) and the text's length (u64), little-endian, through keyed
+    BLAKE3 under another HMAC of the key; 8 bytes, hex, after "x3b:"."""
     from blake3 import blake3
+    from xxhash import xxh3_128
 
+    derived = hmac.digest(key, b"wiregate attribution block identity v3", "sha256")
+    seed = int.from_bytes(hmac.digest(key, b"wiregate attribution block fingerprint seed v3", "sha256")[:8], "little")
+    data, name = text.encode("utf-8", "surrogatepass"), block_id.encode()
+    fingerprint = xxh3_128(data, seed=seed).digest()
+    message = fingerprint + name + len(name).to_bytes(4, "little") + len(data).to_bytes(8, "little")
+    return "x3b:" + blake3(message, key=derived).digest(8).hex()
+
+
+def _identity(key: bytes, block_id: str, text: str) -> str:
+    """A text's identity as a collected call makes it: one system part, split with the keyed digest."""
+    from gateway.carriers.base import PromptLayout, PromptPart
     from gateway.proxy.projections import block_digest
 
-    one, other = block_digest(b"k" * 32), block_digest(b"j" * 32)
+    part = PromptPart(("system",), "system", None, None, "text", text, True)
+    (block,) = split(PromptLayout((part,)), REG, block_digest(key), {"/system": block_id}).blocks
+    return block.instance
+
+
+def test_block_identities_are_keyed_stable_and_name_their_construction() -> None:
+    from blake3 import blake3
+    from xxhash import xxh3_128
+
+    key = b"k" * 32
     block, text = "prompt.system_instructions", "You are a careful assistant. " * 50
-    made = one(block, text)
-    assert made == one(block, text) and made.startswith("b3p:") and len(made) == 4 + 16
-    assert other(block, text) != made  # another key, another identity: nobody can test guesses without it
-    assert one(block, text + " ") != made
-    assert one("prompt.history.user_turn", text) != made  # the block id is part of the identity
-    derived = hmac.digest(b"k" * 32, b"wiregate attribution block identity v2", "sha256")
-
-    def documented(block_id: str, body: str) -> bytes:
-        """text, zeros to a whole number of 16 KiB (a power of two of KiB below that, none up
-        to 1 KiB), then the id, its length (u32) and the text's (u64), little-endian."""
-        data, name = body.encode("utf-8", "surrogatepass"), block_id.encode()
-        tail = name + len(name).to_bytes(4, "little") + len(data).to_bytes(8, "little")
-        size = len(data) + len(tail)
-        if size <= 1024:
-            target = size
-        elif size < 16384:
-            target = 1024
-            while target < size:
-                target *= 2
-        else:
-            target = -(-size // 16384) * 16384
-        return data + bytes(target - size) + tail
-
-    message = documented(block, text)
-    assert made[4:] != blake3(message).digest(8).hex()  # not the unkeyed hash
-    assert made[4:] == blake3(message, key=derived).digest(8).hex()  # keyed BLAKE3, as documented
-    assert one(block, "\ud800 lone surrogate") == one(block, "\ud800 lone surrogate")  # any str the reader keeps
-    tail = len(block) + 12
-    for size in (
-        5,
-        1024 - tail,
-        1025 - tail,
-        5000,
-        16384 - tail,
-        16385 - tail,
-        70_000,
-    ):  # each side of each padding step
-        big = ("é" + text * 60)[:size].ljust(size, "x")
-        assert len(big.encode()) >= size
-        assert one(block, big) == "b3p:" + blake3(documented(block, big), key=derived).digest(8).hex()
-    # The padding is zeros, the lengths say where the text ends: a text ending in NULs, or one
-    # that ends in what a shorter text's padding and trailer would be, is another identity.
-    short = "x" * 1500
-    padded = documented(block, short)[: -len(block) - 12].decode()
+    made = _identity(key, block, text)
+    assert made == _identity(key, block, text) and made.startswith("x3b:") and len(made) == 4 + 16
+    assert made == _documented_identity(key, block, text)
     assert (
-        len({one(block, short), one(block, short + "\x00"), one(block, short + "\x00" * 100), one(block, padded)}) == 4
-    )
+        _identity(b"j" * 32, block, text) != made
+    )  # another key, another identity: nobody can test guesses without it
+    assert _identity(key, block, text + " ") != made
+    assert _identity(key, "prompt.history.user_turn", text) != made  # the block id is part of the identity
+    # Neither the unkeyed nor the unseeded construction: both the seed and the PRF key come from the key.
+    data = text.encode()
+    trailer = block.encode() + len(block).to_bytes(4, "little") + len(data).to_bytes(8, "little")
+    unseeded = xxh3_128(data).digest() + trailer
+    derived = hmac.digest(key, b"wiregate attribution block identity v3", "sha256")
+    assert made[4:] != blake3(unseeded, key=derived).digest(8).hex()
+    seed = int.from_bytes(hmac.digest(key, b"wiregate attribution block fingerprint seed v3", "sha256")[:8], "little")
+    assert made[4:] != blake3(xxh3_128(data, seed=seed).digest() + trailer).digest(8).hex()
+    lone = _identity(key, block, "\ud800 lone surrogate")  # any str the reader keeps
+    assert lone == _identity(key, block, "\ud800 lone surrogate") != _identity(key, block, "\ud801 lone surrogate")
+    # Texts that differ only far in, or in trailing NULs, are other identities.
+    long = "x" * 70_000
+    variants = (long, long + "\x00", long[:-1] + "y", long[:-1])
+    assert len({_identity(key, block, v) for v in variants}) == 4
+
+
+def test_a_block_of_several_parts_hashes_their_joined_text() -> None:
+    """Consecutive parts of one block are one identity and one estimate, of the joined text
+    (a lone surrogate at a part's end and one at the next part's start included)."""
+    from gateway.proxy.projections import block_digest
+
+    key = b"k" * 32
+    doc = {
+        "model": "m",
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": t} for t in ("é" * 5 + "\ud83d", "\ude00x")]}
+        ],
+    }
+    (only,) = split(CARRIERS["openai.chat"].prompt_layout(doc), REG, block_digest(key)).blocks
+    joined = "é" * 5 + "\ud83d" + "\ude00x"
+    assert only.instance == _documented_identity(key, only.block_id, joined)
+    assert only.estimate == estimate(joined) == 2
+
+
+_TEXTS = st.text(st.characters(codec="utf-8") | st.characters(categories=["Cs"]), max_size=64) | st.builds(
+    lambda unit, n: unit * n, st.text(min_size=1, max_size=3), st.integers(0, 12_000)
+)
+
+
+@given(
+    text=_TEXTS.filter(bool),
+    name=st.sampled_from(["prompt.tool_result", "wiregate.prepared_context", "prompt.system_instructions"]),
+)
+@settings(max_examples=200, deadline=None)
+def test_block_identities_follow_the_documented_construction(text: str, name: str) -> None:
+    """Any text the reader keeps (ASCII and not, lone surrogates, up to 36 KB) and any id."""
+    assert _identity(b"k" * 32, name, text) == _documented_identity(b"k" * 32, name, text)
 
 
 def test_remembered_scope_and_session_digests_are_the_log_digests() -> None:
@@ -297,46 +329,19 @@ def test_remembered_scope_and_session_digests_are_the_log_digests() -> None:
     assert projections._kept_digest(b"j" * 32, "scope\x00default") != projections._kept_digest(key, "scope\x00default")  # noqa: SLF001
 
 
-_TEXTS = st.text(st.characters(codec="utf-8") | st.characters(categories=["Cs"]), max_size=64) | st.builds(
-    lambda unit, n: unit * n, st.text(min_size=1, max_size=3), st.integers(0, 12_000)
-)
-
-
-@given(text=_TEXTS, name=st.sampled_from(["", "prompt.tool_result", "wiregate.prepared_context", "é" * 40]))
-@settings(max_examples=300, deadline=None)
-def test_native_block_message_equals_the_reference(text: str, name: str) -> None:
-    """The identity's input built natively (one copy) is the reference's byte for byte:
-    ASCII and not, lone surrogates, every padding step (texts up to 36 KB)."""
-    from gateway.carriers import jsonraw
-    from gateway.proxy import projections
-
-    native_build.assert_built(jsonraw.NATIVE_AVAILABLE, "gateway.carriers._jsonraw_native", "block_message")
-    native = jsonraw.native()
-    assert native is not None
-    assert native.block_message(text, name.encode()) == projections.block_message(text, name.encode())
-
-
-def test_native_block_message_refuses_wrong_types() -> None:
-    from gateway.carriers import jsonraw
-
-    native_build.assert_built(jsonraw.NATIVE_AVAILABLE, "gateway.carriers._jsonraw_native", "block_message")
-    native = jsonraw.native()
-    assert native is not None
-    for bad in ((b"x", b"n"), ("x", "n"), ("x",)):
-        with pytest.raises(TypeError):
-            native.block_message(*bad)
-
-
-def test_block_identities_are_the_same_on_the_native_path_and_the_reference() -> None:
-    from gateway.carriers import jsonraw
+def test_prepared_context_is_cut_out_of_non_ascii_text_and_hashed_as_its_own_text() -> None:
+    """The marker scan reads each part's UTF-8: a marker beside non-ASCII text and a lone
+    surrogate is found, and each piece's identity is its own text's."""
     from gateway.proxy.projections import block_digest
 
-    native_build.assert_built(jsonraw.NATIVE_AVAILABLE, "gateway.carriers._jsonraw_native", "block_message")
-    one = block_digest(b"k" * 32)
-    texts = ["", "short", "é" * 3000, "\ud800" + "x" * 20_000]
-    try:
-        jsonraw.use_native(False)
-        reference = [one("prompt.tool_result", t) for t in texts]
-    finally:
-        jsonraw.use_native(True)
-    assert [one("prompt.tool_result", t) for t in texts] == reference
+    key = b"k" * 32
+    head, tail = "préface \ud800 ", " — fin"
+    doc = {"model": "m", "messages": [{"role": "user", "content": head + PREPARED + tail}]}
+    got = split(CARRIERS["openai.chat"].prompt_layout(doc), REG, block_digest(key)).blocks
+    assert [(b.block_id, b.estimate) for b in got] == [
+        ("prompt.current_user_turn", estimate(head)),
+        ("wiregate.prepared_context", estimate(PREPARED)),
+        ("prompt.current_user_turn", estimate(tail)),
+    ]
+    assert got[1].instance == _documented_identity(key, "wiregate.prepared_context", PREPARED)
+    assert got[0].instance == _documented_identity(key, "prompt.current_user_turn", head)
