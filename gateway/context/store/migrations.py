@@ -1,17 +1,20 @@
 """Schema migrations shared by every table owner (context store, ledgers, usage, attribution).
 
-Owns: the `Migration` record (component, version, statements per backend) and the pure planning
-rule — per component, versions are 1, 2, 3 … with no gaps or repeats, applied in order, each once.
+Owns: the `Migration` record (component, version, statements per backend, and an optional
+PostgreSQL data step for what SQL cannot express) and the pure planning rule — per component,
+versions are 1, 2, 3 … with no gaps or repeats, applied in order, each once.
 The backends apply a plan inside one transaction per migration and record it in
-`wg_schema_migrations(component, version)`.
+`wg_schema_migrations(component, version)`; PostgreSQL runs a migration's data step, when it has
+one, after its statements and before recording it.
 Must not: open connections or hold state; which migrations exist is an explicit tuple each owner
 exports (no registration on import).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 LEDGER_TABLE = "wg_schema_migrations"
 
@@ -22,6 +25,9 @@ class Migration:
     version: int  # 1-based, contiguous per component
     sqlite: tuple[str, ...]  # statements for SQLite
     postgres: tuple[str, ...]  # statements for PostgreSQL
+    # PostgreSQL only: `await step(conn)` after the statements, in the same transaction — a data
+    # migration that needs Python (the context store's re-index with the analyzer, for one).
+    postgres_step: Callable[[Any], Awaitable[None]] | None = None
 
 
 class MigrationError(RuntimeError):

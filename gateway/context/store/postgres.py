@@ -4,7 +4,8 @@
 Owns: `PostgresDatabase` — the pool, the optional schema it lives in (search_path), and applying
 registered migrations under an advisory lock — and `PostgresContextStore`, the ContextStore on it.
 Text search indexes analyzer-v1 tokens with `array_to_tsvector` (no PostgreSQL parser in between,
-so lexemes equal our terms exactly) and ranks with `ts_rank` (term coverage, not BM25). Vectors
+so lexemes equal our terms exactly; a token past PostgreSQL's lexeme bound is indexed and looked up
+as a fixed-length stand-in, `_lexeme`) and ranks with `ts_rank` (term coverage, not BM25). Vectors
 live in a `real[]` column (pgvector is not required); cosine is a dot product of unit vectors
 computed in SQL over the scope's searchable rows — a sequential scan, linear in rows × dimensions.
 Replace is a compare-and-set under `SELECT … FOR UPDATE`, so concurrent writers never lose an update.
@@ -13,6 +14,7 @@ Must not: validate content, generate ids, read clocks or decide policy.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -22,6 +24,7 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
+from gateway.context import search
 from gateway.context.errors import (
     ArtifactAlreadyExists,
     ArtifactNotFound,
@@ -86,6 +89,15 @@ CONTEXT_MIGRATIONS: tuple[Migration, ...] = (
                 PRIMARY KEY(scope_id, family, artifact_id, revision))""",
         ),
     ),
+    Migration(
+        # Version 1 left tokens past PostgreSQL's lexeme bound out of the index (SQLite indexes them):
+        # the rows that hold one are indexed again, with their stand-ins (`_lexeme`).
+        component="context",
+        version=2,
+        sqlite=(),
+        postgres=(),
+        postgres_step=lambda conn: _index_long_tokens(conn),
+    ),
 )
 _MIGRATION_LOCK = 0x77670001  # advisory lock key: one migrator at a time across replicas
 
@@ -134,6 +146,8 @@ class PostgresDatabase:
         for m in plan(applied, self._migrations):
             for statement in m.postgres:
                 await conn.execute(statement)  # migration text is a trusted constant
+            if m.postgres_step is not None:
+                await m.postgres_step(conn)
             await conn.execute(
                 f"INSERT INTO {LEDGER_TABLE}(component, version) VALUES (%s, %s)", (m.component, m.version)
             )
@@ -223,28 +237,78 @@ def _searchable(family: str, state: MemoryState | None) -> bool:
     return Family(family) in SEARCHABLE_FAMILIES and state in (None, MemoryState.ACTIVE)
 
 
-_MAX_LEXEME_BYTES = 2047  # PostgreSQL refuses longer tsvector lexemes; such tokens are simply not indexed
+_MAX_LEXEME_BYTES = 2047  # PostgreSQL's bound on a tsvector lexeme and on a tsquery operand
+# Analyzer-v1 tokens are runs of letters, marks and digits: none holds '#' or ':', so no token spells a stand-in.
+_STAND_IN_PREFIX = "#sha256:"
+
+
+def _lexeme(term: str) -> str:
+    """The lexeme a token is indexed and looked up as: the token itself, or — past PostgreSQL's
+    bound (an unbroken run of Thai, Lao, Khmer or Myanmar passes it within a sentence) — a
+    fixed-length stand-in, the SHA-256 of its UTF-8 after a prefix no token can spell. The same
+    when writing and when searching, so a long token matches exactly itself, as it does in
+    SQLite's index; it is one lexeme for ts_rank like any other term."""
+    raw = term.encode("utf-8")
+    if len(raw) <= _MAX_LEXEME_BYTES:
+        return term
+    return _STAND_IN_PREFIX + hashlib.sha256(raw).hexdigest()
 
 
 def _text_candidates(query: TextQuery) -> list[str]:
+    """The lexemes of a query's first MAX_QUERY_TERMS terms (the terms SQLite looks up)."""
     if _nul(query.kind):  # no stored kind holds one: nothing to find
         return []
-    return [t for t in query.terms if _indexable(t)][:MAX_QUERY_TERMS]
+    return [_lexeme(t) for t in query.terms[:MAX_QUERY_TERMS]]
 
 
-def _indexable(term: str) -> bool:
-    return len(term.encode("utf-8")) <= _MAX_LEXEME_BYTES
+def _index_lexemes(tokens: Sequence[str]) -> list[str]:
+    return sorted({_lexeme(t) for t in tokens})
 
 
 def _lexemes(rev: NewRevision | None) -> list[str] | None:
     if rev is None or rev.search_text is None:
         return None
-    return sorted({t for t in rev.search_tokens if _indexable(t)})
+    return _index_lexemes(rev.search_tokens)
 
 
-def _tsquery(terms: Sequence[str]) -> str:
-    # Terms are runs of letters/marks/digits (analyzer v1): no quote, backslash or operator characters.
-    return " | ".join(f"'{t}'" for t in [t for t in terms if _indexable(t)][:MAX_QUERY_TERMS])
+def _tsquery(lexemes: Sequence[str]) -> str:
+    # Lexemes are runs of letters/marks/digits (analyzer v1) or stand-ins: no quote, backslash or operator.
+    return " | ".join(f"'{t}'" for t in lexemes[:MAX_QUERY_TERMS])
+
+
+# A token longer than `_MAX_LEXEME_BYTES` comes only from a text longer than these many bytes: an
+# ASCII text's tokens are its own lowercase runs; otherwise NFC (which decomposes first, U+0390 at
+# worst) and then casefold (U+0390 again) each make a character's UTF-8 at most three times as long.
+_LONG_ASCII_TEXT = _MAX_LEXEME_BYTES
+_LONG_TEXT = _MAX_LEXEME_BYTES // 9
+_REINDEX_BATCH = 500
+
+
+async def _index_long_tokens(conn: Conn) -> None:
+    """Context migration 2: index again, with `search_text`'s analyzer-v1 tokens (those its
+    writer stored), every searchable row a token past the lexeme bound was left out of."""
+    after = 0
+    while True:
+        cur = await conn.execute(
+            "SELECT rid, search_text FROM ctx_artifacts WHERE searchable AND rid > %s AND search_text IS NOT NULL "
+            "AND (octet_length(search_text) > %s OR (octet_length(search_text) > %s "
+            "AND octet_length(search_text) <> char_length(search_text))) ORDER BY rid LIMIT %s",
+            (after, _LONG_ASCII_TEXT, _LONG_TEXT, _REINDEX_BATCH),
+        )
+        rows = await cur.fetchall()
+        if not rows:
+            return
+        after = rows[-1][0]
+        updates = []
+        for rid, text in rows:
+            tokens = search.tokens(text)
+            if any(len(t.encode("utf-8")) > _MAX_LEXEME_BYTES for t in tokens):
+                updates.append((_index_lexemes(tokens), rid))
+        if updates:
+            async with conn.cursor() as upd:
+                await upd.executemany(
+                    "UPDATE ctx_artifacts SET tsv = array_to_tsvector(%s::text[]) WHERE rid = %s", updates
+                )
 
 
 class PostgresContextStore:
