@@ -196,9 +196,17 @@ class CreateArtifact(_Closed):
 
 
 class ReplaceArtifact(_Closed):
+    """1.4.1's replace of topic memory, experience and profile. Its atomic-memory replace takes
+    `content` only: `replace_artifact` refuses the other two keys there, even as null."""
+
     content: dict[str, Any]
     restored_from_revision: Annotated[StrictInt, Field(ge=1)] | None = None
-    reason: Annotated[StrictStr, NulFree] | None = None
+    # 1.4.1's own constraint (1–1024 characters, one not whitespace), checked by the same engine
+    reason: Annotated[StrictStr, Field(min_length=1, max_length=1024, pattern=r".*\S.*"), NulFree] | None = None
+
+
+# What 1.4.1's `ReplaceAtomicMemoryArtifactRequest` (closed: `content` only) does not take.
+_ATOMIC_REPLACE_EXTRA = ("restored_from_revision", "reason")
 
 
 TagMatch = Literal["all", "any"]
@@ -704,6 +712,13 @@ async def get_artifact(ctx: Ctx) -> web.Response:
 @route("context.write", ReplaceArtifact)
 async def replace_artifact(ctx: Ctx, dto: ReplaceArtifact, raw: bytes) -> web.Response:
     info = ctx.request.match_info
+    if info["family"] == Family.ATOMIC_MEMORY.value:  # a schema error, so before authorisation
+        extra = [name for name in _ATOMIC_REPLACE_EXTRA if name in dto.model_fields_set]
+        if extra:
+            msg = _MESSAGES["extra_forbidden"]
+            raise ContractViolation(
+                {"errors": [{"type": "extra_forbidden", "loc": ["body", n], "msg": msg} for n in extra]}
+            )
     await ctx.allow(info["scope_id"], "context.write")
     _checked(ctx, raw)
     if dto.restored_from_revision is not None:
@@ -969,14 +984,18 @@ async def prepare(ctx: Ctx, dto: Prepare, raw: bytes) -> web.Response:
         reuse=bool(dto.include_reuse),
         duration_ms=round((time.perf_counter() - started) * 1000, 3),
     )
+    # 1.4.1: `reason` only when asked with `explain` and a channel was lost; else the four fields
+    context: dict[str, Any] = dict(result.context)
+    if dto.explain and result.degradation is not None:
+        context["reason"] = result.degradation
     if not dto.include_reuse:
-        body: dict[str, Any] = dict(result.context)
+        body: dict[str, Any] = context
         if result.receipt is not None:
             body["receipt"] = result.receipt
         return _json(body)
     envelope: dict[str, Any] = {
         "schema": WITH_REUSE_SCHEMA,
-        "context": result.context,
+        "context": context,  # 1.4.1's PreparedContext, with its `reason` when explained
         "reuse": reuse_block(ctx, dto.scope_id, result.context, result.dependencies),
     }
     if result.receipt is not None:

@@ -162,6 +162,11 @@ class PrepareResult:
     receipt: dict[str, Any] | None  # None when not requested or omitted
     receipt_diagnostic: str | None  # content-free code when a requested receipt was omitted
     dependencies: tuple[ArtifactAddress, ...]  # exact revisions of every selected item, in order
+    # Why round 0 lost its vector channel (the query embedding failed, so auto fell back to
+    # fts): inference_unavailable | inference_timeout, or None. 1.4.1 reports it as `reason`
+    # when the request asked with `explain`; later rounds reuse round 0's outcome, so only
+    # round 0 counts.
+    degradation: str | None = None
 
 
 @dataclass(slots=True)
@@ -838,7 +843,8 @@ class ContextService:
         carries a snippet of it.
 
         Every scope read is authorised through `principal_may_read` before it is read, and again
-        before assembly; any denial raises ScopeAccessDenied with nothing partial.
+        before assembly; any denial raises ScopeAccessDenied with nothing partial. The result
+        names the degradation, if any: why round 0 searched without its vector channel.
         """
         trace = _Trace()
         text = normalize_text(query) if isinstance(query, str) else ""
@@ -858,6 +864,7 @@ class ContextService:
         terms = search.terms(text)
         scans = _Scans(terms)  # every row read in this prepare is tokenised and chunked once
         holder = _QueryVector()
+        degradation: str | None = None
         pools: dict[tuple[str, Family], list[Candidate]] = {}
         rounds: list[receipt.RecallRound] = []
         for rnd in range(1 + max(0, min(2, self._settings.expansion_rounds))):
@@ -905,6 +912,8 @@ class ContextService:
                 for group, share in zip(shared, shares, strict=True):
                     del group[share:]
             rounds.append(receipt.RecallRound(rnd, "completed", sum(len(p) for p in pools.values())))
+            if rnd == 0:  # the round that embeds (the query is embedded at most once per prepare)
+                degradation = holder.failure
 
         reranks = self._rerank(scope_id, terms, pools, len(rounds) - 1, trace, rerank)
         await self._authorise(order, principal_may_read)  # a read revoked meanwhile fails the whole call
@@ -928,7 +937,7 @@ class ContextService:
             made, diagnostic = self._receipt(
                 receipt_id or self.new_receipt_id(), text, max_bytes, built, deps, rounds, trace, reranks
             )
-        return PrepareResult(built.to_context(), made, diagnostic, deps)
+        return PrepareResult(built.to_context(), made, diagnostic, deps, degradation)
 
     def _rerank(
         self,
