@@ -21,6 +21,8 @@ horizon is `HORIZON`. The moving tail is credited only with as many future reque
 session has had (a session that has lasted n requests is expected to last about n more),
 so a young session risks less on 1 h. Longer horizons only favour longer TTLs, so the
 stable part never gets a shorter TTL than the tail: 1 h markers still come first.
+A 1 h candidate after a 5 min marker (the client's) can only be written for 5 min: the
+choice says, per class, when 1 h pays but 5 min does not, so the planner then places none.
 A session without history gets `None`: the profile's fixed TTLs (today's behaviour).
 """
 
@@ -77,10 +79,15 @@ class SessionPace:
 
 @dataclass(frozen=True, slots=True)
 class PaceChoice:
-    """The TTL each class of breakpoint gets (None: the write does not pay; place none)."""
+    """The TTL each class of breakpoint gets (None: the write does not pay; place none).
+    `*_1h_only`: a 1 h write pays for the class but a 5 min one does not, so a candidate
+    that a 5 min marker before it keeps from 1 h is not placed at all (False: it is placed
+    for 5 min, as with fixed TTLs)."""
 
     stable: Ttl | None
     tail: Ttl | None
+    stable_1h_only: bool = False
+    tail_1h_only: bool = False
 
 
 def within(gaps: tuple[float, ...], ttl: Ttl) -> float:
@@ -110,13 +117,23 @@ def best_ttl(gaps: tuple[float, ...], prices: CachePrices, horizon: int) -> Ttl 
     return best
 
 
+def only_1h_pays(gaps: tuple[float, ...], prices: CachePrices, horizon: int) -> bool:
+    """1 h is the best TTL and a 5 min write would lose money."""
+    return best_ttl(gaps, prices, horizon) == "1h" and value(prices, "5m", within(gaps, "5m"), horizon) <= 0
+
+
 def choose(pace: SessionPace | None, prices: CachePrices) -> PaceChoice | None:
     """The TTLs for this request of the session (None: no history, use the profile's)."""
     if pace is None or not pace.events:
         return None
     gaps = pace.gaps()
     tail_horizon = min(HORIZON, len(pace.events) + 1)
-    return PaceChoice(stable=best_ttl(gaps, prices, HORIZON), tail=best_ttl(gaps, prices, tail_horizon))
+    return PaceChoice(
+        stable=best_ttl(gaps, prices, HORIZON),
+        tail=best_ttl(gaps, prices, tail_horizon),
+        stable_1h_only=only_1h_pays(gaps, prices, HORIZON),
+        tail_1h_only=only_1h_pays(gaps, prices, tail_horizon),
+    )
 
 
 @dataclass(frozen=True, slots=True)

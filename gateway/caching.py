@@ -9,18 +9,20 @@ Anthropic: candidates in priority order — the last stable turn (the message be
 newest user message), the end of the newest user message (so the next turn can read the
 whole of this prompt), the end of system, the end of tools, and the end of a PowerContext
 prepared-context block — never more than the profile's limit counting the client's own
-markers (client markers are never moved, removed or re-TTL'd), never on a prefix below the
-profile's minimum, stable items with the profile's stable TTL, and never a 5 min marker
-before a 1 h one. OpenAI: a stable `prompt_cache_key` from the sharing boundary (scope,
-principal, profile, and a caller session id when given), never overriding the client's;
-retention per the profile.
+markers (client markers are never moved, removed or re-TTL'd), never on the block the
+client's request-level (automatic) marker lands on, never on a prefix below the profile's
+minimum, stable items with the profile's stable TTL, and never a 5 min marker before a 1 h
+one. OpenAI: a stable `prompt_cache_key` from the sharing boundary (scope, principal,
+profile, and a caller session id when given), never overriding the client's; retention per
+the profile.
 
 Paced (`cachepace`): when the profile asks and the flow passes the session's pace record,
 each candidate gets the TTL the session's observed gaps make profitable — 5 min, 1 h, or
 no marker at all (`skipped_unprofitable`) — separately for the stable part and the moving
-tail; OpenAI gets extended retention when the pace calls for it and the profile allows it.
-A session without history is planned as before. The plan says why, in content-free tags
-(`cachepace.EVIDENCE`), for its usage record.
+tail; a 1 h candidate that a client's 5 min marker before it keeps from 1 h gets none
+unless a 5 min write pays for its class too. OpenAI gets extended retention when the pace
+calls for it and the profile allows it. A session without history is planned as before.
+The plan says why, in content-free tags (`cachepace.EVIDENCE`), for its usage record.
 
 Planning is deterministic and idempotent: the same input gives the same bytes, and a
 planned body plans to itself. Every byte outside an inserted member stays as sent.
@@ -131,26 +133,25 @@ def plan_markers(
         return NOTHING
     markers = {i: b.part.marker for i, b in enumerate(blocks) if b.part.marker is not None}
     # The client's markers in prompt order: a block's own at its index, those on blocks
-    # nested inside it just before it; the automatic one on the last block.
+    # nested inside it just before it; the automatic one where the provider puts it.
     fixed = [(float(i), ttl) for i, ttl in markers.items()]
     fixed += [(i - 0.5, ttl) for i, b in enumerate(blocks) for ttl in b.part.inner_markers]
-    automatic = layout.automatic_marker
-    if automatic is not None:
-        fixed.append((float(len(blocks) - 1), automatic))
+    automatic: int | None = None
+    if layout.automatic_marker is not None:
+        automatic = _automatic_at(blocks)
+        fixed.append((float(automatic), layout.automatic_marker))
     slots = settings.max_breakpoints - len(fixed)
+    ttls = _class_ttls(settings, choice)
     skipped: list[str] = []
-    chosen: dict[int, tuple[str, str]] = {}
-    if choice is None:
-        stable_ttl: str | None = settings.stable_ttl or settings.ttl
-        tail_ttl: str | None = settings.ttl
-    else:
-        stable_ttl, tail_ttl = choice.stable, choice.tail
+    chosen: dict[int, tuple[str, str, bool]] = {}  # index: (name, TTL, whether 5 min pays)
     for name, index in _candidates(blocks, regions):
-        if index in markers or index in chosen:
-            continue  # already a breakpoint (the client's, or ours from a previous plan)
-        if name == "tail" and automatic:
-            continue  # the client's automatic breakpoint is the tail
-        ttl = stable_ttl if name in ("system", "tools", "prepared_context") else tail_ttl
+        # Already a breakpoint: the client's, ours from a previous plan, or the client's
+        # automatic one. On the automatic one's block a marker of ours adds nothing (same
+        # TTL: a no-op there) or is refused (another TTL: a 400), so none is placed and the
+        # slot stays free for another candidate.
+        if index in markers or index in chosen or index == automatic:
+            continue
+        ttl, five_min_pays = ttls["stable" if name in _STABLE else "tail"]
         if ttl is None:
             skipped.append("unprofitable")
             continue
@@ -164,9 +165,15 @@ def plan_markers(
         if block.cumulative < settings.min_prefix_tokens:
             skipped.append("below_minimum")
             continue
-        chosen[index] = (name, ttl)
+        trial = {**chosen, index: (name, ttl, five_min_pays)}
+        _, dropped = _order_ttls(trial, fixed)
+        if index in dropped:
+            skipped.append(dropped[index])  # the TTL order rules it out: it takes no slot
+            continue
+        chosen = trial
         slots -= 1
-    placed = _order_ttls(chosen, fixed, skipped)
+    placed, dropped = _order_ttls(chosen, fixed)
+    skipped += dropped.values()
     edits = [carrier.marker_edit(text, blocks[index].part, ttl) for index, (_, ttl) in sorted(placed.items())]
     breakpoints = tuple((name, ttl) for _, (name, ttl) in sorted(placed.items()))
     evidence = [
@@ -177,23 +184,52 @@ def plan_markers(
     return CachePlan(edits=tuple(edits), breakpoints=breakpoints, skipped=tuple(skipped), evidence=tuple(evidence))
 
 
+_STABLE = frozenset({"system", "tools", "prepared_context"})
+
+
+def _automatic_at(blocks: list[_Block]) -> int:
+    """The block a request-level marker lands on: the last that can hold a marker (the
+    provider walks back past a thinking block or an empty text). A block the client decided
+    on without a marker (`cache_control: null`) is walked past too: that only moves the
+    block the planner keeps off earlier, never onto the provider's."""
+    for index in range(len(blocks) - 1, -1, -1):
+        if blocks[index].part.markable or blocks[index].part.marker is not None:
+            return index
+    return len(blocks) - 1
+
+
+def _class_ttls(settings: CacheSettings, choice: PaceChoice | None) -> dict[str, tuple[str | None, bool]]:
+    """Per class (stable, tail): its TTL (None: place none), and whether a 5 min write still
+    pays for it — what a 1 h candidate becomes when a 5 min marker before it rules out 1 h
+    (fixed TTLs: it does; paced: unless the pace says 5 min loses money)."""
+    if choice is None:
+        return {"stable": (settings.stable_ttl or settings.ttl, True), "tail": (settings.ttl, True)}
+    return {"stable": (choice.stable, not choice.stable_1h_only), "tail": (choice.tail, not choice.tail_1h_only)}
+
+
 def _order_ttls(
-    chosen: dict[int, tuple[str, str]], fixed: list[tuple[float, str]], skipped: list[str]
-) -> dict[int, tuple[str, str]]:
+    chosen: dict[int, tuple[str, str, bool]], fixed: list[tuple[float, str]]
+) -> tuple[dict[int, tuple[str, str]], dict[int, str]]:
     """1 h breakpoints must all come before 5 min ones. Ours yield to the client's
-    (`fixed`: (position in prompt order, TTL)): a 1 h breakpoint after a 5 min one becomes
-    5 min; a 5 min breakpoint before a 1 h one is dropped."""
+    (`fixed`: (position in prompt order, TTL)) and, among ours, a later one to an earlier
+    one: a 1 h breakpoint after a 5 min one becomes 5 min when 5 min pays for it, else it is
+    dropped (`unprofitable`); a 5 min breakpoint before a client's 1 h one is dropped
+    (`ttl_order`). Returns ours placed ((name, TTL) by index) and dropped (why, by index)."""
     placed: dict[int, tuple[str, str]] = {}
+    dropped: dict[int, str] = {}
     for index in sorted(chosen):
-        name, ttl = chosen[index]
+        name, ttl, five_min_pays = chosen[index]
         before = [t for at, t in fixed if at < index] + [t for _, t in placed.values()]
         if ttl == "1h" and "5m" in before:
+            if not five_min_pays:
+                dropped[index] = "unprofitable"
+                continue
             ttl = "5m"
         if ttl == "5m" and any(t == "1h" for at, t in fixed if at > index):
-            skipped.append("ttl_order")
+            dropped[index] = "ttl_order"
             continue
         placed[index] = (name, ttl)
-    return placed
+    return placed, dropped
 
 
 def cache_key(ctx: CacheContext, boundary: str) -> str:

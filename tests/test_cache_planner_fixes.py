@@ -1,0 +1,211 @@
+"""Two cache-planner defects, pinned.
+
+A client's own 5 min marker keeps every later breakpoint from 1 h; a paced 1 h candidate
+after it is written for 5 min only where a 5 min write pays at the session's pace, else it
+is not placed (`skipped_unprofitable`) and leaves its slot to the next candidate.
+
+A request-level (automatic) `cache_control` puts the client's breakpoint on the last block
+that can hold one; the planner puts none of its own there, whatever the candidate (a marker
+of another TTL there is a 400 from the provider)."""
+
+from __future__ import annotations
+
+import json
+import random
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway import caching
+from gateway.admission import runes_div4
+from gateway.cachepace import PaceEvent, SessionPace
+from gateway.carriers import CARRIERS, jsonspan
+from gateway.mockprovider import MockProviderServer
+from gateway.mockprovider.prompt import anthropic_breakpoints
+from gateway.profiles.model import DEFAULT_PRICES
+from gateway.state import PACE_LEDGER
+from tests import replay
+from tests.harness import (
+    UPSTREAM_KEY,
+    Env,
+    GatewayThread,
+    anthropic_client,
+    build_env,
+    direct_anthropic,
+    raw_client,
+)
+from tests.test_caching import ANTHROPIC, CTX, LONG, _conversation
+
+A = DEFAULT_PRICES["anthropic"]  # read 0.1, 5 min write 1.25, 1 h write 2
+FIVE_MIN = {"type": "ephemeral"}
+ONE_HOUR = {"type": "ephemeral", "ttl": "1h"}
+
+
+def _every(gap: float, count: int, now: float = 100_000.0) -> SessionPace:
+    """`count` earlier requests `gap` seconds apart, this one `gap` after the last."""
+    return SessionPace(tuple(PaceEvent(now - gap * i) for i in range(count, 0, -1)), now)
+
+
+SLOW = _every(400.0, 10)  # 1 h pays for both classes, 5 min for neither
+ONE_SLOW_GAP = _every(400.0, 1)  # 1 h is best; 5 min still pays (tail: +0.031)
+
+
+def _plan(doc: dict[str, Any], pace: SessionPace | None) -> tuple[dict[str, Any], caching.CachePlan]:
+    text = json.dumps(doc)
+    plan = caching.plan(CARRIERS["anthropic.messages"], text, doc, ANTHROPIC, CTX, runes_div4, pace=pace, prices=A)
+    return json.loads(jsonspan.apply(text, plan.edits)), plan
+
+
+# --- a client's 5 min marker at a slow pace ---------------------------------------------------
+
+
+def test_paced_one_hour_candidates_after_a_client_five_minute_marker_become_five_minutes_only_if_that_pays() -> None:
+    doc = _conversation(system=[{"type": "text", "text": LONG, "cache_control": FIVE_MIN}])
+    _, slow = _plan(doc, SLOW)
+    # The tools come before the client's marker: 1 h. The conversation comes after it: a
+    # 5 min write there loses money at this pace, so none is placed.
+    assert slow.breakpoints == (("tools", "1h"),)
+    assert slow.evidence == ("client_markers", "ttl_1h", "skipped_unprofitable")
+    _, young = _plan(doc, ONE_SLOW_GAP)
+    assert young.breakpoints == (("tools", "1h"), ("last_turn", "5m"), ("tail", "5m"))
+    assert "skipped_unprofitable" not in young.evidence
+
+
+def test_a_dropped_candidate_leaves_its_slot_to_the_next() -> None:
+    doc = _conversation()
+    # Three client 5 min markers in the first user message: one slot left.
+    doc["messages"][0]["content"] = [{"type": "text", "text": f"part {i}", "cache_control": FIVE_MIN} for i in range(3)]
+    planned, plan = _plan(doc, SLOW)
+    # The conversation's candidates come after a 5 min marker and 5 min loses: dropped,
+    # and the one slot goes to the system prompt, before the client's markers, at 1 h.
+    assert plan.breakpoints == (("system", "1h"),)
+    assert plan.skipped == ("unprofitable", "unprofitable", "no_slots")
+    anthropic_breakpoints(planned)  # valid for the provider: at most 4, 1 h before 5 min
+
+
+# --- a request-level (automatic) marker -------------------------------------------------------
+
+
+def _prepared_context_last(auto: dict[str, str]) -> dict[str, Any]:
+    """The request's last block is the newest user message, a PowerContext prepared context
+    and a question: the prepared-context candidate is the automatic marker's block."""
+    context = replay._prepared_context(random.Random(1))
+    return {
+        "model": "claude-test-model",
+        "max_tokens": 16,
+        "cache_control": auto,
+        "system": LONG,
+        "messages": [
+            {"role": "user", "content": "hi " * 200},
+            {"role": "assistant", "content": "ok"},
+            {"role": "user", "content": context + "\n\nWhat does item 3 say?"},
+        ],
+    }
+
+
+@pytest.mark.parametrize(
+    ("auto", "pace", "expected"),
+    [
+        (FIVE_MIN, None, (("system", "5m"), ("last_turn", "5m"))),
+        (FIVE_MIN, SLOW, (("system", "1h"), ("last_turn", "1h"))),
+        (ONE_HOUR, None, ()),  # 5 min markers may not come before the client's 1 h
+        (ONE_HOUR, SLOW, (("system", "1h"), ("last_turn", "1h"))),
+    ],
+    ids=["auto-5m", "auto-5m-slow", "auto-1h", "auto-1h-slow"],
+)
+def test_no_planner_marker_on_the_automatic_markers_block(
+    auto: dict[str, str], pace: SessionPace | None, expected: tuple[tuple[str, str], ...]
+) -> None:
+    doc = _prepared_context_last(auto)
+    planned, plan = _plan(doc, pace)
+    assert plan.breakpoints == expected
+    assert planned["messages"][-1] == doc["messages"][-1]  # the last block left to the client's marker
+    anthropic_breakpoints(planned)  # no 400: no other TTL on the automatic marker's block
+
+
+# --- end to end: the official SDK through the gateway to the mock, on a virtual clock ----------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.fixture(scope="module")
+def clocked() -> Iterator[tuple[Env, GatewayThread, MockProviderServer, Clock]]:
+    """A gateway and a mock of their own, whose cache TTLs and pace record read one clock."""
+    clock = Clock()
+    with tempfile.TemporaryDirectory() as tmp, MockProviderServer(api_key=UPSTREAM_KEY) as mock:
+        mock.state.clock = clock
+        env = build_env(Path(tmp) / "env", mock.url)
+        with GatewayThread(env.config) as gw:
+            assert gw.running is not None
+            gw.running.app[PACE_LEDGER].clock = clock
+            yield env, gw, mock, clock
+
+
+@pytest.mark.parametrize(("auto", "gaps"), [(ONE_HOUR, []), (FIVE_MIN, [400.0])], ids=["auto-1h", "auto-5m-slow"])
+def test_a_request_level_marker_and_a_prepared_context_last_reach_the_provider(
+    clocked: tuple[Env, GatewayThread, MockProviderServer, Clock], auto: dict[str, str], gaps: list[float]
+) -> None:
+    """1 h automatic, no history: today's 5 min candidate; 5 min automatic after a slow gap:
+    the paced 1 h candidate. Either on the last block was the provider's 400."""
+    env, gw, mock, clock = clocked
+    client = anthropic_client(gw, env, uds=True)
+    body = _prepared_context_last(auto)
+    for turn in range(len(gaps) + 1):
+        clock.t += gaps[turn - 1] if turn else 0.0
+        reply = client.messages.create(**body, extra_headers={"x-wiregate-session": f"auto-{auto.get('ttl', '5m')}"})
+        assert reply.usage.cache_creation_input_tokens + reply.usage.cache_read_input_tokens > 0
+    sent = mock.state.records()[-1].json
+    assert sent["messages"][-1] == body["messages"][-1] and sent["cache_control"] == auto
+
+
+def _billed(usage: Any) -> float:
+    """Input in base-rate tokens: read 0.1×, 5 min write 1.25×, 1 h write 2×."""
+    written = usage.cache_creation
+    return (
+        usage.input_tokens
+        + 0.1 * usage.cache_read_input_tokens
+        + 1.25 * written.ephemeral_5m_input_tokens
+        + 2.0 * written.ephemeral_1h_input_tokens
+    )
+
+
+def _slow_session(client: Any, clock: Clock, turns: int) -> tuple[list[float], list[str]]:
+    """A replayed session, 400 s between turns, whose client marks its system prompt 5 min:
+    each turn's billed input and request id."""
+    session = replay.build_session(turns, seed=5)
+    billed, ids = [], []
+    for turn in range(turns):
+        clock.t += 400.0 if turn else 0.0
+        body = replay.anthropic_request(session, turn)
+        body["system"] = [{"type": "text", "text": body["system"], "cache_control": FIVE_MIN}]
+        raw = client.messages.with_raw_response.create(**body, extra_headers={"x-wiregate-session": "slow-5m"})
+        billed.append(_billed(raw.parse().usage))
+        ids.append(raw.headers.get("x-powercontext-request-id", ""))
+    return billed, ids
+
+
+def test_a_slow_session_with_a_client_five_minute_marker_bills_as_direct_once_paced(
+    clocked: tuple[Env, GatewayThread, MockProviderServer, Clock],
+) -> None:
+    env, gw, _, clock = clocked
+    via, ids = _slow_session(anthropic_client(gw, env, uds=True), clock, 10)
+    with MockProviderServer(api_key=UPSTREAM_KEY) as mock:
+        mock.state.clock = own = Clock()
+        direct, _ = _slow_session(direct_anthropic(mock.url), own, 10)
+    report = raw_client(gw, env).get("/v1/usage/report", headers={"authorization": f"Bearer {env.gateway_key}"})
+    plans = {r["request_id"]: r["cache_plan"] for r in report.json()["recent"]}
+    # Turn 1 plans without history (fixed TTLs) and turn 2 from one gap, where a 5 min write
+    # still rates as paying; from turn 3 on it loses, so the gateway writes nothing the
+    # client did not ask for and bills exactly what sending direct bills.
+    assert via[2:] == direct[2:]
+    assert [plans[i] for i in ids[2:]] == [["client_markers", "skipped_unprofitable"]] * 8
+    assert sum(via) <= 1.01 * sum(direct)  # the two early turns' writes: 108.9 % before the fix
