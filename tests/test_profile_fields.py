@@ -85,15 +85,18 @@ def test_a_call_in_flight_during_a_reload_is_recorded_under_the_configuration_it
     """The exchange pins the runtime for the whole call: a profile re-signed with another
     account and reloaded while the upstream is still answering changes the next call's usage
     record, not the one in flight."""
-    env = make_env(profiles=[mock_profile("acct", "openai", mock.url, account="acct-before")])
+    patient = {"connect_s": 2, "read_s": 30, "total_s": 40}  # the slow answer is not a timeout
+    env = make_env(profiles=[mock_profile("acct", "openai", mock.url, account="acct-before", timeouts=patient)])
     gateway = gateway_for(env)
     sid = "p" + uuid.uuid4().hex[:10]
-    mock.state.add_scenario(sid, [{"text": "slow", "delay_ms": 1500}, {"text": "quick"}])
+    # Long enough that the reload (a re-sign and a worker recompile, seconds on a loaded
+    # machine) lands while the upstream is still answering.
+    mock.state.add_scenario(sid, [{"text": "slow", "delay_ms": 6000}, {"text": "quick"}])
     body = {"model": "gpt-4.1", "messages": [{"role": "user", "content": f"mock-scenario:{sid}"}]}
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         slow = pool.submit(raw_client(gateway, env).post, "/v1/chat/completions", headers=_headers(env), json=body)
         assert mock.state.wait_for(lambda recs: any(r.scenario == sid for r in recs), timeout=5)
-        env.write_profile(mock_profile("acct", "openai", mock.url, account="acct-after"))
+        env.write_profile(mock_profile("acct", "openai", mock.url, account="acct-after", timeouts=patient))
         assert gateway.reload()
         assert not slow.done()  # the reload landed while the upstream was still answering
         first = slow.result(timeout=30)
