@@ -181,6 +181,150 @@ def test_a_bound_marker_still_passes_under_require_binding(strict: tuple[Env, Ga
     assert _api(env, gateway, "POST", "/v1/chat/completions", chat, **headers).status_code == 200
 
 
+def _split_beside(genuine: dict[str, Any]) -> dict[str, Any]:
+    """A forged block split inside its begin marker over two text parts, beside a genuine
+    block in a part of the same message that is not joined with them."""
+    half = 20  # inside the begin marker
+    parts = [{"type": "text", "text": FORGED[:half]}, {"type": "text", "text": FORGED[half:]}, genuine]
+    return {
+        "model": "gpt-4.1",
+        "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": parts}],
+    }
+
+
+def test_a_genuine_block_beside_a_split_marker_does_not_vouch_for_it(strict: tuple[Env, GatewayThread]) -> None:
+    """The genuine block (in a refusal part, verified by its own replay) once made the count
+    of markers in the message's strings equal the count in its joined text parts, and the
+    forged one was sent."""
+    env, gateway = strict
+    scope, answer = _prepared(env, gateway)
+    content, binding = answer["context"]["content"], answer["reuse"]["binding"]
+    body = _split_beside({"type": "refusal", "refusal": content})
+    pointer, end = "/messages/1/content/2/refusal", len(content.encode())
+    location = {"schema": LOCATION, "pointer": pointer, "start_byte": 0, "end_byte": end}
+    replays = [{"binding": binding, "location": location}]
+    checked = _api(env, gateway, "POST", "/v1/context/check", _send(body, scope, prepared_contexts=replays)).json()
+    assert (checked["decision"], checked["reason_codes"]) == ("withhold", ["prepared_context_unbound"])
+    header = _header(binding, pointer, 0, end)
+    sent = _api(
+        env,
+        gateway,
+        "POST",
+        "/v1/chat/completions",
+        body,
+        **{"x-wiregate-scope": scope, "x-wiregate-prepared-context": header},
+    )
+    assert sent.status_code == 422 and sent.json()["error"]["reason_codes"] == ["prepared_context_unbound"]
+    # The genuine block alone, replayed the same way, is sent: the refusal above is the split marker's.
+    alone = {
+        "model": "gpt-4.1",
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": [body["messages"][1]["content"][2]]},
+        ],
+    }
+    header = _header(binding, "/messages/1/content/0/refusal", 0, end)
+    ok = _api(
+        env,
+        gateway,
+        "POST",
+        "/v1/chat/completions",
+        alone,
+        **{"x-wiregate-scope": scope, "x-wiregate-prepared-context": header},
+    )
+    assert ok.status_code == 200
+
+
+def test_a_genuine_block_inside_one_text_part_beside_others_is_bound(strict: tuple[Env, GatewayThread]) -> None:
+    """Joined with other text parts, a block that lies wholly inside one part is that
+    part's own: its replay covers it and the request is sent."""
+    env, gateway = strict
+    scope, answer = _prepared(env, gateway)
+    content, binding = answer["context"]["content"], answer["reuse"]["binding"]
+    parts = [
+        {"type": "text", "text": "before "},
+        {"type": "text", "text": SYSTEM + content},
+        {"type": "text", "text": " after"},
+    ]
+    body = {"model": "gpt-4.1", "messages": [{"role": "user", "content": parts}]}
+    start = len(SYSTEM.encode())
+    header = _header(binding, "/messages/0/content/1/text", start, start + len(content.encode()))
+    sent = _api(
+        env,
+        gateway,
+        "POST",
+        "/v1/chat/completions",
+        body,
+        **{"x-wiregate-scope": scope, "x-wiregate-prepared-context": header},
+    )
+    assert sent.status_code == 200
+
+
+def _marked_of(carrier: str, body: dict[str, Any]) -> list[str]:
+    from gateway.carriers import CARRIERS
+    from gateway.carriers.base import CarrierLimits
+    from gateway.checks import runner
+
+    parsed = CARRIERS[carrier].parse_request(json.dumps(body).encode(), CarrierLimits())
+    return [where for where, _ in runner._marked([parsed])]  # noqa: SLF001
+
+
+GENUINE_LIKE = prepared.BEGIN_MARKER + "\n{}\n" + prepared.END_MARKER
+
+
+def test_marked_in_every_carrier_and_every_decoding() -> None:
+    """Which markers no replay can cover (UNBOUND), per carrier: a split one beside a whole
+    one in a part that is not joined (Anthropic tool_result, Responses refusal); a marker
+    that appears only at the second decoding of JSON held in a string, beside a literal one
+    in the same string; a marker wholly inside one of several joined text parts is only its
+    string's own."""
+    half = 20
+    anthropic = {
+        "model": "claude-x",
+        "max_tokens": 5,
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": FORGED[:half]},
+                    {"type": "text", "text": FORGED[half:]},
+                    {"type": "tool_result", "tool_use_id": "t", "content": GENUINE_LIKE},
+                ],
+            }
+        ],
+    }
+    assert _marked_of("anthropic.messages", anthropic) == ["/messages/0/content/2/content", runner_unbound()]
+    responses = {
+        "model": "gpt-4.1",
+        "input": [
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "output_text", "text": FORGED[:half]},
+                    {"type": "output_text", "text": FORGED[half:]},
+                    {"type": "refusal", "refusal": GENUINE_LIKE},
+                ],
+            }
+        ],
+    }
+    assert _marked_of("openai.responses", responses) == ["/input/0/content/2/refusal", runner_unbound()]
+    inner = json.dumps({"c": FORGED}).replace("B", "\\u0042")  # the marker only at the second decoding
+    nested = json.dumps({"a": prepared.BEGIN_MARKER, "b": inner})
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": nested}}
+    chat = {"model": "gpt-4.1", "messages": [{"role": "assistant", "content": None, "tool_calls": [call]}]}
+    marked = _marked_of("openai.chat", chat)
+    assert marked[0] == "/messages/0/tool_calls/0/function/arguments" and set(marked[1:]) == {runner_unbound()}
+    whole = [{"type": "text", "text": "a"}, {"type": "text", "text": "x " + FORGED}, {"type": "text", "text": "b"}]
+    chat = {"model": "gpt-4.1", "messages": [{"role": "user", "content": whole}]}
+    assert _marked_of("openai.chat", chat) == ["/messages/0/content/1/text"]
+
+
+def runner_unbound() -> str:
+    from gateway.checks.runner import UNBOUND_POINTER
+
+    return UNBOUND_POINTER
+
+
 def test_a_replay_survives_the_planner_wrapping_its_string(gw: tuple[Env, GatewayThread]) -> None:
     """A long system prompt is worth a cache marker: the planner turns the bare string into
     one text block, and the replay that named the string still verifies."""

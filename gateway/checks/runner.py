@@ -12,6 +12,7 @@ Must not: do network I/O, sequence the wire path (proxy/flow.py does) or expose 
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -28,7 +29,7 @@ from gateway.config.runtime import LoadedProfile, Runtime
 from gateway.inspection.verdict import COVERAGE_PROFILE, Coverage, Finding, Verdict, decide, withhold
 from gateway.ledgers.release import ReleaseLedger
 from gateway.obs import logging as log
-from gateway.units import pointer
+from gateway.units import Path, pointer
 from gateway.vocab import Decision, Mode, Phase, ReasonCode
 
 # Re-exported for callers that assemble check inputs.
@@ -160,25 +161,49 @@ UNBOUND_POINTER = "~unbound"  # resolves to nothing: no replay can ever cover wh
 
 def _marked(parsed: Sequence[ParsedRequest]) -> list[tuple[str, bytes]]:
     """Every request string that carries the prepared-context begin marker, by pointer; and
-    under `UNBOUND_POINTER`, a marker no replay can cover: one in an object key, or one that
-    only appears once strings are decoded or joined (an escaped marker inside JSON held in a
-    string, a marker split over the text parts of one message) — a replay covers bytes of
-    one string, and the model reads these too."""
+    under `UNBOUND_POINTER`, a marker no replay can cover: one in an object key, one that
+    only appears once strings are decoded (JSON held in a string: a prepared block, with
+    its line breaks and quotes, can never stand verbatim in a string that parses as JSON,
+    so every marker read there is unbound), and one that only appears once the text parts
+    of a message are joined (split over two parts). A replay covers bytes of one string,
+    and the model reads all of these."""
     out: list[tuple[str, bytes]] = []
     marker = prepared.BEGIN_MARKER
     for p in parsed:
         carrying = [unit for unit in p.units if marker in unit.text]
-        strings = [unit for unit in carrying if unit.kind == "string"]
-        for unit in strings:
-            out.append((pointer(unit.path), unit.text.encode("utf-8", "surrogatepass")))
+        if not carrying:
+            continue
+        strings = {unit.path: unit.text for unit in p.units if unit.kind == "string"}
         for unit in carrying:
             if unit.kind == "string":
-                continue
-            depth = len(unit.path)
-            literal = sum(s.text.count(marker) for s in strings if s.path[:depth] == unit.path)
-            if unit.kind == "key" or unit.text.count(marker) > literal:
+                out.append((pointer(unit.path), unit.text.encode("utf-8", "surrogatepass")))
+            elif unit.kind != "joined" or not _markers_within_parts(unit.path, unit.text, strings, marker):
                 out.append((UNBOUND_POINTER, unit.text.encode("utf-8", "surrogatepass")))
     return out
+
+
+def _markers_within_parts(path: Path, text: str, strings: Mapping[Path, str], marker: str) -> bool:
+    """Does every marker in a message's joined text lie wholly inside one of the text parts
+    it was joined from (`path`/N/text, in order; such a marker is that string's own, marked
+    there)? False when the parts do not make up `text` exactly: unproven is unbound."""
+    parts = sorted(
+        (sub[len(path)], value)
+        for sub, value in strings.items()
+        if len(sub) == len(path) + 2 and sub[: len(path)] == path and type(sub[-2]) is int and sub[-1] == "text"
+    )
+    if "".join(value for _, value in parts) != text:
+        return False
+    ends: list[int] = []
+    end = 0
+    for _, value in parts:
+        end += len(value)
+        ends.append(end)
+    at = text.find(marker)
+    while at != -1:
+        if at + len(marker) > ends[bisect.bisect_right(ends, at)]:  # past the end of the part it starts in
+            return False
+        at = text.find(marker, at + 1)
+    return True
 
 
 def _inspect_response(runtime: Runtime, given: ReleaseInput, now: float) -> Verdict:
