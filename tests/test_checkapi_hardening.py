@@ -142,6 +142,29 @@ def test_an_allowed_model_still_gets_allow_and_a_binding(
     assert r.status_code == 200 and r.json()["decision"] == "allow" and r.json()["binding"], r.text
 
 
+@pytest.mark.parametrize("size", ["small", "large"])
+def test_a_request_past_the_context_window_is_withheld_as_the_proxy_withholds_it(
+    pair: tuple[tuple[Env, GatewayThread], tuple[Env, GatewayThread]], size: str
+) -> None:
+    """mock-openai's window is 128,000 tokens: asking for 200,000 output tokens never fits.
+    The proxy withholds it before its checks; the check API answered allow, with a binding."""
+    env, gateway = pair[0] if size == "large" else pair[1]
+    text = "hello" if size == "small" else PAD
+    for max_tokens, fits in ((200_000, False), (1_000, True)):
+        body = {**_chat(text, "gpt-4.1-mini"), "max_tokens": max_tokens}
+        proxied = raw_client(gateway, env).post(
+            "/v1/chat/completions", json=body, headers={**_auth(env.gateway_key), "x-wiregate-profile": "mock-openai"}
+        )
+        r = _post(env, gateway, json.dumps(_send(body)).encode())
+        assert r.status_code == 200, r.text
+        if fits:
+            assert proxied.status_code == 200 and r.json()["decision"] == "allow" and r.json()["binding"]
+        else:
+            assert proxied.status_code == 422 and _reasons(proxied) == ["window_exceeded"], proxied.text
+            assert (r.json()["decision"], r.json()["reason_codes"]) == ("withhold", ["window_exceeded"])
+            assert "binding" not in r.json() and text not in r.text
+
+
 # --- 2. duplicate keys in the check request --------------------------------------------
 
 

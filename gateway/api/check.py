@@ -42,7 +42,7 @@ from gateway.checks.runner import Party
 from gateway.config.runtime import LoadedProfile, Principal, Runtime
 from gateway.http.body import read_body
 from gateway.inspection.verdict import Verdict, withhold
-from gateway.proxy import projections, replay, routing
+from gateway.proxy import decide, projections, replay, routing
 from gateway.state import CALL, CONTEXT, RELEASE_LEDGER, RUNTIME
 from gateway.vocab import Decision, Mode, Outcome, Phase, ReasonCode
 
@@ -292,6 +292,11 @@ async def _before_send(
         )
         return _result(Phase.BEFORE_SEND, withhold(reason, runtime.policy.version, complete=False), now)
     _allowed_models(runtime, principal, dto.target_profile, parsed, now)  # before anything else is looked up
+    if not all(decide.window(reading, carrier, party.profile).admitted for carrier, reading in parsed):
+        # The proxy withholds what does not fit the target's context window before its checks
+        # (it reads the planned body, whose cache markers add a few tokens at most).
+        verdict = withhold(ReasonCode.WINDOW_EXCEEDED, runtime.policy.version, complete=False)
+        return _result(Phase.BEFORE_SEND, verdict, now)
     replays = tuple(
         prepared.Replay(p.binding, p.location.pointer, p.location.start_byte, p.location.end_byte)
         for p in dto.prepared_contexts

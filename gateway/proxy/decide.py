@@ -94,11 +94,11 @@ def plan(
         return unchanged
 
 
-def admit(parsed: ParsedRequest, carrier: Carrier, loaded: LoadedProfile) -> int:
-    """Step 5: the request must fit the profile's context window, or it is withheld.
-    Returns the input estimate (usage records use it where the provider says nothing)."""
+def window(parsed: ParsedRequest, carrier: Carrier, loaded: LoadedProfile) -> admission.Admission:
+    """Whether the request fits the profile's context window (the proxy's step 5, and the
+    check API's reading of the same rule)."""
     profile = loaded.profile
-    decision = admission.admit(
+    return admission.admit(
         parsed.units,
         requested=carrier.requested_output(parsed.doc),
         estimator=admission.ESTIMATORS[profile.estimator.name],
@@ -106,6 +106,12 @@ def admit(parsed: ParsedRequest, carrier: Carrier, loaded: LoadedProfile) -> int
         context_window=profile.context_window,
         default_output=profile.max_output_tokens,
     )
+
+
+def admit(parsed: ParsedRequest, carrier: Carrier, loaded: LoadedProfile) -> int:
+    """Step 5: the request must fit the profile's context window, or it is withheld.
+    Returns the input estimate (usage records use it where the provider says nothing)."""
+    decision = window(parsed, carrier, loaded)
     if not decision.admitted:
         raise ClientError(422, "request_withheld", (ReasonCode.WINDOW_EXCEEDED,))
     return decision.estimated_input
