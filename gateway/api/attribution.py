@@ -48,18 +48,24 @@ def query_number(value: str | None, default: float) -> float:
 async def _compute(
     ledger: AttributionLedger, registry: Registry, scope: str | None, since: float, until: float, now: float, top: int
 ) -> dict[str, Any]:
-    """Read the rows (on the database's side), then decode and aggregate them off the loop."""
+    """Read the rows (on the database's side), then decode and aggregate them off the loop.
+    Records this process dropped from its queue (the database was away too long) are
+    missing from the rows: the report says so (`records_dropped`) and exposure is not
+    `supported`."""
     rows, limited = await ledger.rows(scope, until, now=now)
-    return await asyncio.to_thread(_aggregate, rows, registry, since, limited, top)
+    dropped = ledger.dropped > 0
+    return await asyncio.to_thread(_aggregate, rows, registry, since, limited, top, dropped)
 
 
-def _aggregate(rows: list[Row], registry: Registry, since: float, limited: bool, top: int) -> dict[str, Any]:
+def _aggregate(
+    rows: list[Row], registry: Registry, since: float, limited: bool, top: int, dropped: bool = False
+) -> dict[str, Any]:
     """One pass, on a worker thread: each row is decoded just before it is added (never every
     record at once), in time order, then the report."""
     agg = Aggregator(registry, since=since)
     for record in decoded(rows):
         agg.add(record)
-    return agg.report(limited_scan=limited, top_n=top)
+    return agg.report(limited_scan=limited, top_n=top, dropped=dropped)
 
 
 async def build_report(
@@ -87,9 +93,6 @@ async def build_report(
             if not work.cancelled():
                 work.exception()  # retrieved: the caller is gone, there is no one to tell
             raise
-    if ledger.dropped:  # this process dropped queued records (the database was away too long)
-        body["limited"] = True
-        body["limitReasons"] = [*body["limitReasons"], "records_dropped"]
     body["window"] = {"since": start, "until": end, "retentionDays": ledger.retention_s / 86400}
     body["scope"] = "selected" if scope is not None else "all"
     body["collection"] = {"collecting": ledger.collecting}

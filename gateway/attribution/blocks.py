@@ -63,13 +63,21 @@ class Split:
     truncated: bool = False  # past MAX_BLOCKS_PER_CALL: the rest folded into one unattributed block
 
 
+# What a continuation names when its `previous_response_id` or `conversation` is there but
+# unreadable (not an id): a parent no call can be, so its evidence is incomplete.
+UNKNOWN_PARENT = "?"
+
+
 @dataclass(frozen=True, slots=True)
 class Attributed:
-    """What a call's attribution record takes from its request: the split, and whether the
-    request shows the whole context (see `continues_server_state`)."""
+    """What a call's attribution record takes from its request: the split, whether the
+    request shows the whole context (see `continues_server_state`) and, when it does not,
+    the keyed digests of the server-side state it continues (see `continued_state`)."""
 
     split: Split
     full_context: bool
+    parent: str | None = None  # the response it continues (`previous_response_id`)
+    conversation: str | None = None  # the conversation it continues
 
 
 def parse_labels(value: str | None) -> tuple[dict[str, str], bool]:
@@ -218,3 +226,21 @@ def continues_server_state(doc: Mapping[str, Any]) -> bool:
     """Does the request continue context the provider holds (a Responses
     `previous_response_id` or `conversation`)? Then it is not the whole active set."""
     return bool(doc.get("previous_response_id") or doc.get("conversation"))
+
+
+def continued_state(
+    doc: Mapping[str, Any], response: Callable[[str], str], conversation: Callable[[str], str]
+) -> tuple[str | None, str | None]:
+    """What a continuation continues, as keyed digests only: `response(id)` of its
+    `previous_response_id` (the digest its parent's invocation identity was recorded under)
+    and `conversation(id)` of its `conversation` (an id, or an object holding one). None for
+    a field that is absent or empty; UNKNOWN_PARENT for one that holds no readable id."""
+
+    def named(value: Any, digest: Callable[[str], str]) -> str | None:
+        if not value:
+            return None
+        if isinstance(value, Mapping):
+            value = value.get("id")
+        return digest(value) if isinstance(value, str) and value else UNKNOWN_PARENT
+
+    return named(doc.get("previous_response_id"), response), named(doc.get("conversation"), conversation)

@@ -13,12 +13,21 @@ materialized figure without naming the estimator, or read anything but records.
 Evidence. Exposure needs a stable invocation identity (the provider's response id) and
 the complete active-block set of that invocation. A request that carries its whole context
 (chat, messages, a Responses call without server-side state) is its own complete set, plus
-what its session carries; one that continues server-side state is complete only in a
-session whose whole context was seen before it (its carried blocks stand for what the
-provider holds), and incomplete otherwise. Every copy of a block in the context counts:
-two identical tool results are two blocks of one invocation (count-once is for the same
-invocation recorded again, not for repeated text). All correlated and complete: `supported`; some: `limited`; none:
-`unsupported`, and every exposure figure is absent.
+what its session carries. One that continues server-side state names what it continues (a
+keyed digest of its `previous_response_id`, or of its `conversation`); its session's carried
+blocks stand for what the provider holds only when that is the session's last correlated
+call (its parent; for a conversation, the last call was in that conversation): then they
+are carried into it, and it is complete when a full-context request began that chain and
+nothing of unknown lifetime was materialised in it since (such blocks are never carried,
+so the carried set would miss them). Anything else — a branch from an older response, a
+parent never recorded, a conversation whose opening items were never seen, a record that
+does not name its parent (stored before parents were recorded) — is incomplete, and only
+what the request itself holds is counted: never blocks the provider did not hold for it.
+Every copy of a block in the context counts: two identical tool results are two blocks of
+one invocation (count-once is for the same invocation recorded again, not for repeated
+text). All correlated and complete: `supported`; some: `limited` (and so is a report whose
+records were bounded, truncated or dropped); none: `unsupported`, and every exposure figure
+is absent.
 """
 
 from __future__ import annotations
@@ -29,7 +38,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.attribution.blocks import ESTIMATOR, Block
+from gateway.attribution.blocks import ESTIMATOR, UNKNOWN_PARENT, Block
 from gateway.attribution.registry import PARTITION, BlockSpec, Registry
 
 SCHEMA = "wiregate.attribution-report.v1"
@@ -41,7 +50,13 @@ _COMPACT = json.JSONEncoder(separators=(",", ":"))
 
 @dataclass(frozen=True, slots=True)
 class Record:
-    """One input boundary as stored: no text, no raw ids (keyed digests only)."""
+    """One input boundary as stored: no text, no raw ids (keyed digests only).
+
+    A continuation (`full_context` false) names what it continues: `parent`, the digest of
+    its `previous_response_id` made as `invocation` is made, and/or `conversation`, the
+    digest of its conversation (UNKNOWN_PARENT: present but unreadable, or a record stored
+    before parents were recorded). Both None: it continues its session's last call (a record
+    built by hand; the gateway always names the parent)."""
 
     ts: float
     blocks: tuple[Block, ...]
@@ -51,14 +66,21 @@ class Record:
     usage: Mapping[str, tuple[int | None, str]] = field(default_factory=dict)  # kind → (value, provenance)
     truncated: bool = False
     profile: str = ""
+    parent: str | None = None  # a continuation's parent response (digest)
+    conversation: str | None = None  # a continuation's conversation (digest)
 
     def as_json(self) -> dict[str, Any]:
-        return {
+        doc: dict[str, Any] = {
             "b": [[b.block_id, b.instance, b.estimate] for b in self.blocks],
             "f": self.full_context,
             "u": {k: [v, p] for k, (v, p) in self.usage.items()},
             "t": self.truncated,
         }
+        if not self.full_context:  # a full-context record is stored as before
+            doc["p"] = self.parent
+            if self.conversation is not None:
+                doc["c"] = self.conversation
+        return doc
 
     def as_text(self) -> str:
         """`as_json` as the compact text a stored record holds (one encoder for every call)."""
@@ -68,16 +90,43 @@ class Record:
     def from_json(
         cls, ts: float, invocation: str | None, session: str | None, profile: str, doc: Mapping[str, Any]
     ) -> Record:
+        full_context = bool(doc.get("f", True))
+        parent: str | None = None
+        conversation: str | None = None
+        if not full_context:
+            # A continuation stored before parents were recorded ("p" absent) cannot show
+            # which response it continued: its parent is unknown, its evidence incomplete.
+            parent = _digest(doc["p"]) if "p" in doc else UNKNOWN_PARENT
+            conversation = _digest(doc.get("c"))
         return cls(
             ts=ts,
             blocks=tuple(Block(str(b[0]), str(b[1]), int(b[2])) for b in doc.get("b", ())),
             invocation=invocation,
             session=session,
-            full_context=bool(doc.get("f", True)),
+            full_context=full_context,
             usage={str(k): (None if v[0] is None else int(v[0]), str(v[1])) for k, v in doc.get("u", {}).items()},
             truncated=bool(doc.get("t", False)),
             profile=profile,
+            parent=parent,
+            conversation=conversation,
         )
+
+
+def _digest(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+@dataclass(slots=True)
+class _Chain:
+    """What a session's carried blocks stand for: the provider-side state after its last
+    correlated call (a full-context request starts a chain; a continuation of that call
+    moves it on)."""
+
+    head: str | None  # that call's invocation digest
+    conversation: str | None  # the conversation it continued, if any
+    whole: bool  # the carried set is its whole active set as far as lifetimes go (see `_evidence`)
+    opaque: bool  # material of unknown lifetime (never carried) was materialised in the chain
+    complete: bool  # that call's own evidence (a sighting of it again has the same)
 
 
 @dataclass(slots=True)
@@ -104,7 +153,7 @@ class Aggregator:
         self.entries: dict[str, _Entry] = {}
         # session → its carried blocks, each with the copies of it the context holds
         self.sessions: dict[str, dict[Key, tuple[Block, int]]] = {}
-        self.launched: set[str] = set()  # sessions a full-context request was seen in
+        self.chains: dict[str, _Chain] = {}  # session → what its carried blocks stand for
         self.seen: dict[str, set[Key]] = {}  # invocation → block identities already counted
         self.counted: set[str] = set()  # invocations whose first sighting in the window was counted
         self.boundaries = 0
@@ -127,13 +176,14 @@ class Aggregator:
             entry = self.entries[spec.id] = _Entry(spec)
         return entry
 
-    def _carry(self, record: Record) -> dict[Key, tuple[Block, int]]:
+    def _carry(self, record: Record, specs: list[BlockSpec], chained: bool) -> dict[Key, tuple[Block, int]]:
         """The session's active blocks before this record, after this record's
         compaction and replacements; then updated with what it materialises (with the
-        copies of each it holds). Returns the carried set as it stood for this invocation."""
-        carried = dict(self.sessions.get(record.session, {})) if record.session is not None else {}
+        copies of each it holds). Returns the carried set as it stood for this invocation.
+        A continuation of another state than the session's (`chained` false) carries
+        nothing in: the session then holds only what it materialised."""
+        carried = dict(self.sessions.get(record.session, {})) if record.session is not None and chained else {}
         here = Counter((b.block_id, b.instance) for b in record.blocks)
-        specs = [self.registry.resolve(b.block_id) for b in record.blocks]
         if any(
             s.compacts and (b.block_id, b.instance) not in carried for s, b in zip(specs, record.blocks, strict=True)
         ):
@@ -153,13 +203,47 @@ class Aggregator:
             self.sessions[record.session] = carried
         return before
 
+    def _evidence(self, record: Record, specs: list[BlockSpec], repeat: bool) -> tuple[bool, bool]:
+        """(chained, complete) for this record, and its session's chain moved on. Chained:
+        the session's carried blocks belong to the state it continues (they are carried
+        into it). Complete: its active set is whole — a full-context request always; a
+        continuation only when it continues the session's last correlated call (its parent,
+        or that call's conversation), in a chain a full-context request began and no
+        unknown-lifetime material entered since."""
+        if record.session is None or record.invocation is None:
+            # Without a session nothing is carried; an uncorrelated call (no response id: the
+            # provider kept no state a continuation could name) leaves the chain where it was.
+            return True, record.full_context
+        unknown = any(spec.lifetime == "unknown" for spec in specs)
+        chain = self.chains.get(record.session)
+        if repeat:
+            # The same invocation recorded again: the state it stands for is not new.
+            if chain is not None and chain.head == record.invocation:
+                chain.opaque = chain.opaque or unknown
+                return True, chain.complete
+            return True, record.full_context  # an older call again: its evidence was not kept
+        if record.full_context:
+            self.chains[record.session] = _Chain(record.invocation, None, True, unknown, True)
+            return True, True
+        if chain is None or not _continues(record, chain):
+            # Another state than the one the session's blocks stand for (or none seen):
+            # incomplete, and from here on the session holds only what this call brought.
+            self.chains[record.session] = _Chain(record.invocation, record.conversation, False, unknown, False)
+            return False, False
+        complete = chain.whole and not chain.opaque
+        self.chains[record.session] = _Chain(
+            record.invocation, record.conversation, chain.whole, chain.opaque or unknown, complete
+        )
+        return True, complete
+
     def add(self, record: Record) -> None:
         counted = record.ts >= self.since
         fresh = list(record.blocks)
         here = {(b.block_id, b.instance) for b in record.blocks}
-        replay = False
+        replay = repeat = False
         if record.invocation is not None:
             seen = self.seen.get(record.invocation)
+            repeat = seen is not None
             # A repeat of an invocation first seen before the window is its first sighting in
             # the window: a whole boundary (its earlier blocks, usage and correlation were
             # never counted), not a replay of one.
@@ -170,15 +254,16 @@ class Aggregator:
                     if counted:
                         self.replays += 1
                     return
-            self.seen.setdefault(record.invocation, set()).update((b.block_id, b.instance) for b in fresh)
             if counted and not replay:
+                # Its first sighting in the window: what it holds, whatever a sighting before
+                # the window held (that one was never counted, so it decides nothing here).
+                self.seen[record.invocation] = {(b.block_id, b.instance) for b in fresh}
                 self.counted.add(record.invocation)
-        carried = self._carry(record)
-        # A continuation (server-side state) is complete only in a session whose whole
-        # context was seen before it: what that launch carried stands for what the provider holds.
-        complete = record.full_context or (record.session is not None and record.session in self.launched)
-        if record.full_context and record.session is not None:
-            self.launched.add(record.session)
+            else:
+                self.seen.setdefault(record.invocation, set()).update((b.block_id, b.instance) for b in fresh)
+        specs = [self.registry.resolve(b.block_id) for b in record.blocks]
+        chained, complete = self._evidence(record, specs, repeat)
+        carried = self._carry(record, specs, chained)
         if not counted:
             return
         if record.truncated:
@@ -246,9 +331,12 @@ class Aggregator:
             return "supported"
         return "limited"
 
-    def report(self, *, limited_scan: bool = False, top_n: int = TOP_N) -> dict[str, Any]:
+    def report(self, *, limited_scan: bool = False, top_n: int = TOP_N, dropped: bool = False) -> dict[str, Any]:
+        """`limited_scan`: the read stopped at a bound; `dropped`: this process dropped
+        records before they were written. Either leaves calls out of the pass, and a call
+        past the blocks-per-call bound was not seen whole: exposure is then not `supported`."""
         status = self.exposure_status()
-        if status == "supported" and (limited_scan or self.truncated):
+        if status == "supported" and (limited_scan or self.truncated or dropped):
             status = "limited"
         exposure_known = status != "unsupported"
         ledger = [self._row(e, exposure_known) for e in self.entries.values()]
@@ -266,6 +354,8 @@ class Aggregator:
             reasons.append("entry_bound")
         if self.truncated:
             reasons.append("blocks_per_call_bound")
+        if dropped:  # this process dropped queued records (the database was away too long)
+            reasons.append("records_dropped")
         return {
             "schema": SCHEMA,
             "estimator": {"name": ESTIMATOR, "kind": "relative_attribution_only"},
@@ -319,6 +409,18 @@ class Aggregator:
         else:
             row["estimator"] = "materialized_contribution"
         return row
+
+
+def _continues(record: Record, chain: _Chain) -> bool:
+    """Does a continuation continue the state its session's chain stands for: its parent is
+    the chain's last call, and/or its conversation the one that call continued?"""
+    if UNKNOWN_PARENT in (record.parent, record.conversation):
+        return False
+    if record.parent is None and record.conversation is None:
+        return True  # a record that does not name its parent: the session's last call
+    return (record.parent is None or record.parent == chain.head) and (
+        record.conversation is None or record.conversation == chain.conversation
+    )
 
 
 _VALUE_OF = {

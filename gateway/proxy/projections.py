@@ -168,7 +168,24 @@ def attribute(
     split = blocks.split(
         carrier.prompt_layout(doc), registry_for(runtime.config.attribution), block_digest(runtime.log_key), labels
     )
-    return blocks.Attributed(split, not blocks.continues_server_state(doc))
+    if not blocks.continues_server_state(doc):
+        return blocks.Attributed(split, True)
+    # A continuation names its parent the way the parent's record names itself (the
+    # ledger counts it complete only when that parent is its session's last call).
+    parent, conversation = blocks.continued_state(
+        doc, functools.partial(invocation_digest, runtime), functools.partial(_conversation_digest, runtime)
+    )
+    return blocks.Attributed(split, False, parent, conversation)
+
+
+def invocation_digest(runtime: Runtime, response_id: str) -> str:
+    """An invocation's identity as records keep it: the keyed digest of the provider's
+    response id (a continuation's `previous_response_id` names its parent the same way)."""
+    return runtime.log_digest("invocation\x00" + response_id)
+
+
+def _conversation_digest(runtime: Runtime, conversation_id: str) -> str:
+    return runtime.log_digest("conversation\x00" + conversation_id)
 
 
 def attribution_record(
@@ -192,9 +209,11 @@ def attribution_record(
     record = Record(
         ts=time.time() if ts is None else ts,
         blocks=made.split.blocks,
-        invocation=runtime.log_digest("invocation\x00" + response_id) if response_id else None,
+        invocation=invocation_digest(runtime, response_id) if response_id else None,
         session=_kept_digest(runtime.log_key, _session_name(ex)) if ex.session else None,
         full_context=made.full_context,
+        parent=made.parent,
+        conversation=made.conversation,
         usage={kind: (c.value, c.provenance) for kind, c in counts.items()},
         truncated=made.split.truncated,
         profile=trail.profile_id or "",
