@@ -5,14 +5,27 @@ together with the window of text that follows it.
 Theory
 ------
 The carrier folds the stream one event at a time (`Carrier.stream_folder`), field by field,
-exactly as a buffered fold would. For every event we remember, per folded field it extends,
-how many significant characters the field held after it (significant: what `squeeze`
-keeps — invisible, control and format characters do not count, tag characters do, so
-padding a secret with zero-width characters cannot stretch it past the window). Event `k`
-may be released when, for each field it extends, either
+exactly as a buffered fold would. The window is counted in what every copy the engine
+reads holds for certain, however the text decodes. A field's text is cut into words
+(`decoders.WORD`: the characters some decoding reads as part of an encoded run) and the
+characters between them, each of which reads as itself in every copy. Such a character
+counts one when it is significant (what `normalise` keeps: invisible, control and format
+characters, combining marks and what NFKC joins to the character before it do not count;
+tag characters do). A whole word in which no text decoding can start (no `%`, `&` or
+`\\`) counts its length: every copy holds it as it is, and a base64 or hex copy holds that
+run alone. One whose only `\\` are JSON's string escapes (`\\n`, `\\"`, `\\u00e9`: tool-call
+arguments) counts what it says once they are read, when that holds none of the three. Any
+other word counts only what comes before its first `%`, `&` or `\\` (a decoding reads on
+from where it starts, never back), and nothing from there on, whatever its length: an
+escape, a character reference or a percent-encoded byte may stand for one character or
+none, nested in each other at any depth, so neither an encoded secret nor padding of
+escapes stretches past the window. The
+word at the field's end counts only once something follows it (it may be a run still
+arriving), and an event that ends inside a word is followed only by what comes after that
+word. Event `k` may be released when, for each field it extends, either
 
-* at least `window` significant characters have arrived in that field after it (any match
-  that includes one of its characters is then complete, and has been inspected), or
+* at least `window` has arrived in that field after it (any match that includes one of
+  its characters is then complete, and has been inspected), or
 * the field is quiet: `window` significant characters have arrived in other fields of its
   lane, or of the lanes within it, since it last grew (a role, a finished text block before
   a tool call). A lane is what one generation writes in order: the whole answer, except
@@ -32,7 +45,7 @@ assumption, and the stream ends there (`upstream_invalid_response`): the new tex
 leaves (what was released of the field was inspected, but alone). Before anything is
 released, one inspection covers what arrived since the previous one: each new event's own
 units, the re-framed bytes of the new events (with the previous `window` bytes before
-them), and for each folded field the slice from `window` significant characters before the
+them), and for each folded field the slice from `window` (counted as above) before the
 first character not yet inspected (or not yet released) to its end, moved back to a
 whitespace boundary so that no encoded run (base64, hex, escapes) is cut. Slices are given
 in the fold's field order, so configured values split across fields are read joined, as a
@@ -40,9 +53,9 @@ buffered check reads them. Any non-allow ends the stream: nothing after the last
 event leaves. The end of the stream is judged by the complete buffered check
 (`decide.read_response` + `runner.before_release`) before the held remainder is released.
 
-Cost: inspection runs at most once per `window / 2` new significant characters (or after
-`interval_s` with something releasable), each over about `window` characters of overlap
-plus the new text.
+Cost: inspection runs at most once per `window / 2` new significant characters, or after
+`interval_s` with something releasable (or, when nothing is, with new text), each over
+about `window` of overlap plus the new text.
 
 Owns: `WindowedRelease`. Must not: do I/O (the flow feeds it bytes and writes what it
 returns).
@@ -53,10 +66,12 @@ from __future__ import annotations
 import dataclasses
 import re
 import time
+import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
-from gateway.carriers import sse
+from gateway.carriers import common, sse
 from gateway.carriers.base import Carrier, FoldedResponse, starts_json
 from gateway.carriers.jsonraw import JsonError
 from gateway.carriers.sse import SSEEvent
@@ -74,11 +89,88 @@ _JSON_STRING_ESCAPE = re.compile(r'\\(["\\/bfnrt]|u[0-9a-fA-F]{4})')
 _SIMPLE_ESCAPES = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
 
 
+def _joining() -> re.Pattern[str]:
+    """The characters `normalise` removes or joins to the one before them, beyond the
+    invisible ones: combining marks, what NFKC composes with the character before it (a
+    vowel sign, a Hangul vowel or final consonant), and any character whose compatibility
+    form starts with one of those (a half-width voiced mark); and lone surrogates (two JSON
+    escapes of a pair read as one character). Planes 0-2; plane 14's marks are invisible
+    anyway."""
+    category, decomposition = unicodedata.category, unicodedata.decomposition
+    joining = set(range(0x1161, 0x1176)) | set(range(0x11A8, 0x11C3))  # Hangul V and T jamo
+    joining |= set(range(0xD800, 0xE000))
+    decomposed: list[tuple[int, str]] = []
+    for cp in range(0x80, 0x30000):
+        if category(chr(cp)) in ("Mn", "Me"):
+            joining.add(cp)
+        if form := decomposition(chr(cp)):
+            decomposed.append((cp, form))
+    for cp, form in decomposed:
+        parts = form.split()
+        if form[0] != "<" and len(parts) == 2:
+            first, second = (chr(int(part, 16)) for part in parts)
+            if unicodedata.normalize("NFC", first + second) == chr(cp):
+                joining.add(ord(second))
+    joining |= {cp for cp, _ in decomposed if ord(unicodedata.normalize("NFKD", chr(cp))[0]) in joining}
+    return re.compile("[" + "".join(re.escape(chr(cp)) for cp in sorted(joining)) + "]")
+
+
+_JOINING = _joining()
+
+
 def significant(text: str) -> int:
-    """Characters that count towards the window."""
+    """Characters that count towards the window: what `normalise` keeps as characters of
+    their own."""
     if text.isascii() and text.isprintable():
         return len(text)
-    return len(decoders.INSIGNIFICANT.sub("", text))
+    return len(_JOINING.sub("", decoders.INSIGNIFICANT.sub("", text)))
+
+
+def _word_count(word: str) -> int:
+    """What a whole word counts towards the window (see the theory above)."""
+    if "\\" in word:  # JSON's escapes: what the word says once read (a JSON reader reads it so)
+        read = json_string_text(word)
+        if decoders.DECODING_START.search(read) is None:
+            return significant(read)
+    start = decoders.DECODING_START.search(word)
+    return significant(word if start is None else word[: start.start()])
+
+
+def _counted(text: str, start: int, end: int) -> list[tuple[int, int]]:
+    """(position, count) of the words and the runs between them in `text[start:end]`, in
+    order. A word cut by `start` or `end` (the text goes on with a word character) counts
+    nothing."""
+    items: list[tuple[int, int]] = []
+    at = start
+    word = decoders.WORD
+    for m in word.finditer(text, start, end):
+        if m.start() > at:
+            items.append((at, significant(text[at : m.start()])))
+        cut = (m.start() == start and start > 0 and word.match(text, start - 1, start) is not None) or (
+            m.end() == end and end < len(text) and word.match(text, end, end + 1) is not None
+        )
+        items.append((m.start(), 0 if cut else _word_count(m.group())))
+        at = m.end()
+    if at < end:
+        items.append((at, significant(text[at:end])))
+    return items
+
+
+def _back_over(text: str, at: int, need: int) -> int:
+    """A position before `at` from which `text` holds at least `need` of the window's count
+    up to `at`, at the start of a word or of a run between words (0 when it holds less)."""
+    got = 0
+    end = at
+    size = max(2 * need, 256)
+    while end > 0:
+        start = max(0, end - size)
+        for position, count in reversed(_counted(text, start, end)):
+            got += count
+            if got >= need:
+                return position
+        end = start
+        size *= 2
+    return 0
 
 
 def _back_by(text: str, at: int, need: int) -> int:
@@ -103,6 +195,33 @@ def json_string_text(text: str) -> str:
     """Partial JSON text (tool arguments still arriving) with its string escapes decoded:
     what its strings will say once it is whole."""
     return _JSON_STRING_ESCAPE.sub(_unescape, text)
+
+
+# What some text decoding reads: a percent-encoded byte, a character reference (named ones
+# `html.unescape` reads without `;` too) or a backslash escape.
+_DECODABLE = re.compile(r"%[0-9A-Fa-f]{2}|&[#A-Za-z]|\\[xuU0-7]")
+# One of each kind and how it reads, so that a text decoding applies every kind, in the
+# engine's order; without the reference for percent-encoded bytes that are not UTF-8
+# (references cannot be read in them: the engine withholds a unit that holds both).
+_EVERY_KIND = ((b"%25 &amp; \\x5c ", b"% & \\ "), (b"%25 \\x5c ", b"% \\ "))
+
+
+def decoded_throughout(text: str) -> str:
+    """`text` read through every kind of text decoding, twice over (the engine's two levels),
+    whether or not the rest of its field holds that kind. The engine chains kinds (a
+    percent-encoded reference to a backslash escape) only where the whole unit holds each:
+    a slice without a kind that the rest of its field holds would read less than the
+    complete check of the whole field will."""
+    data = text.encode("utf-8", "surrogatepass")
+    for _ in range(2):
+        for kinds, read in _EVERY_KIND:
+            try:
+                *_, mixed = decoders.text_decodings(kinds + data)
+            except UnicodeDecodeError:
+                continue
+            data = mixed[len(read) :]
+            break
+    return data.decode("utf-8", "replace")
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +253,9 @@ class _Field:
     parts_seen: int = 0  # deltas already taken into `chunks`
     chunks: list[str] = dataclasses.field(default_factory=list)  # joined only to be read
     length: int = 0
-    sig: int = 0  # significant characters so far
+    settled: int = 0  # the window's count of its text before the word at its end
+    open_word: list[str] | None = None  # the word at its end, as it arrived (None: it ends between words)
+    waiting: list[_Contribution] = dataclasses.field(default_factory=list)  # events ending in that word
     last_growth: int = 0  # its lane's significant total when it last grew
     inspected: int = 0  # characters of `text` inspected through
     released: int = 0  # characters of `text` released
@@ -147,12 +268,14 @@ class _Field:
         return self.chunks[0] if self.chunks else ""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Contribution:
     path: Path
-    sig_end: int  # the field's significant count after this event
     len_end: int  # the field's length after this event
     held: bool  # a label field is never held
+    # The field's count (`_Field.settled`) up to where what follows this event begins: the
+    # end of the word it ends in, so None while that word is still open.
+    followed_from: int | None
 
 
 class WindowedRelease:
@@ -192,6 +315,7 @@ class WindowedRelease:
         self.joined_tail: list[TextUnit] = []  # the text the joined read took in, its last window
         self.sig_at_check = 0
         self.last_check = float("-inf")
+        self.last_release = float("-inf")
         self.checks = 0
         self.refused = False
 
@@ -232,6 +356,14 @@ class WindowedRelease:
         rest = sse.frame(self.carrier.released_events(self.events[self.released :], self.usage_injected))
         return folded, b"".join(self.sent) + rest  # exactly what the client has, and what it would get
 
+    def reported(self) -> tuple[dict[str, Any] | None, str | None]:
+        """The provider's usage and the response's id as read so far: what a stream ended
+        early still bills (Anthropic's first event holds the input and cache figures)."""
+        folder = self.folder
+        if not isinstance(folder, common.StreamFolder):
+            return None, None
+        return (dict(folder.usage) if folder.usage else None), folder.response_id
+
     def _broken(self) -> str | None:
         folder = self.folder
         if folder.broken is not None:
@@ -241,6 +373,33 @@ class WindowedRelease:
         if folder.is_error:
             return ReasonCode.RESPONSE_INCOMPLETE  # the provider gave up mid-answer
         return None
+
+    def _settle(self, field: _Field, added: str) -> None:
+        """Count `added`, just appended to `field` (see the theory above): each word once it
+        is whole, and the events that end inside a word once it is."""
+        at = 0
+        word = decoders.WORD
+        if field.open_word is not None:  # the word at the field's end goes on, or ends here
+            m = word.match(added)
+            at = m.end() if m is not None else 0
+            field.open_word.append(added[:at])
+            if at == len(added):
+                return
+            field.settled += _word_count("".join(field.open_word))
+            field.open_word = None
+            for c in field.waiting:
+                c.followed_from = field.settled
+            field.waiting.clear()
+        for m in word.finditer(added, at):
+            if m.start() > at:
+                field.settled += significant(added[at : m.start()])
+            if m.end() == len(added):  # it may go on
+                field.open_word = [m.group()]
+                return
+            field.settled += _word_count(m.group())
+            at = m.end()
+        if at < len(added):
+            field.settled += significant(added[at:])
 
     def _add(self, event: SSEEvent) -> None:
         n = len(self.events)
@@ -263,15 +422,19 @@ class WindowedRelease:
                 self.reopened = True  # released whole (as a label, or as quiet): it had ended
             field.chunks.append(added)
             field.length += len(added)
+            self._settle(field, added)
             sig = significant(added)
-            field.sig += sig
             self.total_sig += sig
             for lane in field.enclosing:
                 self.lane_sig[lane] = self.lane_sig.get(lane, 0) + sig
             field.last_growth = self.lane_sig[field.lane]
             field.last_event = n
             held = not (path and path[-1] in LABELS)
-            grew.append(_Contribution(path, field.sig, field.length, held))
+            followed_from = None if field.open_word is not None else field.settled
+            contribution = _Contribution(path, field.length, held, followed_from)
+            if contribution.followed_from is None:
+                field.waiting.append(contribution)
+            grew.append(contribution)
         self.contributions.append(tuple(grew))
 
     # --- release -----------------------------------------------------------------------
@@ -284,7 +447,7 @@ class WindowedRelease:
                 if c.path[-1] == "name" and field.last_event >= last:
                     return False  # model text: whole only once another event has followed
                 continue
-            if field.sig - c.sig_end >= self.window:
+            if c.followed_from is not None and field.settled - c.followed_from >= self.window:
                 continue  # the window after it has arrived
             if self.lane_sig[field.lane] - field.last_growth >= self.window:
                 continue  # quiet: the window arrived elsewhere in its lane since it last grew
@@ -296,20 +459,22 @@ class WindowedRelease:
         while limit < len(self.events) and self._releasable(limit):
             limit += 1
         self.releasable = limit
+        new = self.total_sig - self.sig_at_check
         if limit == self.released:
-            return Step(b"")
-        due = (
-            self.released == 0  # the first events (headers of the answer) go at once
-            or self.total_sig - self.sig_at_check >= self.step
-            or now - self.last_check >= self.interval_s
-        )
-        if not due:
-            return Step(b"")
+            # Nothing to release (the window still filling, a word running on): new text is
+            # read at the same pace all the same, so a finding ends the stream once it is whole.
+            if not (new >= self.step or (new and now - self.last_check >= self.interval_s)):
+                return Step(b"")
+        elif not (self.released == 0 or new >= self.step or now - self.last_release >= self.interval_s):
+            return Step(b"")  # the first events (headers of the answer) go at once
         started = time.perf_counter()
         verdict = self._inspect(now)
         seconds = time.perf_counter() - started
         if not verdict.allowed:
             return self._refuse(verdict, seconds)
+        if limit == self.released:
+            return Step(b"", None, seconds)
+        self.last_release = now
         return Step(self._release_through(limit), None, seconds)
 
     def _release_through(self, limit: int) -> bytes:
@@ -341,13 +506,15 @@ class WindowedRelease:
             if field.inspected == field.length and field.released == field.length:
                 continue
             whole = field.text
-            at = min(field.inspected, field.released)
-            # the window before the first character not yet read, less what is held anyway
-            need = self.window - significant(whole[at : field.inspected])
-            text = whole[self._slice_start(whole, at, need) :]
+            # the window before the first character not yet read, and all not yet released
+            start = min(_back_over(whole, field.inspected, self.window), field.released)
+            text = whole[self._slice_start(whole, start) :]
             units.append(TextUnit(path, text, "folded"))
+            read = [text]
             if "\\" in text and starts_json(whole):
-                units.append(TextUnit(path, json_string_text(text), "embedded"))
+                read.append(json_string_text(text))
+                units.append(TextUnit(path, read[-1], "embedded"))
+            units.extend(TextUnit(path, decoded_throughout(t), "embedded") for t in read if _DECODABLE.search(t))
         subject = Subject(
             raw=raw,
             units=units,
@@ -389,10 +556,8 @@ class WindowedRelease:
         kept.reverse()
         return kept
 
-    def _slice_start(self, text: str, at: int, need: int) -> int:
-        """Where to start reading `text` so that `need` significant characters before `at`
-        are read too, at a whitespace boundary (or the start)."""
-        start = _back_by(text, at, need)
+    def _slice_start(self, text: str, start: int) -> int:
+        """`start` moved back to a whitespace boundary (or the start of `text`)."""
         if start == 0 or start == len(text):
             return start
         cut = max(text.rfind(ch, 0, start) for ch in " \n\t\r")

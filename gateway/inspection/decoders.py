@@ -345,6 +345,19 @@ TEXT_TRIGGER = re.compile(
     rb"%[0-9A-Fa-f]{2}|&(?:#[0-9]|#[xX][0-9A-Fa-f]|[A-Za-z][A-Za-z0-9]{1,31};)|\\(?:[xuU]|[0-7]{3})"
 )
 
+# The words a stream's release window is counted in (checks/window). A word is a maximal
+# run of the characters some decoding here reads as part of an encoded run: the base64,
+# base64url and hex alphabets, percent-encoding, character references as `html.unescape`
+# reads them (a number, or a name of letters and digits, `;` optional), backslash escapes,
+# and JSON's string escapes (`\"`, `\/`; tool-call arguments are read through them). Every
+# other character reads as itself in every copy, at every level of nesting: no run reaches
+# across it, so each word decodes on its own.
+WORD = re.compile(r'[A-Za-z0-9%&#;\\{}"/+=_-]+')
+# Where a text decoding can start. A word holding none reads as itself in every text
+# decoding at every level (a base64 or hex copy holds that run alone); a word holding one
+# may read as any number of characters, none included.
+DECODING_START = re.compile(r"[%&\\]")
+
 
 def run_decodings(data: bytes) -> list[tuple[int, bytes]]:
     """(offset in `data`, decoded bytes) for every base64/base64url and hex run. One pass

@@ -645,6 +645,13 @@ async def release_windowed(
                         raise _refused(trail, refusal(outcome), Outcome.BLOCKED if blocked else Outcome.WITHHELD)
                     if step.release:
                         await stream.write(step.release)
+        except BaseException:
+            # Ended before the whole stream was read (refused, cut, too slow, too large, the
+            # client gone): what the provider reported so far is usage it bills (the input and
+            # cache figures of Anthropic's first event); its output figure comes at the end.
+            usage, response_id = window.reported()
+            trail.add(Decoded(False, usage, response_id, None))
+            raise
         finally:
             gauge.dec(counted)
             response.close()
