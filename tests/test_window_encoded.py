@@ -31,6 +31,7 @@ from gateway.mockprovider import MockProviderServer
 from gateway.proxy import decide
 from tests.conftest import GatewayFactory
 from tests.harness import Env, GatewayThread, build_env, chat_chunk_event, mock_profile, raw_client, windowed_profiles
+from tests.test_window_unit import _chat_stream
 
 CAP = 128
 LITERAL = "wg-unit-window-literal-5Rt"
@@ -70,20 +71,6 @@ def runtime(tmp_path_factory: pytest.TempPathFactory) -> Runtime:
 def default_runtime(tmp_path_factory: pytest.TempPathFactory) -> Runtime:
     """The default cap (1024), a 200-character configured value (not capped)."""
     return _runtime(tmp_path_factory, [LONG_LITERAL], None)
-
-
-def _chat_stream(pieces: list[str], *, tool_after: list[str] | None = None) -> bytes:
-    head = '{"id":"c1","object":"chat.completion.chunk","created":1,"model":"gpt-4.1","choices":[{"index":0,"delta":%s,"finish_reason":null}]}'
-    out = ["data: " + head % '{"role":"assistant","content":""}']
-    out += ["data: " + head % json.dumps({"content": p}) for p in pieces]
-    for n, piece in enumerate(tool_after or ()):
-        call: dict[str, object] = {"index": 0, "function": {"arguments": piece}}
-        if n == 0:
-            call.update(id="call_1", type="function", function={"name": "f", "arguments": piece})
-        out.append("data: " + head % json.dumps({"tool_calls": [call]}))
-    out.append("data: " + head.replace('"finish_reason":null', '"finish_reason":"stop"') % "{}")
-    out.append("data: [DONE]")
-    return ("\n\n".join(out) + "\n\n").encode()
 
 
 def _pieces(text: str, size: int = 3) -> list[str]:
