@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import json
 import random
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,18 +24,17 @@ from gateway.carriers import CARRIERS, jsonspan
 from gateway.mockprovider import MockProviderServer
 from gateway.mockprovider.prompt import anthropic_breakpoints
 from gateway.profiles.model import DEFAULT_PRICES
-from gateway.state import PACE_LEDGER
 from tests import replay
 from tests.harness import (
     UPSTREAM_KEY,
     Env,
     GatewayThread,
     anthropic_client,
-    build_env,
     direct_anthropic,
     raw_client,
 )
 from tests.test_caching import ANTHROPIC, CTX, LONG, _conversation
+from tests.test_e2e_cache_pace import Clock, clocked_gateway
 
 A = DEFAULT_PRICES["anthropic"]  # read 0.1, 5 min write 1.25, 1 h write 2
 FIVE_MIN = {"type": "ephemeral"}
@@ -129,25 +126,10 @@ def test_no_planner_marker_on_the_automatic_markers_block(
 # --- end to end: the official SDK through the gateway to the mock, on a virtual clock ----------
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
 @pytest.fixture(scope="module")
 def clocked() -> Iterator[tuple[Env, GatewayThread, MockProviderServer, Clock]]:
-    """A gateway and a mock of their own, whose cache TTLs and pace record read one clock."""
-    clock = Clock()
-    with tempfile.TemporaryDirectory() as tmp, MockProviderServer(api_key=UPSTREAM_KEY) as mock:
-        mock.state.clock = clock
-        env = build_env(Path(tmp) / "env", mock.url)
-        with GatewayThread(env.config) as gw:
-            assert gw.running is not None
-            gw.running.app[PACE_LEDGER].clock = clock
-            yield env, gw, mock, clock
+    with clocked_gateway() as started:
+        yield started
 
 
 @pytest.mark.parametrize(("auto", "gaps"), [(ONE_HOUR, []), (FIVE_MIN, [400.0])], ids=["auto-1h", "auto-5m-slow"])

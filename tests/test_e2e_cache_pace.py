@@ -8,6 +8,7 @@ record."""
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import tempfile
 import time
@@ -43,8 +44,9 @@ class Clock:
         return self.t
 
 
-@pytest.fixture(scope="module")
-def paced() -> Iterator[tuple[Env, GatewayThread, MockProviderServer, Clock]]:
+@contextlib.contextmanager
+def clocked_gateway() -> Iterator[tuple[Env, GatewayThread, MockProviderServer, Clock]]:
+    """A gateway and a mock of their own, whose cache TTLs and pace record read one clock."""
     clock = Clock()
     with (
         tempfile.TemporaryDirectory() as tmp,
@@ -56,6 +58,12 @@ def paced() -> Iterator[tuple[Env, GatewayThread, MockProviderServer, Clock]]:
             assert gw.running is not None
             gw.running.app[PACE_LEDGER].clock = clock
             yield env, gw, mock, clock
+
+
+@pytest.fixture(scope="module")
+def paced() -> Iterator[tuple[Env, GatewayThread, MockProviderServer, Clock]]:
+    with clocked_gateway() as started:
+        yield started
 
 
 def _replay(
