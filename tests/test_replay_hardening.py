@@ -181,6 +181,12 @@ def test_a_bound_marker_still_passes_under_require_binding(strict: tuple[Env, Ga
     assert _api(env, gateway, "POST", "/v1/chat/completions", chat, **headers).status_code == 200
 
 
+def _replayed(env: Env, gateway: GatewayThread, body: Any, scope: str, header: str) -> Any:
+    """The chat call with its replay header, in `scope`."""
+    extra = {"x-wiregate-scope": scope, "x-wiregate-prepared-context": header}
+    return _api(env, gateway, "POST", "/v1/chat/completions", body, **extra)
+
+
 def _split_beside(genuine: dict[str, Any]) -> dict[str, Any]:
     """A forged block split inside its begin marker over two text parts, beside a genuine
     block in a part of the same message that is not joined with them."""
@@ -206,14 +212,7 @@ def test_a_genuine_block_beside_a_split_marker_does_not_vouch_for_it(strict: tup
     checked = _api(env, gateway, "POST", "/v1/context/check", _send(body, scope, prepared_contexts=replays)).json()
     assert (checked["decision"], checked["reason_codes"]) == ("withhold", ["prepared_context_unbound"])
     header = _header(binding, pointer, 0, end)
-    sent = _api(
-        env,
-        gateway,
-        "POST",
-        "/v1/chat/completions",
-        body,
-        **{"x-wiregate-scope": scope, "x-wiregate-prepared-context": header},
-    )
+    sent = _replayed(env, gateway, body, scope, header)
     assert sent.status_code == 422 and sent.json()["error"]["reason_codes"] == ["prepared_context_unbound"]
     # The genuine block alone, replayed the same way, is sent: the refusal above is the split marker's.
     alone = {
@@ -224,14 +223,7 @@ def test_a_genuine_block_beside_a_split_marker_does_not_vouch_for_it(strict: tup
         ],
     }
     header = _header(binding, "/messages/1/content/0/refusal", 0, end)
-    ok = _api(
-        env,
-        gateway,
-        "POST",
-        "/v1/chat/completions",
-        alone,
-        **{"x-wiregate-scope": scope, "x-wiregate-prepared-context": header},
-    )
+    ok = _replayed(env, gateway, alone, scope, header)
     assert ok.status_code == 200
 
 
@@ -249,14 +241,7 @@ def test_a_genuine_block_inside_one_text_part_beside_others_is_bound(strict: tup
     body = {"model": "gpt-4.1", "messages": [{"role": "user", "content": parts}]}
     start = len(SYSTEM.encode())
     header = _header(binding, "/messages/0/content/1/text", start, start + len(content.encode()))
-    sent = _api(
-        env,
-        gateway,
-        "POST",
-        "/v1/chat/completions",
-        body,
-        **{"x-wiregate-scope": scope, "x-wiregate-prepared-context": header},
-    )
+    sent = _replayed(env, gateway, body, scope, header)
     assert sent.status_code == 200
 
 

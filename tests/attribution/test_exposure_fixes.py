@@ -268,14 +268,19 @@ def _stored_records(gateway: GatewayThread) -> list[Record]:
     return gateway.call(read())
 
 
+def _collecting(env: Env, gateway: GatewayThread) -> Any:
+    """Collection switched on; the official client for the calls it records."""
+    _api(env, gateway, "POST", "/v1/attribution/collection", {"collecting": True})
+    return openai_client(gateway, env)
+
+
 def _prepared(fact: str, n: int) -> str:
     return f"{blocks.BEGIN_MARKER}\n" + (fact + " ") * n + f"\n{blocks.END_MARKER}"
 
 
 def test_e2e_a_responses_branch_from_an_older_response_is_limited(gateways: GatewayFactory) -> None:
     with gateways("exposure-branch") as (env, gateway):
-        _api(env, gateway, "POST", "/v1/attribution/collection", {"collecting": True})
-        client = openai_client(gateway, env)
+        client = _collecting(env, gateway)
         headers = {"x-wiregate-session": "branching"}
         tag = uuid.uuid4().hex[:8]
         p1, p2 = _prepared(f"old fact {tag}.", 40), _prepared(f"new fact {tag}.", 400)
@@ -306,8 +311,7 @@ def test_e2e_a_responses_branch_from_an_older_response_is_limited(gateways: Gate
 
 def test_e2e_unknown_lifetime_material_makes_a_responses_continuation_limited(gateways: GatewayFactory) -> None:
     with gateways("exposure-unknown") as (env, gateway):
-        _api(env, gateway, "POST", "/v1/attribution/collection", {"collecting": True})
-        client = openai_client(gateway, env)
+        client = _collecting(env, gateway)
         tag = uuid.uuid4().hex[:8]
         # The README's own label example with an id nobody registered: unattributed, lifetime unknown.
         labelled = {
@@ -358,8 +362,7 @@ def test_e2e_unknown_lifetime_material_makes_a_responses_continuation_limited(ga
 
 def test_e2e_a_conversation_continuation_is_limited(gateways: GatewayFactory) -> None:
     with gateways("exposure-conversation") as (env, gateway):
-        _api(env, gateway, "POST", "/v1/attribution/collection", {"collecting": True})
-        client = openai_client(gateway, env)
+        client = _collecting(env, gateway)
         headers = {"x-wiregate-session": "conversing"}
         tag = uuid.uuid4().hex[:8]
         client.responses.create(model="gpt-4.1", instructions="Be brief.", input=f"C1 {tag}?", extra_headers=headers)
@@ -373,7 +376,7 @@ def test_e2e_a_conversation_continuation_is_limited(gateways: GatewayFactory) ->
 
 def test_e2e_dropped_records_make_exposure_limited(gateways: GatewayFactory) -> None:
     with gateways("exposure-dropped") as (env, gateway):
-        _api(env, gateway, "POST", "/v1/attribution/collection", {"collecting": True})
+        _collecting(env, gateway)
         body = {"model": "gpt-4.1", "messages": [{"role": "user", "content": f"hello {uuid.uuid4().hex}"}]}
         answer = raw_client(gateway, env).post(
             "/v1/chat/completions", json=body, headers={"authorization": f"Bearer {env.gateway_key}"}
