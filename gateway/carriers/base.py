@@ -178,6 +178,8 @@ class StreamFolding(Protocol):
     terminal: bool  # a terminal event was seen
     is_error: bool  # the provider's error event was seen
     broken: str | None  # an event could not be read (why)
+    usage: dict[str, Any] | None  # the provider's usage as reported so far
+    response_id: str | None  # the response's id, once an event named it
 
     @property
     def found(self) -> Collected:

@@ -71,7 +71,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.carriers import common, sse
+from gateway.carriers import sse
 from gateway.carriers.base import Carrier, FoldedResponse, starts_json
 from gateway.carriers.jsonraw import JsonError
 from gateway.carriers.sse import SSEEvent
@@ -360,8 +360,6 @@ class WindowedRelease:
         """The provider's usage and the response's id as read so far: what a stream ended
         early still bills (Anthropic's first event holds the input and cache figures)."""
         folder = self.folder
-        if not isinstance(folder, common.StreamFolder):
-            return None, None
         return (dict(folder.usage) if folder.usage else None), folder.response_id
 
     def _broken(self) -> str | None:
