@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from bench import pace_policies
 from gateway import caching
 from gateway.admission import runes_div4
 from gateway.cachepace import PaceEvent, SessionPace
@@ -149,17 +150,6 @@ def test_a_request_level_marker_and_a_prepared_context_last_reach_the_provider(
     assert sent["messages"][-1] == body["messages"][-1] and sent["cache_control"] == auto
 
 
-def _billed(usage: Any) -> float:
-    """Input in base-rate tokens: read 0.1×, 5 min write 1.25×, 1 h write 2×."""
-    written = usage.cache_creation
-    return (
-        usage.input_tokens
-        + 0.1 * usage.cache_read_input_tokens
-        + 1.25 * written.ephemeral_5m_input_tokens
-        + 2.0 * written.ephemeral_1h_input_tokens
-    )
-
-
 def _slow_session(client: Any, clock: Clock, turns: int) -> tuple[list[float], list[str]]:
     """A replayed session, 400 s between turns, whose client marks its system prompt 5 min:
     each turn's billed input and request id."""
@@ -170,7 +160,7 @@ def _slow_session(client: Any, clock: Clock, turns: int) -> tuple[list[float], l
         body = replay.anthropic_request(session, turn)
         body["system"] = [{"type": "text", "text": body["system"], "cache_control": FIVE_MIN}]
         raw = client.messages.with_raw_response.create(**body, extra_headers={"x-wiregate-session": "slow-5m"})
-        billed.append(_billed(raw.parse().usage))
+        billed.append(pace_policies.billed(raw.parse().usage.model_dump()))  # base-rate input tokens
         ids.append(raw.headers.get("x-powercontext-request-id", ""))
     return billed, ids
 
