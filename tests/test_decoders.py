@@ -153,3 +153,25 @@ def test_a_value_written_in_three_encodings_at_once_is_read() -> None:
     each kind on its own (and one level again) never shows it whole; all kinds at once do."""
     mixed = f"&#{ord(VALUE[0])};{VALUE[1:4]}%{ord(VALUE[4]):02X}{VALUE[5:8]}\\x{ord(VALUE[8]):02x}{VALUE[9:]}"
     assert _engine().inspect(_subject(f"see {mixed} here")).reason_codes == ("secret_value",)
+
+
+@pytest.mark.parametrize(
+    ("data", "mixed"),
+    [
+        (b"%FF &amp; x", b"\xff & x"),
+        (b"&#65;%C3 %28", b"A\xc3 ("),
+        (b"%ED%A0%80&lt;", b"\xed\xa0\x80<"),
+        (b"\\xff%FE&#x41;", b"\xff\xfeA"),
+        (b"%FF&#xD800;", b"\xff" + "\ufffd".encode()),
+    ],
+)
+def test_mixed_decoding_keeps_bytes_that_are_not_utf8(data: bytes, mixed: bytes) -> None:
+    """A percent-encoded byte that is not UTF-8 beside a character reference: the mixed copy
+    decodes the references and keeps that byte as it is, never failing the inspection."""
+    assert list(decoders.text_decodings(data))[-1] == mixed
+
+
+def test_a_value_beside_a_byte_that_is_not_utf8_is_read_and_benign_text_is_allowed() -> None:
+    assert _engine().inspect(_subject("fee %FF and &amp; more")).allowed
+    mixed = f"&#{ord(VALUE[0])};{VALUE[1:4]}%{ord(VALUE[4]):02X}{VALUE[5:]}"
+    assert _engine().inspect(_subject(f"%FF see {mixed} here")).reason_codes == ("secret_value",)

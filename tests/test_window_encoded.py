@@ -177,7 +177,9 @@ def test_kinds_chained_across_the_field_are_read(runtime: Runtime) -> None:
 
 def test_slices_are_also_read_with_every_kind_decoded() -> None:
     assert windowed.decoded_throughout("%26%23x5C;U00000041 &amp#x42; \\x5cx43 x") == "A B C x"
-    assert windowed.decoded_throughout("caf%E9 plain") == "caf\ufffd plain"  # not UTF-8: read without references
+    assert windowed.decoded_throughout("caf%E9 plain") == "caf\ufffd plain"
+    # a percent-encoded byte that is not UTF-8 is kept as it is; the references beside it are read
+    assert windowed.decoded_throughout("caf%E9 &amp; &#x41; x") == "caf\ufffd & A x"
 
 
 def test_escaped_tool_arguments_are_held_whole(tmp_path_factory: pytest.TempPathFactory) -> None:

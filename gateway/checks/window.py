@@ -201,9 +201,9 @@ def json_string_text(text: str) -> str:
 # `html.unescape` reads without `;` too) or a backslash escape.
 _DECODABLE = re.compile(r"%[0-9A-Fa-f]{2}|&[#A-Za-z]|\\[xuU0-7]")
 # One of each kind and how it reads, so that a text decoding applies every kind, in the
-# engine's order; without the reference for percent-encoded bytes that are not UTF-8
-# (references cannot be read in them: the engine withholds a unit that holds both).
-_EVERY_KIND = ((b"%25 &amp; \\x5c ", b"% & \\ "), (b"%25 \\x5c ", b"% \\ "))
+# engine's order (the mixed copy keeps percent-encoded bytes that are not UTF-8 as they are).
+_EVERY_KIND = b"%25 &amp; \\x5c "
+_EVERY_KIND_READ = b"% & \\ "
 
 
 def decoded_throughout(text: str) -> str:
@@ -214,13 +214,8 @@ def decoded_throughout(text: str) -> str:
     complete check of the whole field will."""
     data = text.encode("utf-8", "surrogatepass")
     for _ in range(2):
-        for kinds, read in _EVERY_KIND:
-            try:
-                *_, mixed = decoders.text_decodings(kinds + data)
-            except UnicodeDecodeError:
-                continue
-            data = mixed[len(read) :]
-            break
+        *_, mixed = decoders.text_decodings(_EVERY_KIND + data)
+        data = mixed[len(_EVERY_KIND_READ) :]
     return data.decode("utf-8", "replace")
 
 

@@ -316,7 +316,11 @@ def _percent(text: bytes) -> bytes:
 
 
 def _entities(text: bytes) -> bytes:
-    return html.unescape(text.decode("utf-8", "surrogatepass")).encode("utf-8", "surrogatepass")
+    """Character references decoded; every other byte kept as it is. The text may hold bytes
+    that are not UTF-8 (a percent-decoded `%FF` before it, in the mixed decoding): each
+    such byte reads as its own escape and is written back unchanged (`html.unescape` turns
+    a reference to a surrogate into U+FFFD, so every surrogate it returns is one of those)."""
+    return html.unescape(text.decode("utf-8", "surrogateescape")).encode("utf-8", "surrogateescape")
 
 
 def _escape_value(m: re.Match[bytes]) -> bytes:
