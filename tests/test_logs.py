@@ -14,7 +14,7 @@ import httpx2
 import pytest
 
 from gateway.mockprovider import MockProviderServer
-from tests.conftest import LogCapture, assert_nothing_sensitive
+from tests.conftest import GatewayFactory, LogCapture, assert_nothing_sensitive
 from tests.harness import Env, GatewayThread, build_env, raw_client, sensitive
 
 KEY_SECRET = "key-is-a-secret-Quokka-9081"
@@ -189,6 +189,34 @@ def test_methods_are_not_logged_or_echoed_as_text(
     access = [line for line in _lines(captured_logs, mark) if line["event"] == "request"]
     assert [line["method"] for line in access] == ["other"]
     assert "WOMBATSECRET" not in captured_logs.since(mark) and "PROPFIND" not in captured_logs.since(mark)
+
+
+def test_the_model_name_is_logged_only_once_a_send_check_inspected_it(
+    gw: tuple[Env, GatewayThread, str], gateways: GatewayFactory, captured_logs: LogCapture
+) -> None:
+    """The model name is client text: logged when the send checks inspected and allowed the
+    request, never when they are off (an allow that inspected nothing)."""
+    env, gateway, _ = gw
+    mark = captured_logs.mark()
+    r = raw_client(gateway, env).post(
+        "/v1/chat/completions", json=_chat(), headers={"authorization": f"Bearer {env.gateway_key}"}
+    )
+    assert r.status_code == 200
+    assert [line["model"] for line in _lines(captured_logs, mark) if line["event"] == "request"] == ["gpt-4.1"]
+    with gateways("logs-send-off", secrets_=[VALUE_SECRET], policy_extra='[modes]\nbefore_send = "off"\n') as (
+        off_env,
+        off_gw,
+    ):
+        mark = captured_logs.mark()
+        r = raw_client(off_gw, off_env).post(
+            "/v1/chat/completions",
+            json=_chat(model="gpt-" + VALUE_SECRET),
+            headers={"authorization": f"Bearer {off_env.gateway_key}"},
+        )
+        assert r.status_code in (200, 403)
+        access = [line for line in _lines(captured_logs, mark) if line["event"] == "request"]
+        assert len(access) == 1 and access[0].get("model") is None
+        assert VALUE_SECRET not in captured_logs.since(mark)
 
 
 def test_the_log_digest_is_hmac_sha256_for_every_key_length() -> None:

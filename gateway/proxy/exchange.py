@@ -164,8 +164,11 @@ class Trail:
 
     @property
     def send_allowed(self) -> bool:
-        """A send check allowed what was asked (so its model name is checked text)."""
-        return any(c.phase is Phase.BEFORE_SEND and c.verdict.allowed for c in self.checks)
+        """A send check inspected what was asked and allowed it (so its model name is checked
+        text). An allow with incomplete coverage (the send checks off) inspected nothing."""
+        return any(
+            c.phase is Phase.BEFORE_SEND and c.verdict.allowed and c.verdict.coverage.complete for c in self.checks
+        )
 
     @property
     def final(self) -> Released | Refused | None:
