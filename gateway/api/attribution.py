@@ -109,8 +109,9 @@ async def report(request: web.Request) -> web.Response:
     creator_of = await auth.creators(
         runtime, request.headers, service.scope_creator if service else None, body_scope=scope
     )
-    if scope is not None and len(scope) > 256:
-        raise _bad()
+    asked = scope if scope is not None else request.headers.get(auth.SCOPE_HEADER)
+    if asked is not None and len(asked) > 256:
+        raise _bad()  # no scope is longer (SPEC §10.1), in the query or in the header
     identity = auth.identify(runtime, request.headers, "observe", body_scope=scope, creator_of=creator_of)
     request[CALL].identify(identity, runtime)
     if scope is None and (

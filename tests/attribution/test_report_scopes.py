@@ -91,3 +91,12 @@ def test_sessions_of_the_same_name_in_two_scopes_carry_nothing_into_each_other(g
     assert everything["exposure"]["status"] == "supported"
     assert tools["cumulativeExposureEstimate"] == tools["cumulativeMaterializedEstimate"] > 0
     assert tools["activeInvocations"] == 1
+
+
+def test_a_scope_longer_than_any_scope_is_refused_in_the_query_and_in_the_header(
+    gw: tuple[Env, GatewayThread],
+) -> None:
+    assert _report(gw, "operator", scope="x" * 257)[0] == 422
+    assert _report(gw, "operator", header="x" * 257)[0] == 422
+    status, body = _report(gw, "operator", header="x" * 256)  # the longest a scope can be: an empty report
+    assert status == 200 and body["scope"] == "selected"
