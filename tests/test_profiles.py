@@ -68,6 +68,8 @@ def _resign(env: Env, doc: dict[str, Any], key: Any) -> Path:
         ("tampered_field", "does not match"),
         ("http_not_loopback", "loopback"),
         ("extra_field", "Extra inputs"),
+        ("naive_not_before", "timezone"),  # beside an `expires` that has one: never compared
+        ("naive_expires", "timezone"),
     ],
 )
 def test_refusals_name_file_and_reason(make_env: Any, case: str, needle: str) -> None:
@@ -84,6 +86,10 @@ def test_refusals_name_file_and_reason(make_env: Any, case: str, needle: str) ->
         doc["base_url"] = "http://example.com/v1"
     elif case == "extra_field":
         doc["surprise"] = 1
+    elif case == "naive_not_before":
+        doc["not_before"], doc["expires"] = "2020-01-01T00:00:00", "2099-01-01T00:00:00Z"
+    elif case == "naive_expires":
+        doc["not_before"], doc["expires"] = "2020-01-01T00:00:00Z", "2099-01-01T00:00:00"
     path = _resign(env, doc, key)
     if case == "unsigned":
         data = json.loads(path.read_text())

@@ -167,11 +167,11 @@ class UpstreamProfile(_Strict):
             raise ValueError(f"carriers for provider {self.provider} must be among {sorted(allowed)}")
         if self.id in self.fallbacks:
             raise ValueError("a profile cannot be its own fallback")
-        if self.not_before and self.expires and self.expires <= self.not_before:
-            raise ValueError("expires must be after not_before")
         for stamp in (self.not_before, self.expires):
             if stamp is not None and stamp.tzinfo is None:
                 raise ValueError("not_before/expires must carry a timezone")
+        if self.not_before and self.expires and self.expires <= self.not_before:  # both aware: comparable
+            raise ValueError("expires must be after not_before")
         return self
 
     @property
