@@ -229,6 +229,19 @@ def test_the_same_request_without_the_repeat_is_checked(
     assert _post(env, gateway, clean.encode()).json()["decision"] == "allow"
 
 
+def test_a_field_is_read_by_its_wire_name_only(
+    pair: tuple[tuple[Env, GatewayThread], tuple[Env, GatewayThread]],
+) -> None:
+    """`schema_` (the Python name of `schema`) is an unknown member: refused, never read in
+    place of the missing `schema`."""
+    env, gateway = pair[0]
+    renamed = _payload(_clean_body()).replace('"schema":', '"schema_":', 1)
+    r = _post(env, gateway, ('{%s,"payload":%s}' % (HEAD, renamed)).encode())
+    assert r.status_code == 422, r.text
+    assert "binding" not in r.text and "decision" not in r.text
+    assert _post(env, gateway, ('{%s,"payload":%s}' % (HEAD, _payload(_clean_body()))).encode()).status_code == 200
+
+
 # --- 3. large check requests: off the loop, same verdicts -------------------------------
 
 

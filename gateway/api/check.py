@@ -52,7 +52,8 @@ T = TypeVar("T")
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+    # Members by their wire names only: a field's Python name (`schema_`) is an unknown member.
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 class JsonPayload(_Strict):
@@ -82,7 +83,7 @@ class PreparedContextRef(_Strict):
 class UsageIn(_Strict):
     """Counts as JSON integers only: `true`, `"7"` or `3.0` is refused, never read as a number."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True, strict=True)
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
     input_tokens: int | None = Field(None, ge=0, le=usage.MAX_COUNT)
     output_tokens: int | None = Field(None, ge=0, le=usage.MAX_COUNT)
