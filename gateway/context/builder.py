@@ -153,7 +153,9 @@ def body(candidate: Candidate, current_scope_id: str) -> str:
         if candidate.snippet is not None:
             shown["snippet"] = candidate.snippet
         if candidate.address.scope_id == current_scope_id:
-            return dumps(shown)
+            # Compact JSON as is: the item's own JSON escapes U+0085/U+2028/U+2029 once, as
+            # 1.4.1 does (escaped here too, they would reach the model as `\u2028` text).
+            return compact_json(shown).decode("utf-8")
         return "\n\n".join(f"{label.capitalize()}: {value}" for label, value in shown.items())
     if family == EXPERIENCE:
         return (

@@ -58,7 +58,7 @@ def test_exact_render_all_families_same_and_other_scope() -> None:
         HEAD + '{"citation":{"artifact_ref":{"family":"atomic-memory","artifact_id":"art_m1","revision":1}},'
         '"content":"Zürich\\u0085 runs “PG” 17","truncated":false,"kind":"atomic-memory"},'
         '{"citation":{"artifact_ref":{"family":"topic-memory","artifact_id":"art_t1","revision":1}},'
-        '"content":"{\\"title\\":\\"Billing DB\\",\\"summary\\":\\"Which DB \\\\u2028billing uses\\"}",'
+        '"content":"{\\"title\\":\\"Billing DB\\",\\"summary\\":\\"Which DB \\u2028billing uses\\"}",'
         '"truncated":false,"kind":"topic-memory"},'
         '{"citation":{"artifact_ref":{"family":"experience","artifact_id":"art_e1","revision":2}},'
         '"content":"Situation: Deploy failed\\nAction: Rolled back\\nOutcome: Recovered\\nLesson: Check migrations '
@@ -229,8 +229,8 @@ def test_a_topic_snippet_is_rendered_after_title_and_summary() -> None:
     same = Candidate(topic(1).address, topic(1).content, "…billing runs nightly…")
     assert (
         builder.body(same, S)
-        == '{"title":"Billing DB","summary":"Which DB \\u2028billing uses","snippet":"…billing runs nightly…"}'
+        == '{"title":"Billing DB","summary":"Which DB \u2028billing uses","snippet":"…billing runs nightly…"}'
     )
     other = Candidate(topic(2, OTHER).address, topic(2, OTHER).content, "the detail")
     assert builder.body(other, S) == "Title: Billing DB\n\nSummary: Which DB \u2028billing uses\n\nSnippet: the detail"
-    assert builder.body(topic(1), S) == '{"title":"Billing DB","summary":"Which DB \\u2028billing uses"}'
+    assert builder.body(topic(1), S) == '{"title":"Billing DB","summary":"Which DB \u2028billing uses"}'
