@@ -26,6 +26,7 @@ ATOMIC_SCHEMA = "powercontext.atomic-memory.v1"
 PROFILE_SCHEMA = "powercontext.profile.v1"
 ATOMIC_TEXT_MAX_BYTES = 8192  # 1.4.1: NFC-normalised, trimmed atomic text is at most 8192 UTF-8 bytes
 KIND_MAX_CHARS = 128
+MAX_SAFE_INTEGER = 2**53 - 1  # the largest integer RFC 8785 (the content digest) writes
 
 # field → max characters (1.4.1 write schemas; every field must hold a non-whitespace character)
 _TOPIC_FIELDS = {"title": 512, "summary": 8000, "detail": 125000}
@@ -138,7 +139,8 @@ def stored_content(family: Family, raw: Any, *, now_iso: str, replacing: bool = 
         if not isinstance(body, str) or not body or not storable(body):
             raise _reject(family)
         restored = doc.get("restored_from_revision")
-        if restored is not None and (type(restored) is not int or restored < 1):
+        # a revision the content digest can canonicalise (RFC 8785: at most 2^53 - 1)
+        if restored is not None and (type(restored) is not int or not 1 <= restored <= MAX_SAFE_INTEGER):
             raise _reject(family)
         return {
             "schema": PROFILE_SCHEMA,

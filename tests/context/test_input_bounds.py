@@ -282,6 +282,26 @@ def _too_long(r: httpx2.Response, field: str) -> None:
     ]
 
 
+@pytest.mark.parametrize("revision", [2**53, 2**53 + 1, 2**63, 0])
+def test_a_profile_restored_from_revision_past_what_the_digest_writes_is_refused(gw: Gateway, revision: int) -> None:
+    """The content digest is RFC 8785, which writes integers up to 2^53 - 1: a larger
+    `restored_from_revision` is refused 422 on create and on replace (it was a 500)."""
+    scope = gw.scope()  # a scope holds one profile
+    assert scope.status_code == 201, scope.text
+    artifacts = f"/v1/scopes/{scope.json()['scope_id']}/artifacts"
+    body = {"family": "profile", "content": {"content": "hello", "restored_from_revision": revision}}
+    r = gw.send("POST", artifacts, body)
+    assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_request", r.text
+    largest = {"family": "profile", "content": {"content": "hello", "restored_from_revision": 2**53 - 1}}
+    made = gw.send("POST", artifacts, largest)
+    assert made.status_code == 201, made.text
+    replace = {"content": {"content": "hi", "restored_from_revision": revision}, "reason": "r"}
+    r = gw.send(
+        "PUT", f"{artifacts}/profile/{made.json()['artifact_id']}", replace, **{"if-match": made.headers["etag"]}
+    )
+    assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_request", r.text
+
+
 def test_external_references_are_bounded(gw: Gateway) -> None:
     r = gw.scope(external_references=_external(REFERENCES_MAX))
     assert r.status_code == 201, r.text[:300]
