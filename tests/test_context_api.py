@@ -27,7 +27,7 @@ from powercontext.http import (
 )
 from powercontext.http._generated import models as am
 
-from tests.conftest import GatewayFactory
+from tests.conftest import GatewayFactory, LogCapture
 from tests.harness import Env, GatewayThread, raw_client
 from tests.openapi_check import validate_response
 
@@ -321,6 +321,25 @@ def test_prepare_with_receipt_and_reuse(gw: tuple[Env, GatewayThread]) -> None:
     assert reuse["schema"] == "powercontext.context-reuse.v1"
     assert reuse["constraints"]["preserve"] == ["content", "citations", "trust", "order"]
     assert reuse["binding"] and "ledger" not in reuse["binding"]
+
+
+def test_a_receipt_id_is_logged_with_its_request_id(gw: tuple[Env, GatewayThread], captured_logs: LogCapture) -> None:
+    """COMPAT §7.1: a receipt's id is correlated with the request id in the logs (the
+    prepare line names both); a prepare without a receipt names none."""
+    env, gateway = gw
+    sid = _scope(env, gateway)
+    _memory(env, gateway, sid, "The invoice job runs at midnight UTC.")
+    for asked in (True, False):
+        mark = captured_logs.mark()
+        r = _post(
+            env, gateway, "/v1/context/prepare", {"scope_id": sid, "query": "invoice job", "include_receipt": asked}
+        )
+        assert r.status_code == 200
+        lines = [json.loads(line) for line in captured_logs.since(mark).splitlines() if line.strip()]
+        prepared = [line for line in lines if line["event"] == "prepare"]
+        request = [line for line in lines if line["event"] == "request"]
+        assert len(prepared) == 1 and prepared[0]["request_id"] == request[0]["request_id"]
+        assert prepared[0].get("receipt_id") == (r.json()["receipt"]["receipt_id"] if asked else None)
 
 
 def test_retire_is_an_extension_and_old_revisions_stay_readable(gw: tuple[Env, GatewayThread]) -> None:

@@ -981,6 +981,7 @@ async def prepare(ctx: Ctx, dto: Prepare, raw: bytes) -> web.Response:
         content_bytes=result.context["content_bytes"],
         items=len(result.dependencies),
         receipt=result.receipt is not None,
+        receipt_id=result.receipt["receipt_id"] if result.receipt is not None else None,
         reuse=bool(dto.include_reuse),
         duration_ms=round((time.perf_counter() - started) * 1000, 3),
     )

@@ -62,6 +62,7 @@ ALLOWED_FIELDS = frozenset(
         "items",
         "content_bytes",
         "receipt",
+        "receipt_id",  # a UUID the gateway chose (COMPAT §7.1: correlated with the request id here)
         "reuse",
         "diagnostic",
         "worker",
