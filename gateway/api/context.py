@@ -432,7 +432,20 @@ class Ctx:
         return record
 
     async def may_read(self, scope_id: str) -> bool:
-        return may(self.principal, scope_id, "context.read", await self.service.find_scope(scope_id))
+        """May this caller read the scope under the configuration now in force? Prepare asks
+        again before it assembles (COMPAT §4: a read revoked meanwhile is a 403), so a reload
+        since the call began counts: its key is authenticated again against that runtime."""
+        principal = self._principal_now()
+        return principal is not None and may(
+            principal, scope_id, "context.read", await self.service.find_scope(scope_id)
+        )
+
+    def _principal_now(self) -> Principal | None:
+        runtime = self.request.app[RUNTIME].current
+        if runtime is self.runtime:
+            return self.principal
+        key = auth.presented_key(self.request.headers)
+        return runtime.authenticate(key) if key else None
 
 
 def may(principal: Principal, scope_id: str, action: str, record: ScopeRecord | None) -> bool:
