@@ -69,6 +69,12 @@ def json_response(
     )
 
 
+# Where an event's own SSE fields sit under its base ("~events", index): the HTML standard
+# calls `event:` the event's type and `id:` its id. Fixed names, never client or model text.
+_EVENT_FIELD: Path = ("~sse", "type")
+_ID_FIELD: Path = ("~sse", "id")
+
+
 class EventDecoder:
     """Decodes each event's JSON payload, collecting every string it holds as units (every
     raw event is inspected decoded, not only the folded result).
@@ -83,12 +89,31 @@ class EventDecoder:
     item, a final response object, a message start with content, logprobs, a member no one
     has named), any escape, or any non-ASCII character (which gets an NFKC copy) — takes the
     full path: its every string and key decoded, normalised and joined, as in a non-stream
-    answer."""
+    answer. Every event's own `event:` and `id:` values are read too (`fields`): the client
+    receives them re-framed with the data."""
 
     def __init__(self, limits: CarrierLimits) -> None:
         self.limits = limits
         self.found = Collected([], [])
         self._labels: set[str] = set()  # label texts already read as units in this stream
+
+    def fields(self, event: Any, index: int) -> None:
+        """Event `index`'s own SSE fields (an `SSEEvent`'s `event` name and `id`), which the
+        client receives re-framed beside its data (`sse.frame`): each a string unit, read
+        like the data's strings (normalised, decoded), at `_EVENT_FIELD` / `_ID_FIELD` under
+        the event's base (no provider's data holds a `~sse` member). Each distinct text is
+        read once per stream, as labels are (a name repeats on every event). The last
+        segment is a structural field's name, so the joined read of the text leaves them
+        out as it leaves out the data's `type` and `id`: a name read between two strings
+        would hide a value split across them."""
+        seen = self._labels
+        name, eid = event.event, event.id
+        if name and name not in seen:
+            seen.add(name)
+            self.found.units.append(TextUnit(("~events", index, *_EVENT_FIELD), name, units.KIND_STRING))
+        if eid and eid not in seen:
+            seen.add(eid)
+            self.found.units.append(TextUnit(("~events", index, *_ID_FIELD), eid, units.KIND_STRING))
 
     def decode(self, data: str, index: int, delta_only: Callable[[Any], Labels | None] | None = None) -> Any:
         base: Path = ("~events", index)
@@ -160,6 +185,7 @@ class StreamFolder:
         """Event `n` (an `SSEEvent`) of the stream."""
         if self.broken is not None:
             return
+        self.decoder.fields(event, n)  # on every event: `[DONE]` is released with its fields too
         if event.data == "[DONE]":
             self._done()
             return
