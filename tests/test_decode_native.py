@@ -122,7 +122,9 @@ def test_reference_semantics() -> None:
     """The behaviour both paths are held to, on the reference alone."""
     decoders.use_native(False)
     runs = decoders.run_decodings(b"pre " + base64.b64encode(b"a secret value!") + b" 0123456789abcdef0")
-    assert runs == [(4, b"a secret value!"), (25, bytes.fromhex("0123456789abcdef"))]
+    assert runs[:2] == [(4, b"a secret value!"), (25, bytes.fromhex("0123456789abcdef"))]
+    # then the base64 run again from its second, third and fourth character (a value behind a prefix)
+    assert [offset for offset, _ in runs[2:]] == [5, 6, 7]
     buf = b"plain" + SEPARATOR + b"a %41 b" + SEPARATOR + b"&amp; and &amp;" + SEPARATOR + b"\\x41"
     assert decoders.trigger_segments(buf) == [(6, 13), (14, 29), (30, 34)]
 

@@ -5,9 +5,12 @@
  *
  *   run_decodings(data: bytes) -> list[tuple[int, bytes]]
  *       decoders.run_decodings: for every maximal run of the base64 alphabet
- *       [A-Za-z0-9+/_-] of at least 12 bytes (with up to two '=' after it), the base64 or
- *       base64url decoding when the run mixes letter cases (or has no letters), then every
- *       maximal hex run of at least 16 digits inside it when the run is not letters only.
+ *       [A-Za-z0-9+/_-] of at least 12 bytes (with up to two '=' after it), its decoding
+ *       ('-' and '_' read as '+' and '/') when the run mixes letter cases (or has no
+ *       letters), then every maximal hex run of at least 16 digits inside it when the run
+ *       is not letters only; after all runs, each decoded run again from its second
+ *       character (run by run), then from its third, then from its fourth, while at least
+ *       12 characters are left.
  *
  *   trigger_segments(buf: bytes) -> list[tuple[int, int]]
  *       decoders.trigger_segments: (start, end) of every NUL-separated segment of `buf`
@@ -123,17 +126,27 @@ static PyObject *decode_hex(const unsigned char *digits, Py_ssize_t n) {
     return result;
 }
 
-/* One base64-alphabet run data[start:end] (end includes any '=' after it). */
-static int decode_run(PyObject *out, const unsigned char *data, Py_ssize_t start, Py_ssize_t end) {
+/* base64 of body[0:n] (any length), as decoders._b64: a dangling last character dropped. */
+static int append_b64(PyObject *out, Py_ssize_t offset, const unsigned char *body, Py_ssize_t n) {
+    if (n % 4 == 1) n--;
+    if (n <= 0) return 0;
+    return append_pair(out, offset, decode_b64(body, n));
+}
+
+/* One base64-alphabet run data[start:end] (end includes any '=' after it): its decoding
+ * from the first character and its hex runs. Sets *b64_end to where the alphabet ends when
+ * the run is decoded as base64 (the caller decodes it again at the other alignments while
+ * MIN_B64_RUN characters are left), to `start` when it is not. */
+static int decode_run(PyObject *out, const unsigned char *data, Py_ssize_t start, Py_ssize_t end, Py_ssize_t *b64_end) {
     Py_ssize_t body_end = end;
     while (body_end > start && data[body_end - 1] == '=') body_end--;
     uint8_t seen = 0;
     for (Py_ssize_t i = start; i < body_end; i++) seen |= cls[data[i]];
     int one_case = ((seen & C_LOWER) != 0) != ((seen & C_UPPER) != 0);
-    if (!one_case && !((seen & C_STD) && (seen & C_URL))) {
-        Py_ssize_t n = body_end - start;
-        if (n % 4 == 1) n--;
-        if (n > 0 && append_pair(out, start, decode_b64(data + start, n)) < 0) return -1;
+    *b64_end = start;
+    if (!one_case) {
+        if (append_b64(out, start, data + start, body_end - start) < 0) return -1;
+        *b64_end = body_end;
     }
     /* hex inside: only when the run is not letters alone ('=' is not a letter) */
     int letters_only = body_end == end && (seen & (C_DIGIT | C_STD | C_URL)) == 0;
@@ -170,6 +183,9 @@ static PyObject *run_decodings(PyObject *self, PyObject *arg) {
     if (!bytes_arg(arg, "run_decodings", &data, &size)) return NULL;
     PyObject *out = PyList_New(0);
     if (out == NULL) return NULL;
+    /* (start, end of the alphabet) of every run decoded as base64 and longer than MIN_B64_RUN,
+     * for the other alignments */
+    Py_ssize_t *spans = NULL, count = 0, room = 0;
     Py_ssize_t i = 0;
     while (i < size) {
         if (!(cls[data[i]] & C_B64)) {
@@ -179,17 +195,38 @@ static PyObject *run_decodings(PyObject *self, PyObject *arg) {
         Py_ssize_t j = i;
         while (j < size && (cls[data[j]] & C_B64)) j++;
         if (j - i >= MIN_B64_RUN) {
-            Py_ssize_t end = j;
+            Py_ssize_t end = j, b64_end;
             while (end < size && end - j < 2 && data[end] == '=') end++;
-            if (decode_run(out, data, i, end) < 0) {
-                Py_DECREF(out);
-                return NULL;
+            if (decode_run(out, data, i, end, &b64_end) < 0) goto fail;
+            if (b64_end - i > MIN_B64_RUN) {
+                if (count == room) {
+                    room = room ? 2 * room : 64;
+                    Py_ssize_t *grown = PyMem_Realloc(spans, (size_t)room * 2 * sizeof *spans);
+                    if (grown == NULL) {
+                        PyErr_NoMemory();
+                        goto fail;
+                    }
+                    spans = grown;
+                }
+                spans[2 * count] = i;
+                spans[2 * count + 1] = b64_end;
+                count++;
             }
             j = end;
         }
         i = j;
     }
+    for (Py_ssize_t skip = 1; skip <= 3; skip++)
+        for (Py_ssize_t k = 0; k < count; k++) {
+            Py_ssize_t start = spans[2 * k] + skip, n = spans[2 * k + 1] - start;
+            if (n >= MIN_B64_RUN && append_b64(out, start, data + start, n) < 0) goto fail;
+        }
+    PyMem_Free(spans);
     return out;
+fail:
+    PyMem_Free(spans);
+    Py_DECREF(out);
+    return NULL;
 }
 
 static int is_alpha(unsigned char c) { return (cls[c] & (C_LOWER | C_UPPER)) != 0; }

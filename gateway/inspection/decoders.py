@@ -24,7 +24,6 @@ the copies and reports findings at the original unit's location).
 from __future__ import annotations
 
 import base64
-import binascii
 import html
 import re
 import unicodedata
@@ -278,9 +277,10 @@ def squeeze(text: str) -> str:
 MIN_B64_RUN = 12
 MIN_HEX_RUN = 16
 
-# Maximal runs of the base64 alphabet. Only those with both letter cases are decoded:
-# base64 of any text (or key) mixes them, while words, identifiers in one case and numbers
-# (most such runs in ordinary text and code) do not.
+# Maximal runs of the base64 alphabet. Only those with both letter cases are decoded (at
+# every alignment, see `_run_decodings`): base64 of any text (or key) mixes them, while
+# words, identifiers in one case and numbers (most such runs in ordinary text and code) do
+# not.
 _B64_RUN = re.compile(rb"[A-Za-z0-9+/_-]{%d,}={0,2}" % MIN_B64_RUN)
 _HEX_RUN = re.compile(rb"[0-9A-Fa-f]{%d,}" % MIN_HEX_RUN)
 _PERCENT = re.compile(rb"%[0-9A-Fa-f]{2}")
@@ -294,21 +294,20 @@ _BACKSLASH = re.compile(
 )
 
 
-def _b64(run: bytes) -> bytes | None:
-    body = run.rstrip(b"=")
-    std = b"+" in body or b"/" in body
-    url = b"-" in body or b"_" in body
-    if std and url:
-        return None
+# Base64 and base64url differ only in the characters for 62 and 63; reading `-` and `_` as
+# `+` and `/` decodes either, and a run that mixes them (a base64url id, a `-` or `_`, then
+# standard base64 holding `+` or `/`) reads every part of it that is one alphabet alone as
+# that part's own decoding would (see `_run_decodings`).
+_URL_AS_STD = bytes.maketrans(b"-_", b"+/")
+
+
+def _b64(body: bytes) -> bytes:
+    """The decoding of `body`, base64-alphabet characters only (either alphabet or both).
+    One dangling character carries no whole byte and is dropped; so are the bits of an
+    incomplete last group (as binascii does)."""
     if len(body) % 4 == 1:
-        body = body[:-1]  # one dangling character carries no whole byte
-    padded = body + b"=" * (-len(body) % 4)
-    try:
-        if url:
-            return base64.urlsafe_b64decode(padded)
-        return base64.b64decode(padded, validate=True)
-    except (binascii.Error, ValueError):
-        return None
+        body = body[:-1]
+    return base64.b64decode(body.translate(_URL_AS_STD) + b"=" * (-len(body) % 4), validate=True)
 
 
 def _percent(text: bytes) -> bytes:
@@ -387,21 +386,43 @@ def trigger_segments(buf: bytes) -> list[tuple[int, int]]:
 
 
 def _run_decodings(data: bytes) -> Iterator[tuple[int, bytes]]:
-    """The reference for `run_decodings` (and for the native module)."""
+    """The reference for `run_decodings` (and for the native module).
+
+    A run is decoded from its first character, and again from its second, third and fourth
+    while at least `MIN_B64_RUN` characters are left: an encoded value preceded inside the
+    run by k alphabet characters (a URL path `…org/d/<base64>`, `id-<base64>`, any word glued
+    to it) reads whole only from the alignment k % 4, since every fourth character starts a
+    group of three bytes; a value whose encoding is a run on its own (`MIN_B64_RUN`
+    characters or more) is so read after any prefix. Each copy's offset is where its
+    decoding starts in `data` (inside the run, so in the run's unit). The copies from the
+    first character come first, in the order of the runs, with each run's hex runs after
+    it, as a value split in runs each encoded on its own is read by joining the copies in
+    order; the copies from the second character follow (run by run), then those from the
+    third, then from the fourth. The four copies are at most three times the run's length
+    together (the three extra ones about 2.25 times), and count against the caller's budget
+    as any copy does."""
     hex_run = _HEX_RUN.search
+    misaligned: list[tuple[int, bytes]] = []  # (start, body) of the runs decoded again
     for m in _B64_RUN.finditer(data):
         run = m.group()
         one_case = run.islower() or run.isupper()
         if not one_case:
-            decoded = _b64(run)
+            body = run.rstrip(b"=")
+            decoded = _b64(body)
             if decoded:
                 yield m.start(), decoded
+            if len(body) > MIN_B64_RUN:
+                misaligned.append((m.start(), body))
         if len(run) >= MIN_HEX_RUN and not run.isalpha():  # hex of text has digits
             at = 0
             while (h := hex_run(run, at)) is not None:
                 digits = h.group()
                 yield m.start() + h.start(), bytes.fromhex((digits[:-1] if len(digits) % 2 else digits).decode())
                 at = h.end()
+    for skip in (1, 2, 3):
+        for start, body in misaligned:
+            if len(body) - skip >= MIN_B64_RUN:
+                yield start + skip, _b64(body[skip:])
 
 
 def text_decodings(text: bytes) -> Iterator[bytes]:

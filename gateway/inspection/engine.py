@@ -88,13 +88,15 @@ class Engine:
         formats: Sequence[FormatInfo],
         *,
         policy_version: str,
-        decode_budget: float = 4.0,
+        decode_budget: float = 6.0,
     ) -> None:
         self.matcher = matcher
         self.formats = tuple(formats)
         self.policy_version = policy_version
         # Decoded copies may add at most this multiple of the units' bytes (plus 64 KiB):
-        # past it inspection is incomplete and the call is withheld (`decode_limit`).
+        # past it inspection is incomplete and the call is withheld (`decode_limit`). A base64
+        # run decodes at four alignments (about three times its length), and base64 of base64
+        # of text about five and a quarter in all: six keeps such a payload readable.
         self.decode_budget = decode_budget
 
     def inspect(self, subject: Subject, *, allow_opaque: bool = False) -> Verdict:
