@@ -22,9 +22,14 @@
  *       (whose ranges configure_invisible hands over at import), 3 when one of them is a
  *       tag character.
  *
+ *   fold_forms(text: str) -> str
+ *       decoders.fold_forms: every character of decoders._LOOKALIKE (whose pairs
+ *       configure_forms hands over at import) replaced by the ASCII character it reads as.
+ *
  *   text_flags(text: str) -> int
- *       decoders.text_flags: invisible_flags' bits, and 4 when the text holds a character of
- *       decoders._MARK_OR_FORM (whose BMP ranges configure_marks hands over at import).
+ *       decoders.text_flags: invisible_flags' bits, 4 when the text holds a character of
+ *       decoders._MARK_OR_FORM (whose BMP ranges configure_marks hands over at import) and 8
+ *       when it holds one of decoders._LOOKALIKE.
  *
  *   ascii_forms(encoded: list[bytes]) -> (list[bytes | None], list[bytes | None])
  *       decoders.ascii_forms: each ASCII text's normalised copy and that copy squeezed.
@@ -340,6 +345,119 @@ static inline int invisible(Py_UCS4 c) {
     return 0;
 }
 
+/* --- look-alike letters, digits and dashes (decoders._FORMS) ------------------------------ */
+
+/* The table decoders._LOOKALIKE maps (a code point to one ASCII character), handed over once
+ * by configure_forms(pairs) as (code point, ASCII code) pairs sorted by code point: its BMP
+ * part as a direct table (0: not there), the rest as sorted arrays. */
+static Py_UCS4 *form_keys = NULL;
+static Py_UCS1 *form_values = NULL;
+static Py_ssize_t form_count = -1;
+static Py_UCS1 form_bmp[0x10000];
+
+static PyObject *configure_forms(PyObject *self, PyObject *arg) {
+    PyObject *seq = PySequence_Fast(arg, "configure_forms() takes a sequence of (code point, ASCII code) pairs");
+    if (seq == NULL) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    Py_UCS4 *keys = PyMem_Malloc(sizeof(Py_UCS4) * (size_t)(n ? n : 1));
+    Py_UCS1 *values = PyMem_Malloc((size_t)(n ? n : 1));
+    if (keys == NULL || values == NULL) {
+        PyMem_Free(keys);
+        PyMem_Free(values);
+        Py_DECREF(seq);
+        return PyErr_NoMemory();
+    }
+    Py_UCS1 *bmp = PyMem_Calloc(0x10000, 1);
+    if (bmp == NULL) {
+        PyMem_Free(keys);
+        PyMem_Free(values);
+        Py_DECREF(seq);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t k = 0; k < n; k++) {
+        unsigned long cp, to;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, k), "kk", &cp, &to)) goto fail;
+        if (cp < 0x80 || cp > 0x10FFFF || to == 0 || to >= 0x80 || (k > 0 && cp <= keys[k - 1])) {
+            PyErr_SetString(PyExc_ValueError, "pairs must be sorted non-ASCII code points, each to an ASCII code");
+            goto fail;
+        }
+        keys[k] = (Py_UCS4)cp;
+        values[k] = (Py_UCS1)to;
+        if (cp <= 0xFFFF) bmp[cp] = (Py_UCS1)to;
+    }
+    Py_DECREF(seq);
+    PyMem_Free(form_keys);
+    PyMem_Free(form_values);
+    form_keys = keys;
+    form_values = values;
+    memcpy(form_bmp, bmp, 0x10000);
+    PyMem_Free(bmp);
+    form_count = n;
+    Py_RETURN_NONE;
+fail:
+    PyMem_Free(bmp);
+    PyMem_Free(keys);
+    PyMem_Free(values);
+    Py_DECREF(seq);
+    return NULL;
+}
+
+/* The ASCII character `c` reads as, or 0. */
+static inline Py_UCS1 form_of(Py_UCS4 c) {
+    if (c <= 0xFFFF) return form_bmp[c];
+    Py_ssize_t lo = 0, hi = form_count - 1;
+    while (lo <= hi) {
+        Py_ssize_t mid = (lo + hi) / 2;
+        if (form_keys[mid] == c) return form_values[mid];
+        if (form_keys[mid] < c) lo = mid + 1;
+        else hi = mid - 1;
+    }
+    return 0;
+}
+
+/* fold_forms(text) -> str: `text` with every character of the table replaced by the ASCII
+ * character it reads as (decoders._fold_forms); `text` itself when none is there. */
+static PyObject *fold_forms(PyObject *self, PyObject *arg) {
+    if (!PyUnicode_Check(arg)) {
+        PyErr_SetString(PyExc_TypeError, "fold_forms() takes str");
+        return NULL;
+    }
+    if (form_count < 0) {
+        PyErr_SetString(PyExc_RuntimeError, "configure_forms() was not called");
+        return NULL;
+    }
+    int kind = PyUnicode_KIND(arg);
+    const void *data = PyUnicode_DATA(arg);
+    Py_ssize_t n = PyUnicode_GET_LENGTH(arg);
+    int changed = 0;
+    Py_UCS4 maxchar = 0;  /* of the result: a str is always built in its narrowest kind */
+    if (PyUnicode_MAX_CHAR_VALUE(arg) >= 0x80) {
+        for (Py_ssize_t i = 0; i < n; i++) {
+            Py_UCS4 c = PyUnicode_READ(kind, data, i);
+            Py_UCS1 to = form_of(c);
+            if (to) {
+                changed = 1;
+                c = to;
+            }
+            if (c > maxchar) maxchar = c;
+        }
+    }
+    if (!changed) {
+        Py_INCREF(arg);
+        return arg;
+    }
+    PyObject *out = PyUnicode_New(n, maxchar);
+    if (out == NULL) return NULL;
+    int out_kind = PyUnicode_KIND(out);
+    void *out_data = PyUnicode_DATA(out);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_UCS4 c = PyUnicode_READ(kind, data, i);
+        Py_UCS1 to = form_of(c);
+        PyUnicode_WRITE(out_kind, out_data, i, to ? (Py_UCS4)to : c);
+    }
+    return out;
+}
+
 /* decoders._MARK_OR_FORM's BMP part as a bitmap, handed over once by configure_marks(ranges);
  * every character above the BMP belongs to the class too (decoders judges each alone). */
 static uint8_t markform_bmp[0x10000 / 8];
@@ -371,15 +489,15 @@ fail:
 static inline int markform(Py_UCS4 c) { return c >= 0x10000 || ((markform_bmp[c >> 3] >> (c & 7)) & 1); }
 
 /* The flags of `text` (1: an invisible character, 2 more: a tag character; with `marks`, 4:
- * a character of decoders._MARK_OR_FORM), in one pass that stops once every bit the string's
+ * a character of decoders._MARK_OR_FORM, 8: one of decoders._LOOKALIKE), in one pass that stops once every bit the string's
  * width allows is known (Latin-1 holds no tag, mark or form; the BMP no tag). */
 static PyObject *scan_flags(PyObject *arg, int marks, const char *name) {
     if (!PyUnicode_Check(arg)) {
         PyErr_Format(PyExc_TypeError, "%s() takes str", name);
         return NULL;
     }
-    if (astral_count < 0 || (marks && !marks_configured)) {
-        PyErr_SetString(PyExc_RuntimeError, "configure_invisible() or configure_marks() was not called");
+    if (astral_count < 0 || (marks && (!marks_configured || form_count < 0))) {
+        PyErr_SetString(PyExc_RuntimeError, "configure_invisible(), configure_marks() or configure_forms() was not called");
         return NULL;
     }
     int kind = PyUnicode_KIND(arg);
@@ -392,18 +510,20 @@ static PyObject *scan_flags(PyObject *arg, int marks, const char *name) {
             if (invisible(p[i])) flags = 1;
     } else if (kind == PyUnicode_2BYTE_KIND) {
         const Py_UCS2 *p = data;
-        long all = marks ? 5 : 1;
+        long all = marks ? 13 : 1;
         for (Py_ssize_t i = 0; i < n && flags != all; i++) {
             if (invisible(p[i])) flags |= 1;
             if (marks && markform(p[i])) flags |= 4;
+            if (marks && form_of(p[i])) flags |= 8;
         }
     } else {
         const Py_UCS4 *p = data;
-        long all = marks ? 7 : 3;
+        long all = marks ? 15 : 3;
         for (Py_ssize_t i = 0; i < n && flags != all; i++) {
             Py_UCS4 c = p[i];
             if (invisible(c)) flags |= (c >= TAG_LO && c <= TAG_HI) ? 3 : 1;
             if (marks && markform(c)) flags |= 4;
+            if (marks && form_of(c)) flags |= 8;
         }
     }
     return PyLong_FromLong(flags);
@@ -413,8 +533,8 @@ static PyObject *scan_flags(PyObject *arg, int marks, const char *name) {
  * holds a tag character (U+E0020-U+E007E). */
 static PyObject *invisible_flags(PyObject *self, PyObject *arg) { return scan_flags(arg, 0, "invisible_flags"); }
 
-/* text_flags(text) -> int: invisible_flags' bits, and 4 when the text holds a character of
- * decoders._MARK_OR_FORM. */
+/* text_flags(text) -> int: invisible_flags' bits, 4 when the text holds a character of
+ * decoders._MARK_OR_FORM and 8 when it holds one of decoders._LOOKALIKE. */
 static PyObject *text_flags(PyObject *self, PyObject *arg) { return scan_flags(arg, 1, "text_flags"); }
 
 /* --- ASCII units' normalised and squeezed copies --------------------------------------- */
@@ -504,6 +624,8 @@ static PyMethodDef methods[] = {
     {"configure_marks", configure_marks, METH_O, "Hand over the BMP part of decoders' mark-or-form class."},
     {"text_flags", text_flags, METH_O, "invisible_flags, and 4 when the text holds a mark or parenthesised form."},
     {"ascii_forms", ascii_forms, METH_O, "The normalised and squeezed copies of ASCII texts (None for others)."},
+    {"configure_forms", configure_forms, METH_O, "Hand over decoders' look-alike table as sorted pairs."},
+    {"fold_forms", fold_forms, METH_O, "The text with every look-alike character read as its ASCII one."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -132,6 +132,52 @@ _PARENTHESISED = {
     **{0x2474 + i: str(i + 1) for i in range(20)},  # ⑴–⒇
     **{0x2488 + i: str(i + 1) for i in range(20)},  # ⒈–⒛ (the digit and a full stop)
 }
+# Letters, digits and dashes a reader takes for ASCII ones and NFKC leaves as they are:
+# Cyrillic, Greek and Armenian letters drawn like Latin ones, every other script's decimal
+# digits, hyphens, dashes and the minus sign, and negative circled, negative squared and
+# regional-indicator capitals. The normalised copy reads each as that ASCII character
+# ("рlаіn" written with Cyrillic letters reads "plain"; configured values are matched in
+# that form too, see `literals.variants`): one character for one, so what the release
+# window counts is unchanged.
+_LOOKALIKE_LETTERS = (
+    "аa еe һh іi јj кk оo рp сc уy хx ѕs ԁd ԛq ԝw ӏl үy "  # Cyrillic
+    "АA ВB ЕE КK МM НH ОO РP СC ТT ХX УY ІI ЈJ ЅS ҮY ԚQ ԜW ӀI "
+    "ΑA ΒB ΕE ΖZ ΗH ΙI ΚK ΜM ΝN ΟO ΡP ΤT ΥY ΧX αa ιi κk νv οo ρp υu χx ϲc ϳj "  # Greek
+    "օo սu"  # Armenian
+)
+_DASHES = "\u2010\u2011\u2012\u2013\u2014\u2015\u2212\u2043\u02d7\u2e3a\u2e3b"
+
+
+def _digit_forms() -> dict[int, str]:
+    """Every decimal digit of this interpreter's Unicode (none lies past U+1FFFF) that NFKC
+    leaves as it is, as its ASCII digit."""
+    out: dict[int, str] = {}
+    for cp in range(0x80, 0x20000):
+        if unicodedata.decimal(chr(cp), -1) == 0:
+            for d in range(10):
+                if unicodedata.decimal(chr(cp + d), -1) == d and unicodedata.normalize("NFKC", chr(cp + d)) == chr(
+                    cp + d
+                ):
+                    out[cp + d] = str(d)
+    return out
+
+
+_LOOKALIKE: dict[int, str] = {
+    **{ord(pair[0]): pair[1] for pair in _LOOKALIKE_LETTERS.split()},
+    **{ord(dash): "-" for dash in _DASHES},
+    **_digit_forms(),
+    **{base + i: chr(0x41 + i) for base in (0x1F150, 0x1F170, 0x1F1E6) for i in range(26)},  # 🅐 🅰 🇦
+}
+_LOOKALIKE_CHAR = re.compile(_class(tuple((cp, cp) for cp in sorted(_LOOKALIKE))))
+
+
+def fold_forms(text: str) -> str:
+    """`text` with every look-alike character (`_LOOKALIKE`) read as its ASCII one."""
+    if _native is not None:
+        return cast(str, _native.fold_forms(text))
+    return text.translate(_LOOKALIKE)
+
+
 # One pass finds whether a text needs either (a BMP mark, a parenthesised form) or holds a
 # supplementary character (which may be a mark or a parenthesised capital).
 _MARK_OR_FORM_BMP_RANGES = (*_BMP_MARK_RANGES, (0x2474, 0x24B5))
@@ -167,16 +213,20 @@ def invisible_flags(text: str) -> int:
 
 
 MARK_OR_FORM = 4
+LOOKALIKE = 8
 
 
 def text_flags(text: str) -> int:
-    """`invisible_flags`, and `MARK_OR_FORM` when `text` holds a character of `_MARK_OR_FORM`
-    (a combining mark, a parenthesised form, or any character above the BMP): what
-    `normalise` must do to a non-ASCII text, found in one pass."""
+    """`invisible_flags`, `MARK_OR_FORM` when `text` holds a character of `_MARK_OR_FORM`
+    (a combining mark, a parenthesised form, or any character above the BMP) and
+    `LOOKALIKE` when it holds one of `_LOOKALIKE`: what `normalise` must do to a non-ASCII
+    text, found in one pass."""
     if _native is not None:
         return cast(int, _native.text_flags(text))
     flags = invisible_flags(text)
-    return flags | MARK_OR_FORM if _MARK_OR_FORM.search(text) is not None else flags
+    if _MARK_OR_FORM.search(text) is not None:
+        flags |= MARK_OR_FORM
+    return flags | LOOKALIKE if _LOOKALIKE_CHAR.search(text) is not None else flags
 
 
 def normalise(text: str) -> str:
@@ -193,6 +243,8 @@ def normalise(text: str) -> str:
         if _has_mark(text):
             text = _without_marks(text)
         text = text.translate(_PARENTHESISED)
+    if flags & LOOKALIKE:
+        text = fold_forms(text)
     if not unicodedata.is_normalized("NFKC", text):
         text = unicodedata.normalize("NFKC", text)
         if invisible_flags(text):  # NFKC never produces these today; stay safe if it does
@@ -458,6 +510,7 @@ except ImportError:  # pragma: no cover - a machine without a C compiler
 else:
     _decode_native.configure_invisible(_INVISIBLE_RANGES)
     _decode_native.configure_marks(_MARK_OR_FORM_BMP_RANGES)
+    _decode_native.configure_forms([(cp, ord(to)) for cp, to in sorted(_LOOKALIKE.items())])
     NATIVE_AVAILABLE = True
     _native = _decode_native
 

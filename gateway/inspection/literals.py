@@ -60,6 +60,8 @@ def variants(value: str) -> tuple[bytes, ...]:
     normal = unicodedata.normalize("NFKC", value)
     forms.setdefault(normal, None)
     forms.setdefault(decoders.unmarked(value), None)  # its accents gone, as marks after each letter leave it
+    for form in list(forms):  # look-alike letters, digits and dashes, as the normalised copy reads them
+        forms.setdefault(decoders.fold_forms(form), None)
     once = set().union(*(_escaped(f) for f in list(forms)))
     for form in sorted(once):
         forms.setdefault(form, None)
