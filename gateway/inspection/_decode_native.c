@@ -8,7 +8,7 @@
  *       [A-Za-z0-9+/_-] of at least 12 bytes (with up to two '=' after it), its decoding
  *       ('-' and '_' read as '+' and '/') when the run mixes letter cases (or has no
  *       letters), then every maximal hex run of at least 16 digits inside it when the run
- *       is not letters only (and again from its second digit when more than 16 are there); after all runs, each decoded run again from its second
+ *       is not letters only; after all runs, each decoded run again from its second
  *       character (run by run), then from its third, then from its fourth, while at least
  *       12 characters are left.
  *
@@ -165,8 +165,6 @@ static int decode_run(PyObject *out, const unsigned char *data, Py_ssize_t start
             Py_ssize_t j = i;
             while (j < end && (cls[data[j]] & C_HEX)) j++;
             if (j - i >= MIN_HEX_RUN && append_pair(out, i, decode_hex(data + i, j - i)) < 0) return -1;
-            /* and from its second digit: a value behind an odd number of hex digits */
-            if (j - i > MIN_HEX_RUN && append_pair(out, i + 1, decode_hex(data + i + 1, j - i - 1)) < 0) return -1;
             i = j;
         }
     }

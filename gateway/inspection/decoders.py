@@ -362,11 +362,6 @@ def _b64(body: bytes) -> bytes:
     return base64.b64decode(body.translate(_URL_AS_STD) + b"=" * (-len(body) % 4), validate=True)
 
 
-def _hex(digits: bytes) -> bytes:
-    """The bytes of hex `digits`; an odd last digit carries no whole byte."""
-    return bytes.fromhex((digits[:-1] if len(digits) % 2 else digits).decode())
-
-
 def _percent(text: bytes) -> bytes:
     return _PERCENT.sub(lambda m: bytes([int(m.group()[1:], 16)]), text)
 
@@ -474,9 +469,7 @@ def _run_decodings(data: bytes) -> Iterator[tuple[int, bytes]]:
             at = 0
             while (h := hex_run(run, at)) is not None:
                 digits = h.group()
-                yield m.start() + h.start(), _hex(digits)
-                if len(digits) > MIN_HEX_RUN:  # and from its second digit: a value behind an odd prefix
-                    yield m.start() + h.start() + 1, _hex(digits[1:])
+                yield m.start() + h.start(), bytes.fromhex((digits[:-1] if len(digits) % 2 else digits).decode())
                 at = h.end()
     for skip in (1, 2, 3):
         for start, body in misaligned:
