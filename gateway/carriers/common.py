@@ -23,6 +23,7 @@ from gateway.carriers.base import (
     units_of,
 )
 from gateway.carriers.jsonraw import JsonError
+from gateway.carriers.sse import SSEEvent
 from gateway.units import Path, TextUnit
 from gateway.usage import UNKNOWN, Count, all_unknown, get, known, minus
 from gateway.vocab import ReasonCode
@@ -97,7 +98,7 @@ class EventDecoder:
         self.found = Collected([], [])
         self._labels: set[str] = set()  # label texts already read as units in this stream
 
-    def fields(self, event: Any, index: int) -> None:
+    def fields(self, event: SSEEvent, index: int) -> None:
         """Event `index`'s own SSE fields (an `SSEEvent`'s `event` name and `id`), which the
         client receives re-framed beside its data (`sse.frame`): each a string unit, read
         like the data's strings (normalised, decoded), at `_EVENT_FIELD` / `_ID_FIELD` under
