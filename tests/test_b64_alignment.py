@@ -121,16 +121,22 @@ def test_copies_from_the_first_character_come_first_in_run_order(native: bool) -
     neighbouring copies)."""
     decoders.use_native(native)
     first, second = _std("first half of it"), _std("second half here")
-    data = b"a " + first + b" b " + second + b" " + b"0123456789abcdef0123"
+    data = b"a " + first + b" b " + second + b" " + b"0123456789abcdef0123" + b" " + b"fedcba9876543210f"
     s1, s2 = 2, 2 + len(first) + 3
     s3 = s2 + len(second) + 1
+    s4 = s3 + 21
     offsets = [offset for offset, _ in decoders.run_decodings(data)]
-    assert offsets == [s1, s2, s3, s1 + 1, s2 + 1, s1 + 2, s2 + 2, s1 + 3, s2 + 3]
+    # every hex run of more than 16 digits is read again from its second digit once all
+    # runs are read from their first (hex parts split apart stay neighbours)
+    assert offsets == [s1, s2, s3, s4, s3 + 1, s4 + 1, s1 + 1, s2 + 1, s1 + 2, s2 + 2, s1 + 3, s2 + 3]
     runs = decoders.run_decodings(data)
-    assert runs[:3] == [
+    assert runs[:6] == [
         (s1, b"first half of it"),
         (s2, b"second half here"),
         (s3, bytes.fromhex("0123456789abcdef0123")),
+        (s4, bytes.fromhex("fedcba9876543210")),
+        (s3 + 1, bytes.fromhex("123456789abcdef012")),
+        (s4 + 1, bytes.fromhex("edcba9876543210f")),
     ]
 
 
@@ -250,6 +256,17 @@ def test_base64_of_base64_of_text_stays_within_the_default_budget(native: bool) 
     assert ENGINE.inspect(_subject(twice)).allowed
     hidden = base64.b64encode(base64.b64encode((text + " " + SECRET).encode())).decode()
     assert ENGINE.inspect(_subject(hidden)).reason_codes == ("secret_value",)
+
+
+@pytest.mark.parametrize("native", FINDERS)
+@pytest.mark.parametrize("prefix", ["a", "abc", "deadbeef1", "0", "f00"])
+def test_hex_behind_an_odd_number_of_hex_digits_is_refused(native: bool, prefix: str) -> None:
+    """A hex run is read from its first digit and from its second: whatever the prefix's
+    parity, one of the two reads the value."""
+    decoders.use_native(native)
+    for value in (SECRET, AWS_KEY):
+        verdict = ENGINE.inspect(_subject(f"blob {prefix}{value.encode().hex()} end"))
+        assert not verdict.allowed, (prefix, value)
 
 
 # --- the real gateway ------------------------------------------------------------------

@@ -8,9 +8,10 @@
  *       [A-Za-z0-9+/_-] of at least 12 bytes (with up to two '=' after it), its decoding
  *       ('-' and '_' read as '+' and '/') when the run mixes letter cases (or has no
  *       letters), then every maximal hex run of at least 16 digits inside it when the run
- *       is not letters only; after all runs, each decoded run again from its second
- *       character (run by run), then from its third, then from its fourth, while at least
- *       12 characters are left.
+ *       is not letters only; after all runs, each hex run of more than 16 digits again
+ *       from its second digit, then each decoded run again from its second character
+ *       (run by run), then from its third, then from its fourth, while at least 12
+ *       characters are left.
  *
  *   trigger_segments(buf: bytes) -> list[tuple[int, int]]
  *       decoders.trigger_segments: (start, end) of every NUL-separated segment of `buf`
@@ -139,10 +140,13 @@ static int append_b64(PyObject *out, Py_ssize_t offset, const unsigned char *bod
 }
 
 /* One base64-alphabet run data[start:end] (end includes any '=' after it): its decoding
- * from the first character and its hex runs. Sets *b64_end to where the alphabet ends when
+ * from the first character and its hex runs (onto `out`), each hex run of more than
+ * MIN_HEX_RUN digits from its second digit (onto `shifted`, which the caller appends after
+ * all runs). Sets *b64_end to where the alphabet ends when
  * the run is decoded as base64 (the caller decodes it again at the other alignments while
  * MIN_B64_RUN characters are left), to `start` when it is not. */
-static int decode_run(PyObject *out, const unsigned char *data, Py_ssize_t start, Py_ssize_t end, Py_ssize_t *b64_end) {
+static int decode_run(PyObject *out, PyObject *shifted, const unsigned char *data, Py_ssize_t start, Py_ssize_t end,
+                      Py_ssize_t *b64_end) {
     Py_ssize_t body_end = end;
     while (body_end > start && data[body_end - 1] == '=') body_end--;
     uint8_t seen = 0;
@@ -165,6 +169,8 @@ static int decode_run(PyObject *out, const unsigned char *data, Py_ssize_t start
             Py_ssize_t j = i;
             while (j < end && (cls[data[j]] & C_HEX)) j++;
             if (j - i >= MIN_HEX_RUN && append_pair(out, i, decode_hex(data + i, j - i)) < 0) return -1;
+            /* from its second digit too (a value behind an odd number of hex digits), after all runs */
+            if (j - i > MIN_HEX_RUN && append_pair(shifted, i + 1, decode_hex(data + i + 1, j - i - 1)) < 0) return -1;
             i = j;
         }
     }
@@ -188,6 +194,11 @@ static PyObject *run_decodings(PyObject *self, PyObject *arg) {
     if (!bytes_arg(arg, "run_decodings", &data, &size)) return NULL;
     PyObject *out = PyList_New(0);
     if (out == NULL) return NULL;
+    PyObject *shifted = PyList_New(0);
+    if (shifted == NULL) {
+        Py_DECREF(out);
+        return NULL;
+    }
     /* (start, end of the alphabet) of every run decoded as base64 and longer than MIN_B64_RUN,
      * for the other alignments */
     Py_ssize_t *spans = NULL, count = 0, room = 0;
@@ -202,7 +213,7 @@ static PyObject *run_decodings(PyObject *self, PyObject *arg) {
         if (j - i >= MIN_B64_RUN) {
             Py_ssize_t end = j, b64_end;
             while (end < size && end - j < 2 && data[end] == '=') end++;
-            if (decode_run(out, data, i, end, &b64_end) < 0) goto fail;
+            if (decode_run(out, shifted, data, i, end, &b64_end) < 0) goto fail;
             if (b64_end - i > MIN_B64_RUN) {
                 if (count == room) {
                     room = room ? 2 * room : 64;
@@ -221,6 +232,8 @@ static PyObject *run_decodings(PyObject *self, PyObject *arg) {
         }
         i = j;
     }
+    if (PyList_SetSlice(out, PyList_GET_SIZE(out), PyList_GET_SIZE(out), shifted) < 0) goto fail;
+    Py_CLEAR(shifted);
     for (Py_ssize_t skip = 1; skip <= 3; skip++)
         for (Py_ssize_t k = 0; k < count; k++) {
             Py_ssize_t start = spans[2 * k] + skip, n = spans[2 * k + 1] - start;
@@ -230,6 +243,7 @@ static PyObject *run_decodings(PyObject *self, PyObject *arg) {
     return out;
 fail:
     PyMem_Free(spans);
+    Py_XDECREF(shifted);
     Py_DECREF(out);
     return NULL;
 }

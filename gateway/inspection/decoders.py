@@ -362,6 +362,11 @@ def _b64(body: bytes) -> bytes:
     return base64.b64decode(body.translate(_URL_AS_STD) + b"=" * (-len(body) % 4), validate=True)
 
 
+def _hex(digits: bytes) -> bytes:
+    """The bytes of hex `digits`; an odd last digit carries no whole byte."""
+    return bytes.fromhex((digits[:-1] if len(digits) % 2 else digits).decode())
+
+
 def _percent(text: bytes) -> bytes:
     return _PERCENT.sub(lambda m: bytes([int(m.group()[1:], 16)]), text)
 
@@ -449,12 +454,15 @@ def _run_decodings(data: bytes) -> Iterator[tuple[int, bytes]]:
     decoding starts in `data` (inside the run, so in the run's unit). The copies from the
     first character come first, in the order of the runs, with each run's hex runs after
     it, as a value split in runs each encoded on its own is read by joining the copies in
-    order; the copies from the second character follow (run by run), then those from the
-    third, then from the fourth. The four copies are at most three times the run's length
+    order. Then every hex run of more than `MIN_HEX_RUN` digits again from its second digit
+    (a value behind an odd number of hex digits reads whole only so); then the base64
+    copies from the second character (run by run), then those from the third, then from
+    the fourth. The four copies are at most three times the run's length
     together (the three extra ones about 2.25 times), and count against the caller's budget
     as any copy does."""
     hex_run = _HEX_RUN.search
     misaligned: list[tuple[int, bytes]] = []  # (start, body) of the runs decoded again
+    shifted: list[tuple[int, bytes]] = []  # (start, digits) of the hex runs read from their second digit
     for m in _B64_RUN.finditer(data):
         run = m.group()
         one_case = run.islower() or run.isupper()
@@ -469,8 +477,12 @@ def _run_decodings(data: bytes) -> Iterator[tuple[int, bytes]]:
             at = 0
             while (h := hex_run(run, at)) is not None:
                 digits = h.group()
-                yield m.start() + h.start(), bytes.fromhex((digits[:-1] if len(digits) % 2 else digits).decode())
+                yield m.start() + h.start(), _hex(digits)
+                if len(digits) > MIN_HEX_RUN:  # a value behind an odd number of hex digits
+                    shifted.append((m.start() + h.start() + 1, digits[1:]))
                 at = h.end()
+    for start, digits in shifted:
+        yield start, _hex(digits)
     for skip in (1, 2, 3):
         for start, body in misaligned:
             if len(body) - skip >= MIN_B64_RUN:
