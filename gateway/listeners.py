@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
+import os
 import socket
 import ssl
 import stat
@@ -64,6 +65,27 @@ def prepare_socket_path(path: Path) -> None:
 def socket_umask(mode: int) -> int:
     """The umask that makes a newly bound socket no more permissive than `mode`."""
     return 0o777 & ~mode
+
+
+def set_socket_mode(path: Path, mode: int) -> None:
+    """Give the socket just bound at `path` the mode `mode`, never following a link.
+
+    Bound under `socket_umask(mode)`, it normally has that mode already. What is at `path`
+    now is opened without following a symlink (someone who can write the directory may have
+    swapped the socket for a link to a file between the bind and this call) and must be a
+    socket; only that inode's mode is changed (through its descriptor), else it refuses."""
+    try:
+        fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ListenerError(f"{path}: the socket just bound cannot be opened ({exc.strerror})") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISSOCK(st.st_mode):
+            raise ListenerError(f"{path} is no longer the socket just bound; refusing to change its mode")
+        if stat.S_IMODE(st.st_mode) != mode:
+            os.chmod(f"/proc/self/fd/{fd}", mode)  # the inode the descriptor holds, not a path lookup
+    finally:
+        os.close(fd)
 
 
 # --- dev certificates ----------------------------------------------------------------

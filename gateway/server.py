@@ -24,7 +24,7 @@ from gateway.app import create_app
 from gateway.config.load import ConfigError, load_runtime, resolve
 from gateway.config.runtime import RuntimeHolder
 from gateway.http.connections import GuardedRunner, TLSSite
-from gateway.listeners import ListenerError, prepare_socket_path, server_tls_context, socket_umask
+from gateway.listeners import ListenerError, prepare_socket_path, server_tls_context, set_socket_mode, socket_umask
 from gateway.obs import logging as log
 from gateway.proxy.offload import OFFLOAD
 from gateway.startup import EARLY
@@ -189,7 +189,7 @@ async def start(
                 await site.start()
             finally:
                 os.umask(old)
-            await asyncio.to_thread(os.chmod, path, mode)
+            await asyncio.to_thread(set_socket_mode, path, mode)
             running.sites.append(site)
             running.uds_path = path
             log.info("listening", listener="uds", address=str(path))

@@ -28,7 +28,7 @@ from pathlib import Path
 from types import FrameType
 
 from gateway.config.load import read_config, resolve
-from gateway.listeners import prepare_socket_path, socket_umask
+from gateway.listeners import prepare_socket_path, set_socket_mode, socket_umask
 from gateway.obs import logging as log
 from gateway.startup import EARLY, blocked_while_starting
 
@@ -84,7 +84,7 @@ class Supervisor:
                 sock.bind(str(path))
             finally:
                 os.umask(old)
-            os.chmod(path, mode)
+            set_socket_mode(path, mode)
             sock.listen(512)
             sock.set_inheritable(True)
             self._uds, self._uds_path = sock, path

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import signal
 import socket
 import ssl
@@ -17,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from gateway.listeners import ListenerError, prepare_socket_path
+from gateway.listeners import ListenerError, prepare_socket_path, set_socket_mode
 from tests.deploy.procs import free_port
 
 
@@ -45,6 +46,34 @@ def test_live_socket_and_other_files_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ListenerError, match="not a socket"):
         prepare_socket_path(regular)
     assert regular.read_text() == "precious"
+
+
+def test_socket_mode_is_set_on_the_socket_never_through_a_link(tmp_path: Path) -> None:
+    """The socket's mode is set on what is at the path without following a link: a socket
+    swapped for a symlink to a file between bind and chmod leaves the file alone."""
+    path = tmp_path / "s.sock"
+    sock = socket.socket(socket.AF_UNIX)
+    old = os.umask(0)
+    try:
+        sock.bind(str(path))  # 0777 under umask 0
+    finally:
+        os.umask(old)
+    try:
+        set_socket_mode(path, 0o660)
+        assert stat.S_IMODE(path.lstat().st_mode) == 0o660
+        victim = tmp_path / "victim"
+        victim.write_text("precious")
+        victim.chmod(0o600)
+        path.unlink()
+        path.symlink_to(victim)
+        with pytest.raises(ListenerError, match="no longer the socket"):
+            set_socket_mode(path, 0o666)
+        assert stat.S_IMODE(victim.stat().st_mode) == 0o600
+        path.unlink()
+        with pytest.raises(ListenerError, match="cannot be opened"):
+            set_socket_mode(path, 0o660)
+    finally:
+        sock.close()
 
 
 def test_socket_mode(make_env: Any, gateway_for: Any) -> None:
