@@ -5,8 +5,9 @@ inherited by every worker; the HTTPS port, reserved here and bound by each worke
 SO_REUSEPORT so the kernel spreads connections over them), starts N worker processes of
 `wiregate serve` on the same configuration, forwards SIGHUP (every worker reloads) and
 SIGTERM/SIGINT (every worker drains and stops; then the socket file is removed), and restarts
-a worker that dies — unless workers keep dying right after they start (a configuration that
-cannot serve), when it stops them all and fails.
+a worker that dies, the others reloading with it so all serve the files on disk as the new
+one does — unless workers keep dying right after they start (a configuration that cannot
+serve), when it stops them all and fails.
 Must not: serve requests or load the configuration beyond the listener settings.
 
 What each worker keeps to itself: its concurrency limits (`concurrent_buffered_responses`,
@@ -141,7 +142,7 @@ class Supervisor:
                     if due is not None:  # a slot that failed to start: tried again in a while
                         if time.monotonic() >= due:
                             del self._respawn_at[n]
-                            self.workers[n] = self._spawn(worker.index)
+                            self._respawn(n)
                         continue
                     log.error("worker_exited", worker=worker.index, exit_status=status)
                     lived = time.monotonic() - worker.started
@@ -156,12 +157,24 @@ class Supervisor:
                         self._respawn_at[n] = time.monotonic() + RESPAWN_BACKOFF_S
                         log.warning("worker_respawn_delayed", worker=worker.index)
                         continue
-                    self.workers[n] = self._spawn(worker.index)
+                    self._respawn(n)
                 time.sleep(0.1)
         finally:
             clean = self._stop_all()
             self._close()
         return 2 if failed else (0 if clean else 1)
+
+    def _respawn(self, n: int) -> None:
+        """A new worker in slot `n`, and a reload of the others: the new one loads the files
+        on disk as they are now, so the others load them too (a change not yet signalled
+        would otherwise be served by one worker only). A reload they refuse keeps what they
+        serve, and the new worker, on the same files, fails to start the same way."""
+        self.workers[n] = self._spawn(self.workers[n].index)
+        others = [w for i, w in enumerate(self.workers) if i != n and w.proc.poll() is None]
+        for worker in others:
+            worker.proc.send_signal(signal.SIGHUP)
+        if others:
+            log.info("workers_reloading", reason="respawn", count=len(others))
 
     def _stop_all(self) -> bool:
         self._signal_all(signal.SIGTERM)

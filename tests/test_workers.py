@@ -290,3 +290,44 @@ def test_a_reload_while_the_workers_are_starting_kills_none_of_them(mock: MockPr
     finally:
         proc.terminate(120)
         proc.close()
+
+
+def test_a_restarted_worker_and_the_others_serve_the_same_files(mock: MockProviderServer, tmp_path: Path) -> None:
+    """The files on disk changed without a SIGHUP (a principal added), then a worker dies:
+    its replacement loads the files as they are now, and the others reload with it, so no
+    worker keeps serving what the others no longer do (or the reverse)."""
+    env = build_env(tmp_path / "gw", mock.url)
+    sock = env.dir / "run" / "gw.sock"
+    proc = procs.Proc(
+        [str(WIREGATE), "serve", "--config", str(env.config), "--workers", "2"], dict(os.environ), tmp_path / "log"
+    )
+    try:
+        _wait(lambda: sum(1 for r in proc.records() if r.get("event") == "started") == 2)
+        port = proc.https_port()
+        tls = ssl.create_default_context(cafile=str(env.ca))
+        pids = [int(r["pid"]) for r in proc.records() if r.get("event") == "worker_started"]
+        key, digest = devsetup.new_gateway_key()
+        with (env.dir / "principals.toml").open("a") as fh:
+            fh.write(devsetup.principal_block("late", [digest], ["proxy"], ["mock-openai"], None))
+        os.kill(pids[0], signal.SIGKILL)
+        _wait(lambda: sum(1 for r in proc.records() if r.get("event") == "started") == 3)
+        _wait(lambda: sum(1 for r in proc.records() if r.get("event") == "config_reloaded") == 1)
+        assert any(r.get("event") == "workers_reloading" for r in proc.records())
+        mark = len(proc.records())
+        statuses = []
+        for _ in range(20):  # a new connection each time: the kernel picks a worker
+            with httpx.Client(base_url=f"https://127.0.0.1:{port}", verify=tls, timeout=30) as client:
+                statuses.append(_chat(client, key))
+            uds = httpx.HTTPTransport(uds=str(sock))
+            with httpx.Client(transport=uds, base_url="http://localhost", timeout=30) as client:
+                statuses.append(_chat(client, key))
+        assert statuses == [200] * 40
+        served = Counter(
+            int(r["worker"])
+            for r in proc.records()[mark:]
+            if r.get("event") == "request" and r.get("route") == "/v1/chat/completions"
+        )
+        assert set(served) == {0, 1}, served  # both workers answered, and both knew the key
+        assert proc.terminate(120) == 0
+    finally:
+        proc.close()
