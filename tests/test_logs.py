@@ -6,6 +6,7 @@ conftest covers every line of every test."""
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -217,6 +218,29 @@ def test_the_model_name_is_logged_only_once_a_send_check_inspected_it(
         access = [line for line in _lines(captured_logs, mark) if line["event"] == "request"]
         assert len(access) == 1 and access[0].get("model") is None
         assert VALUE_SECRET not in captured_logs.since(mark)
+
+
+def test_a_model_name_is_logged_only_when_it_is_a_model_id_the_upstream_served(
+    gw: tuple[Env, GatewayThread, str], mock: MockProviderServer, captured_logs: LogCapture
+) -> None:
+    """A profile's pattern admits any text after its prefix, so a model name is logged as
+    written only in a model id's shape and once the upstream answered it with a success;
+    otherwise as a keyed digest (the same name, the same digest)."""
+    env, gateway, _ = gw
+    client = raw_client(gateway, env)
+    headers = {"authorization": f"Bearer {env.gateway_key}"}
+    prose = "gpt-patient Jane Roe diagnosis Wombat"
+    sid = "logmodel" + uuid.uuid4().hex[:8]
+    mock.state.add_scenario(sid, [{"status": 404, "error_message": "no such model"}])
+    mark = captured_logs.mark()
+    for model, extra in ((prose, {}), (prose, {}), ("gpt-4.1-mini", {"user": f"mock-scenario:{sid}"})):
+        r = client.post("/v1/chat/completions", json=_chat(model=model, **extra), headers=headers)
+        assert r.status_code == (404 if extra else 200), r.text
+    models = [line.get("model") for line in _lines(captured_logs, mark) if line["event"] == "request"]
+    assert len(models) == 3 and all(isinstance(m, str) and m.startswith("h:") for m in models), models
+    assert models[0] == models[1] != models[2]
+    logged = captured_logs.since(mark)
+    assert "Jane Roe" not in logged and "gpt-4.1-mini" not in logged
 
 
 def test_the_log_digest_is_hmac_sha256_for_every_key_length() -> None:

@@ -16,6 +16,7 @@ import asyncio
 import functools
 import hmac
 import json
+import re
 import struct
 import time
 from collections.abc import Callable, Mapping
@@ -357,9 +358,29 @@ async def _record_off_loop(
         _failed(app, ex, exc)
 
 
+# What a provider's model id looks like: no spaces, no quotes, a bounded length.
+_MODEL_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/+-]{0,99}")
+
+
+def logged_model(ex: Exchange, trail: Trail) -> str | None:
+    """The model name as the access line carries it. It is client text (a profile's pattern
+    such as `claude-*` admits any text after its prefix): written out only when a send check
+    inspected and allowed it, it has a model id's shape, and the upstream answered the call
+    with a success (a provider refuses a model it does not serve, so such a name is one it
+    vouched for); a keyed digest otherwise (the same name, the same digest), and nothing
+    when no send check inspected it."""
+    model = ex.parsed.model
+    if not model or not trail.send_allowed:
+        return None
+    attempts = trail.attempts
+    status = attempts[-1].status if attempts else None
+    if status is not None and 200 <= status < 300 and _MODEL_ID.fullmatch(model):
+        return model
+    return ex.runtime.log_digest(model)
+
+
 def access_fields(ex: Exchange, trail: Trail) -> dict[str, Any]:
-    """The access-line facts of a provider call. The model name is logged only once a
-    send check has allowed it (it is client text)."""
+    """The access-line facts of a provider call (the model name as `logged_model` says)."""
     final = trail.final
     released = trail.last(Released)
     attempts = trail.attempts
@@ -369,7 +390,7 @@ def access_fields(ex: Exchange, trail: Trail) -> dict[str, Any]:
         outcome = Outcome.REFUSED_IN_STREAM.value if in_stream else final.outcome.value
     return {
         "profile": trail.profile_id,
-        "model": ex.parsed.model if trail.send_allowed else None,
+        "model": logged_model(ex, trail),
         "stream": ex.parsed.stream,
         "outcome": outcome,
         "reason_codes": final.reason_codes if isinstance(final, Refused) else None,
