@@ -26,11 +26,11 @@ HOP_BY_HOP = frozenset(
     }
 )
 
-# Names a profile may not pass from a client to a provider: the hop-by-hop ones, the framing
-# and coding of the body (wiregate frames and sends the bytes it checked) and credentials
-# (the provider gets the profile's own).
+# Names a profile may not pass from a client to a provider: the hop-by-hop ones, the framing,
+# coding and media type of the body (wiregate frames and sends the bytes it checked, as the
+# JSON it read them as) and credentials (the provider gets the profile's own).
 NEVER_PASSED = HOP_BY_HOP | frozenset(
-    {"content-length", "content-encoding", "expect", "host", "authorization", "x-api-key", "cookie"}
+    {"content-length", "content-encoding", "content-type", "expect", "host", "authorization", "x-api-key", "cookie"}
 )
 
 

@@ -172,6 +172,7 @@ REFUSED = [
     "content-encoding",
     "expect",
     "Transfer-Encoding",
+    "Content-Type",
 ]
 
 
@@ -192,7 +193,17 @@ def test_the_upstream_headers_drop_framing_and_hop_by_hop_names_a_profile_lists(
     """Defence in depth: a profile that got past the model (built here without validation)
     still forwards none of them."""
     valid = UpstreamProfile.model_validate(mock_profile("pt", "openai", mock.url, passthrough_headers=["openai-beta"]))
-    listed = ("openai-beta", "transfer-encoding", "te", "connection", "upgrade", "content-encoding", "expect")
+    listed = (
+        "openai-beta",
+        "transfer-encoding",
+        "te",
+        "connection",
+        "upgrade",
+        "content-encoding",
+        "expect",
+        "content-type",
+        "user-agent",
+    )
     profile = valid.model_copy(update={"passthrough_headers": listed})
     client = {
         "openai-beta": "assistants=v2",
@@ -202,6 +213,10 @@ def test_the_upstream_headers_drop_framing_and_hop_by_hop_names_a_profile_lists(
         "upgrade": "websocket",
         "content-encoding": "gzip",
         "expect": "100-continue",
+        "content-type": "text/plain",
+        "user-agent": "client-agent/1.0",
     }
     sent = upstream_headers(profile, "k", client)
     assert set(sent) == {"content-type", "user-agent", "authorization", "openai-beta"}
+    # the body goes as the JSON the gateway checked, under the gateway's own user agent
+    assert sent["content-type"] == "application/json" and sent["user-agent"] != "client-agent/1.0"

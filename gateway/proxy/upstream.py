@@ -97,8 +97,8 @@ def upstream_headers(
     elif credential:
         headers["authorization"] = f"Bearer {credential}"
     for name in profile.passthrough_headers:
-        if name in NEVER_PASSED or name in listed:
-            continue
+        if name in NEVER_PASSED or name in listed or name in headers:
+            continue  # nor one the gateway sets itself (its user agent, the version it chose)
         value = client_headers.get(name)
         if value is not None:
             headers[name] = _forwardable(value)
