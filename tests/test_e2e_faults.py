@@ -19,7 +19,15 @@ import pytest
 from gateway.mockprovider import MockProviderServer
 from gateway.state import METRICS
 from tests.conftest import GatewayFactory
-from tests.harness import Env, GatewayThread, anthropic_client, mock_profile, openai_client, raw_client
+from tests.harness import (
+    Env,
+    GatewayThread,
+    anthropic_client,
+    chat_chunk_event,
+    mock_profile,
+    openai_client,
+    raw_client,
+)
 
 
 @pytest.fixture(scope="module")
@@ -352,6 +360,42 @@ def test_error_event_mid_stream_raises_in_the_sdks(gw: tuple[Env, GatewayThread]
         )
         list(stream)
     assert info.value.status_code == 503
+
+
+# --- an answer framed other than the client asked ------------------------------------------
+
+
+def test_a_success_framed_other_than_the_client_asked_is_refused(
+    gw: tuple[Env, GatewayThread], mock: MockProviderServer
+) -> None:
+    """An event stream to a call that did not ask for one (or a JSON body to one that did)
+    is no answer the client can read: 502 `upstream_invalid_response`, never released as it
+    came; the same answers framed as asked go through."""
+    env, gateway = gw
+    events = [
+        chat_chunk_event({"role": "assistant", "content": "framed as a stream"}),
+        chat_chunk_event({}, "stop"),
+        "data: [DONE]\n\n",
+    ]
+    body = json.dumps(
+        {
+            "id": "chatcmpl-x",
+            "object": "chat.completion",
+            "created": 1,
+            "model": "gpt-4.1",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "a body"}, "finish_reason": "stop"}],
+        }
+    )
+    for step, asked_stream in (({"raw_events": events}, False), ({"raw_body": body}, True)):
+        r = _post(env, gateway, _chat(_sid(mock, step), stream=asked_stream))
+        assert r.status_code == 502, (asked_stream, r.text)
+        assert r.headers["content-type"].startswith("application/json")
+        assert r.json()["error"]["reason_codes"] == ["upstream_invalid_response"]
+        assert "framed as a stream" not in r.text and "a body" not in r.text
+        r = _post(env, gateway, _chat(_sid(mock, step), stream=not asked_stream))
+        assert r.status_code == 200, r.text
+    with pytest.raises(openai.InternalServerError):
+        openai_client(gateway, env).chat.completions.create(**_chat(_sid(mock, {"raw_events": events})))
 
 
 # --- a long retry-after that the caller would not wait for ----------------------------------
