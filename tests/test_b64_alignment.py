@@ -33,9 +33,9 @@ SECRET = "plain-literal-0123456789"
 # standard base64 holding both '+' and '/' (base64url: '-' and '_')
 SECRET_STD = "wg~>?secret-value?>~"
 AWS_KEY = "AKIA" + "QYLPMN5HFIQR7XZA"
-# the shortest value whose encoding alone is decoded (MIN_B64_RUN characters): found behind
-# any prefix too
-SHORTEST = "9-bytes!?"
+# the shortest value whose encoding alone is decoded (8 bytes, the default shortest configured
+# value: MIN_B64_RUN characters unpadded): found behind any prefix too
+SHORTEST = "8bytes!?"
 AWS_REASON = "secret_format:aws-access-key-id"
 
 needs_native = native_build.needs(decoders.NATIVE_AVAILABLE, "native finder")
@@ -274,8 +274,21 @@ def test_hex_behind_an_odd_number_of_hex_digits_is_refused(native: bool, prefix:
 
 @pytest.fixture(scope="module")
 def gw(gateways: GatewayFactory) -> Iterator[tuple[Env, GatewayThread]]:
-    with gateways("b64-alignment", secrets_=[SECRET]) as started:
+    with gateways("b64-alignment", secrets_=[SECRET, SHORTEST]) as started:
         yield started
+
+
+def test_the_shortest_configured_value_in_base64_is_refused(gw: tuple[Env, GatewayThread]) -> None:
+    """A value of the default shortest length (8 bytes) is 11 base64 characters once its
+    '=' is dropped: refused bare, padded and behind a prefix, in either alphabet."""
+    env, gateway = gw
+    for encode in (_std, _url):
+        for encoded in (encode(SHORTEST).decode(), encode(SHORTEST).decode().rstrip("=")):
+            for text in (encoded, f"token={encoded}", f"id-{encoded} done"):
+                body = {"model": "gpt-4.1", "messages": [{"role": "user", "content": text}]}
+                r = post_json(gateway, env, "/v1/chat/completions", body)
+                assert r.status_code == 403, text
+                assert r.json()["error"]["reason_codes"] == ["secret_value"]
 
 
 def _last_seq(mock: MockProviderServer) -> int:

@@ -93,7 +93,7 @@ def test_generated_encodings_in_text(value: bytes, kind: str, around: bytes) -> 
 
 
 def _edge_cases() -> Iterator[bytes]:
-    for n in range(10, 22):  # around the 12-character base64 and 16-digit hex minimums
+    for n in range(10, 22):  # around the 11-character base64 and 16-digit hex minimums
         for pad in range(4):
             yield b"Ab1" * (n // 3) + b"Ab1"[: n % 3] + b"=" * pad
             yield b"0a" * (n // 2) + b"0" * (n % 2) + b"=" * pad

@@ -5,12 +5,12 @@
  *
  *   run_decodings(data: bytes) -> list[tuple[int, bytes]]
  *       decoders.run_decodings: for every maximal run of the base64 alphabet
- *       [A-Za-z0-9+/_-] of at least 12 bytes (with up to two '=' after it), its decoding
+ *       [A-Za-z0-9+/_-] of at least 11 bytes (with up to two '=' after it), its decoding
  *       ('-' and '_' read as '+' and '/') when the run mixes letter cases (or has no
  *       letters), then every maximal hex run of at least 16 digits inside it when the run
  *       is not letters only; after all runs, each hex run of more than 16 digits again
  *       from its second digit, then each decoded run again from its second character
- *       (run by run), then from its third, then from its fourth, while at least 12
+ *       (run by run), then from its third, then from its fourth, while at least 11
  *       characters are left.
  *
  *   trigger_segments(buf: bytes) -> list[tuple[int, int]]
@@ -44,7 +44,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#define MIN_B64_RUN 12
+#define MIN_B64_RUN 11
 #define MIN_HEX_RUN 16
 
 enum {

@@ -323,10 +323,11 @@ def squeeze(text: str) -> str:
 
 # --- encoded runs ---------------------------------------------------------------------
 
-# The shortest run worth decoding: a configured value is at least 8 characters
-# (secret_values.min_length ≥ 4, default 8); 8 bytes are 12 base64 characters and 16 hex
-# digits. Shorter runs are words, ids and numbers.
-MIN_B64_RUN = 12
+# The shortest run worth decoding: a configured value is at least 8 characters by default
+# (secret_values.min_length, which may go down to 4: values shorter than 8 are not read
+# from their base64 or hex); 8 bytes are 11 base64 characters (and a '=', often dropped)
+# and 16 hex digits. Shorter runs are words, ids and numbers.
+MIN_B64_RUN = 11
 MIN_HEX_RUN = 16
 
 # Maximal runs of the base64 alphabet. Only those with both letter cases are decoded (at
