@@ -412,3 +412,27 @@ def test_native_matches_reference_at_every_length_and_prefix(k: int, n: int) -> 
         for body in (b"Ab1" * 7, b"aB+/" * 5, b"aB-_" * 5, b"aB-/" * 5):
             for pad in (b"", b"=", b"=="):
                 _both(b"<" + prefix + body[:n] + pad + b">")
+
+
+@pytest.mark.parametrize("native", FINDERS)
+def test_a_decoded_copy_names_the_unit_it_came_from(native: bool) -> None:
+    """Decoded copies find their unit only when a scan hits one (by offset): each finding
+    names the message whose encoded text held the value, whatever comes before it."""
+    decoders.use_native(native)
+    b64 = _std(SECRET).decode()
+    hexed = SECRET.encode().hex()
+    percent = "".join(f"%{b:02x}" for b in SECRET.encode())
+    cases = [
+        (["harmless first message", f"token {b64}", "third"], 1),
+        ([f"see {b64} here", "second", "third"], 0),
+        (["one", "two", f"blob {hexed} end"], 2),
+        (["one", f"q={percent}", "three"], 1),
+        (["one", "two", "three", _std(f"nested {b64} inside").decode()], 3),  # base64 of base64
+    ]
+    for texts, index in cases:
+        raw = json.dumps({"model": "gpt-4.1", "messages": [{"role": "user", "content": t} for t in texts]}).encode()
+        parsed = CARRIERS["openai.chat"].parse_request(raw, CarrierLimits())
+        verdict = ENGINE.inspect(Subject(raw=None, units=parsed.units))
+        assert not verdict.allowed, texts
+        pointers = {f.pointer for f in verdict.findings if f.reason == "secret_value"}
+        assert pointers == {f"/messages/{index}/content"}, (texts, pointers)

@@ -19,7 +19,7 @@ or put matched text anywhere.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from gateway.inspection import decoders
@@ -68,12 +68,15 @@ class FormatInfo:
 
 @dataclass(slots=True)
 class _Batch:
-    """Texts scanned together (NUL-joined), each remembering the unit it came from."""
+    """Texts scanned together (NUL-joined), each remembering the unit it came from: its
+    path, or an offset that `resolve` turns into one (decoded copies, which are many and
+    seldom hit, find their unit only when a scan needs it)."""
 
     parts: list[bytes] = field(default_factory=list)
-    origins: list[Path] = field(default_factory=list)
+    origins: list[Path | int] = field(default_factory=list)
+    resolve: Callable[[int], Path] | None = None
 
-    def add(self, data: bytes, origin: Path) -> None:
+    def add(self, data: bytes, origin: Path | int) -> None:
         self.parts.append(data)
         self.origins.append(origin)
 
@@ -177,7 +180,7 @@ class Engine:
     ) -> bool:
         buf = separator + separator.join(batch.parts)
         result = self.matcher.scan_literals(buf) if literals_only else self.matcher.scan(buf)
-        locator = _Locator(batch.parts, batch.origins, len(separator), start=len(separator))
+        locator = _Locator(batch.parts, batch.origins, len(separator), start=len(separator), resolve=batch.resolve)
         return self._record(result, findings, locator)
 
     def _scan_values(self, values: Sequence[TextUnit], findings: dict[tuple[str, Path | None], Finding]) -> bool:
@@ -256,11 +259,19 @@ class _Locator:
     """Maps an offset in a joined buffer back to the unit it came from (built lazily: only
     scans that hit need it)."""
 
-    __slots__ = ("_parts", "_origins", "_sep", "_start", "_starts")
+    __slots__ = ("_parts", "_origins", "_sep", "_start", "_starts", "_resolve")
 
-    def __init__(self, parts: Sequence[bytes], origins: Sequence[Path], separator: int = 1, start: int = 0) -> None:
+    def __init__(
+        self,
+        parts: Sequence[bytes],
+        origins: Sequence[Path | int],
+        separator: int = 1,
+        start: int = 0,
+        resolve: Callable[[int], Path] | None = None,
+    ) -> None:
         self._parts, self._origins, self._sep, self._start = parts, origins, separator, start
         self._starts: list[int] | None = None
+        self._resolve = resolve
 
     def _offsets(self) -> list[int]:
         starts: list[int] = []
@@ -273,7 +284,11 @@ class _Locator:
     def origin(self, offset: int) -> Path:
         if self._starts is None:
             self._starts = self._offsets()
-        return self._origins[max(0, bisect.bisect_right(self._starts, offset) - 1)]
+        found = self._origins[max(0, bisect.bisect_right(self._starts, offset) - 1)]
+        if isinstance(found, int):  # an offset in the units' buffer (a Path is a tuple)
+            assert self._resolve is not None
+            return self._resolve(found)
+        return found
 
 
 class _UnitLocator(_Locator):
@@ -315,19 +330,19 @@ def _decoded(
     within `budget` bytes. Returns the copies and whether the budget ran out. `with_nul`:
     the units whose own text holds a NUL (the separator between units in `buf`, which
     ends a text decoding's segment), each also decoded whole without its NULs."""
-    batch = _Batch()
+    batch = _Batch(resolve=locator.origin)
     used = 0
     for offset, decoded in decoders.run_decodings(buf):
         used += len(decoded)
         if used > budget:
             return batch, True
-        batch.add(decoded, locator.origin(offset))
+        batch.add(decoded, offset)
     for start, end in decoders.trigger_segments(buf):
         for decoded in decoders.text_decodings(buf[start:end]):
             used += len(decoded)
             if used > budget:
                 return batch, True
-            batch.add(decoded, locator.origin(start))
+            batch.add(decoded, start)
     for data, path in with_nul:
         whole = data.replace(b"\x00", b"")
         if decoders.TEXT_TRIGGER.search(whole) is None:
@@ -343,7 +358,7 @@ def _decoded(
 def _decoded_again(first: _Batch, budget: int) -> tuple[_Batch, bool]:
     """One level of nesting: the encoded runs inside decoded copies that are text (and the
     normalised form of that text), within what is left of the budget."""
-    batch = _Batch()
+    batch = _Batch(resolve=first.resolve)
     used = 0
     for data, origin in zip(first.parts, first.origins, strict=True):
         try:
