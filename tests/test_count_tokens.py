@@ -72,3 +72,19 @@ def test_count_tokens_is_a_declared_route(gw: tuple[Env, GatewayThread]) -> None
     env, gateway = gw
     caps = raw_client(gateway, env).get("/v1/capabilities", headers={"authorization": f"Bearer {env.gateway_key}"})
     assert "/v1/messages/count_tokens" in caps.json()["routes"]
+
+
+@pytest.mark.parametrize("stream", [True, False, None])
+def test_count_tokens_answers_one_body_whatever_the_stream_flag(gw: tuple[Env, GatewayThread], stream: object) -> None:
+    """A Messages body reused for counting may say `"stream": true`: counting still answers
+    with one JSON body, and it is delivered (not taken for a body sent to a stream)."""
+    env, gateway = gw
+    body = {"model": "claude-sonnet-4-6", "messages": MESSAGES, "stream": stream}
+    r = raw_client(gateway, env).post(
+        "/v1/messages/count_tokens",
+        json=body,
+        headers={"x-api-key": env.gateway_key, "anthropic-version": "2023-06-01"},
+    )
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"].startswith("application/json")
+    assert r.json()["input_tokens"] > 0
