@@ -259,6 +259,17 @@ def test_base64_of_base64_of_text_stays_within_the_default_budget(native: bool) 
 
 
 @pytest.mark.parametrize("native", FINDERS)
+def test_a_long_hex_run_of_digit_text_stays_within_the_default_budget(native: bool) -> None:
+    """Hex of digit text is itself a base64 run (no letters), and hex again once decoded,
+    each hex run read from two digits: about six and a quarter times its length in all,
+    read, not withheld; a value hex-encoded after it is still found."""
+    decoders.use_native(native)
+    run = "3031323334353637" * 20_000
+    assert ENGINE.inspect(_subject(run)).allowed
+    assert ENGINE.inspect(_subject(run + "0" + SECRET.encode().hex())).reason_codes == ("secret_value",)
+
+
+@pytest.mark.parametrize("native", FINDERS)
 @pytest.mark.parametrize("prefix", ["a", "abc", "deadbeef1", "0", "f00"])
 def test_hex_behind_an_odd_number_of_hex_digits_is_refused(native: bool, prefix: str) -> None:
     """A hex run is read from its first digit and from its second: whatever the prefix's

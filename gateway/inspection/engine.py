@@ -91,7 +91,7 @@ class Engine:
         formats: Sequence[FormatInfo],
         *,
         policy_version: str,
-        decode_budget: float = 6.0,
+        decode_budget: float = 7.0,
     ) -> None:
         self.matcher = matcher
         self.formats = tuple(formats)
@@ -99,7 +99,9 @@ class Engine:
         # Decoded copies may add at most this multiple of the units' bytes (plus 64 KiB):
         # past it inspection is incomplete and the call is withheld (`decode_limit`). A base64
         # run decodes at four alignments (about three times its length), and base64 of base64
-        # of text about five and a quarter in all: six keeps such a payload readable.
+        # of text about five and a quarter in all; a long hex run of digit text (itself a
+        # base64 run, and hex again once decoded, each hex run read from two digits) about six
+        # and a quarter: seven keeps such payloads readable.
         self.decode_budget = decode_budget
 
     def inspect(self, subject: Subject, *, allow_opaque: bool = False) -> Verdict:
