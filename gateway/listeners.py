@@ -73,7 +73,19 @@ def set_socket_mode(path: Path, mode: int) -> None:
     Bound under `socket_umask(mode)`, it normally has that mode already. What is at `path`
     now is opened without following a symlink (someone who can write the directory may have
     swapped the socket for a link to a file between the bind and this call) and must be a
-    socket; only that inode's mode is changed (through its descriptor), else it refuses."""
+    socket; only that inode's mode is changed (through its descriptor), else it refuses.
+    Without O_PATH (not Linux) the path is checked with lstat and changed without following
+    a link where the platform can (macOS and the BSDs)."""
+    if not hasattr(os, "O_PATH"):
+        try:
+            st = os.lstat(path)
+        except OSError as exc:
+            raise ListenerError(f"{path}: the socket just bound cannot be opened ({exc.strerror})") from None
+        if not stat.S_ISSOCK(st.st_mode):
+            raise ListenerError(f"{path} is no longer the socket just bound; refusing to change its mode")
+        if stat.S_IMODE(st.st_mode) != mode:
+            os.chmod(path, mode, follow_symlinks=os.chmod not in os.supports_follow_symlinks)
+        return
     try:
         fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:

@@ -48,9 +48,15 @@ def test_live_socket_and_other_files_are_refused(tmp_path: Path) -> None:
     assert regular.read_text() == "precious"
 
 
-def test_socket_mode_is_set_on_the_socket_never_through_a_link(tmp_path: Path) -> None:
+@pytest.mark.parametrize("o_path", [True, False], ids=["linux", "without-o_path"])
+def test_socket_mode_is_set_on_the_socket_never_through_a_link(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, o_path: bool
+) -> None:
     """The socket's mode is set on what is at the path without following a link: a socket
-    swapped for a symlink to a file between bind and chmod leaves the file alone."""
+    swapped for a symlink to a file between bind and chmod leaves the file alone (on Linux
+    through an O_PATH descriptor; elsewhere after an lstat)."""
+    if not o_path:
+        monkeypatch.delattr(os, "O_PATH", raising=False)
     path = tmp_path / "s.sock"
     sock = socket.socket(socket.AF_UNIX)
     old = os.umask(0)
