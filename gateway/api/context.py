@@ -468,16 +468,20 @@ def route(action: str, schema: type[BaseModel] | None = None) -> Callable[..., H
                 call.identify(identity, runtime)
                 ctx = Ctx(request, runtime, identity)
                 if schema is None:
-                    return await fn(ctx)
-                raw, dto = await _read(request, runtime, schema)
-                return await fn(ctx, dto, raw)
+                    response = await fn(ctx)
+                else:
+                    raw, dto = await _read(request, runtime, schema)
+                    response = await fn(ctx, dto, raw)
+                if action == "context.read" and isinstance(response, web.Response) and response.status == 200:
+                    _read_check(ctx, body=response.body)
+                return response
             except NotModified as nm:
                 return web.Response(status=304, headers={"ETag": nm.etag})
             except cx.ContextError as err:
                 call.outcome = Outcome.REFUSED
-                if isinstance(err, cx.MemoryWriteRejected):
+                if isinstance(err, cx.MemoryWriteRejected | cx.MemoryReadWithheld):
                     call.reason_codes = err.reason_codes
-                    log.info("memory_write_rejected", request_id=call.request_id, reason_codes=err.reason_codes)
+                    log.info(err.code, request_id=call.request_id, reason_codes=err.reason_codes)
                 return _error_response(err)
 
         handler.__name__ = fn.__name__
@@ -518,6 +522,18 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     if len(out) != len(pairs):
         raise ValueError("duplicate key")  # ambiguous: never guess which value was meant
     return out
+
+
+def _read_check(ctx: Ctx, *, body: Any = None, texts: Sequence[str] = ()) -> None:
+    """Every read boundary applies the current rules (RFC 2086): what a read returns (its
+    JSON `body`) or what a prepare renders (`texts`) is inspected as a write is, under the
+    runtime of this call, so a value configured after it was stored is never echoed: the
+    read is withheld whole."""
+    if not texts and not isinstance(body, bytes):
+        return
+    reasons = refusal_reasons(write_verdict(ctx.runtime, texts, body if isinstance(body, bytes) else None))
+    if reasons:
+        raise cx.MemoryReadWithheld(reasons)
 
 
 def _checked(ctx: Ctx, raw: bytes) -> None:
@@ -985,6 +1001,9 @@ async def prepare(ctx: Ctx, dto: Prepare, raw: bytes) -> web.Response:
         principal_may_read=ctx.may_read,
         rerank=ctx.runtime.rerank,
     )
+    content = result.context.get("content")
+    if isinstance(content, str) and content:  # stored text: never echoed past today's rules
+        _read_check(ctx, texts=[content])
     if dto.include_receipt and result.receipt is None:
         log.warning("receipt_omitted", request_id=call.request_id, diagnostic=result.receipt_diagnostic)
     log.info(

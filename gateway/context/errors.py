@@ -146,6 +146,17 @@ class MemoryWriteRejected(ContextError):
         self.reason_codes = tuple(reason_codes)
 
 
+class MemoryReadWithheld(ContextError):
+    """What a read (or a prepare) would return holds what the current policy stops (a value
+    configured after it was stored, say): none of it is returned. Details are reason codes only."""
+
+    status, code, message = 403, "memory_read_withheld", "The read was withheld by policy."
+
+    def __init__(self, reason_codes: Sequence[str]) -> None:
+        super().__init__({"reason_codes": list(reason_codes)})
+        self.reason_codes = tuple(reason_codes)
+
+
 class ScopeAccessDenied(ContextError):
     status, code, message = 403, "forbidden", "The principal may not read a Scope this request needs."
 

@@ -1,0 +1,76 @@
+"""Every read boundary applies the current rules (RFC 2086; SPEC §6.3: configured values are
+never echoed): a value configured after a memory holding it was stored is not returned by
+any read or by prepare — the read is withheld whole with reason codes only — while reads of
+other memories go on, and the value is readable again once it is no longer configured."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import httpx2
+
+from tests.conftest import GatewayFactory, LogCapture
+from tests.harness import Env, GatewayThread, raw_client, sensitive
+
+LATE = "zq-live-configured-later-7781"
+OTHER = "an-unrelated-configured-value-4412"
+
+
+def _api(env: Env, gw: GatewayThread, method: str, path: str, body: Any = None) -> httpx2.Response:
+    return raw_client(gw, env).request(method, path, json=body, headers={"authorization": f"Bearer {env.gateway_key}"})
+
+
+def test_a_value_configured_after_it_was_stored_is_never_read_back(
+    gateways: GatewayFactory, captured_logs: LogCapture
+) -> None:
+    sensitive(LATE)
+    with gateways("context-read-boundary", secrets_=[OTHER]) as (env, gw):
+        made = _api(env, gw, "POST", "/v1/scopes", {"title": "b", "summary": "b", "idempotency_key": uuid.uuid4().hex})
+        assert made.status_code in (200, 201), made.text
+        scope = made.json()["scope_id"]
+        texts = [f"Billing stores amounts in integer cents; the ledger key is {LATE}.", "Invoices are due in 30 days."]
+        ids = []
+        for text in texts:
+            art = _api(
+                env,
+                gw,
+                "POST",
+                f"/v1/scopes/{scope}/artifacts",
+                {"family": "atomic-memory", "content": {"kind": "decision", "text": text}},
+            )
+            assert art.status_code == 201, art.text
+            ids.append(art.json()["artifact_id"])
+        base = f"/v1/scopes/{scope}/artifacts/atomic-memory"
+        prepare = {"scope_id": scope, "query": "how are billing amounts stored", "include_reuse": True}
+        reads = [
+            ("GET", f"{base}/{ids[0]}", None),
+            ("GET", f"{base}/{ids[0]}/revisions/1", None),
+            ("POST", "/v1/atomic-memory/list", {"scope_id": scope}),
+            ("POST", "/v1/atomic-memory/search", {"scope_id": scope, "query": "billing ledger key"}),
+            ("POST", f"/v1/scopes/{scope}/artifacts/atomic-memory/search", {"query": "billing ledger key"}),
+            ("POST", "/v1/context/prepare", prepare),
+        ]
+        for method, path, body in reads:  # before: stored and read back as any memory
+            r = _api(env, gw, method, path, body)
+            assert r.status_code == 200 and LATE in r.text, (path, r.status_code, r.text[:200])
+
+        env.write_secrets([OTHER, LATE])
+        assert gw.reload()
+        mark = captured_logs.mark()
+        for method, path, body in reads:
+            r = _api(env, gw, method, path, body)
+            assert r.status_code == 403, (path, r.status_code, r.text[:200])
+            error = r.json()["error"]
+            assert error["code"] == "memory_read_withheld"
+            assert error["details"] == {"reason_codes": ["secret_value"]}
+            assert LATE not in r.text
+        assert LATE not in captured_logs.since(mark)
+        assert "memory_read_withheld" in captured_logs.since(mark)
+        other = _api(env, gw, "GET", f"{base}/{ids[1]}")  # the other memory is read as before
+        assert other.status_code == 200 and texts[1] in other.text
+
+        env.write_secrets([OTHER])
+        assert gw.reload()
+        r = _api(env, gw, "GET", f"{base}/{ids[0]}")
+        assert r.status_code == 200 and LATE in r.text
