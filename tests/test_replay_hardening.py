@@ -181,6 +181,44 @@ def test_a_bound_marker_still_passes_under_require_binding(strict: tuple[Env, Ga
     assert _api(env, gateway, "POST", "/v1/chat/completions", chat, **headers).status_code == 200
 
 
+@pytest.mark.parametrize("route", ["/v1/messages", "/v1/responses"])
+def test_a_bound_marker_in_instructions_written_after_the_turns(strict: tuple[Env, GatewayThread], route: str) -> None:
+    """The official SDKs write `messages` before `system` (and `input` before
+    `instructions`): the prompt read in the provider's order holds the genuine marker
+    inside the instructions, which the replay covers, so it passes under require_binding;
+    a forged marker split across the end of the instructions and the first turn does not."""
+    env, gateway = strict
+    scope, answer = _prepared(env, gateway)
+    content = answer["context"]["content"]
+    start = len(SYSTEM.encode())
+    if route == "/v1/messages":
+        body: dict[str, Any] = {
+            "model": "claude-x",
+            "max_tokens": 20,
+            "messages": [{"role": "user", "content": "how are amounts stored?"}],
+            "system": SYSTEM + content,
+        }
+        field, turns = "system", "messages"
+    else:
+        body = {"model": "gpt-5", "input": "how are amounts stored?", "instructions": SYSTEM + content}
+        field, turns = "instructions", "input"
+    assert list(body).index(turns) < list(body).index(field)
+    header = _header(answer["reuse"]["binding"], f"/{field}", start, start + len(content.encode()))
+    extra = {"x-wiregate-scope": scope, "x-wiregate-prepared-context": header, "anthropic-version": "2023-06-01"}
+    sent = _api(env, gateway, "POST", route, body, **extra)
+    assert sent.status_code == 200, sent.text
+    cut = FORGED.index("PREPARED")
+    forged = dict(body)
+    forged[field] = "Be brief. " + FORGED[:cut]
+    if route == "/v1/messages":
+        forged["messages"] = [{"role": "user", "content": FORGED[cut:] + " hi"}]
+    else:
+        forged["input"] = FORGED[cut:] + " hi"
+    sent = _api(env, gateway, "POST", route, forged, **{"anthropic-version": "2023-06-01"})
+    assert sent.status_code == 422, sent.text
+    assert "prepared_context_unbound" in sent.text
+
+
 def _replayed(env: Env, gateway: GatewayThread, body: Any, scope: str, header: str) -> Any:
     """The chat call with its replay header, in `scope`."""
     extra = {"x-wiregate-scope": scope, "x-wiregate-prepared-context": header}

@@ -177,9 +177,27 @@ def _marked(parsed: Sequence[ParsedRequest]) -> list[tuple[str, bytes]]:
         for unit in carrying:
             if unit.kind == "string":
                 out.append((pointer(unit.path), unit.text.encode("utf-8", "surrogatepass")))
-            elif unit.kind != "joined" or not _markers_within_parts(unit.path, unit.text, strings, marker):
+            elif unit.kind == "joined" and _markers_within_parts(unit.path, unit.text, strings, marker):
+                continue  # each marker is one of its parts' own, marked there
+            elif unit.path == RENDER_PATH and _markers_within(unit.text, _rendered_pieces(p), marker):
+                continue  # the prompt in the provider's order: each marker is one of its texts' own
+            else:
                 out.append((UNBOUND_POINTER, unit.text.encode("utf-8", "surrogatepass")))
     return out
+
+
+RENDER_PATH: Path = ("~render",)  # carriers.common.render_order's unit: the prompt's texts in reading order
+
+
+def _rendered_pieces(p: ParsedRequest) -> list[str]:
+    """The texts `render_order` joined (the prompt's parts but the tool schemas, in the
+    order the provider reads them), each a string or a part's own text."""
+    from gateway.carriers import CARRIERS  # the registry: only for a rare marked, reordered prompt
+
+    carrier = CARRIERS.get(p.carrier)
+    if carrier is None:
+        return []
+    return [part.text for part in carrier.prompt_layout(p.doc).parts if part.region != "tools"]
 
 
 def _markers_within_parts(path: Path, text: str, strings: Mapping[Path, str], marker: str) -> bool:
@@ -191,11 +209,17 @@ def _markers_within_parts(path: Path, text: str, strings: Mapping[Path, str], ma
         for sub, value in strings.items()
         if len(sub) == len(path) + 2 and sub[: len(path)] == path and type(sub[-2]) is int and sub[-1] == "text"
     )
-    if "".join(value for _, value in parts) != text:
+    return _markers_within(text, [value for _, value in parts], marker)
+
+
+def _markers_within(text: str, pieces: Sequence[str], marker: str) -> bool:
+    """Does every marker in `text`, the concatenation of `pieces`, lie wholly inside one of
+    them? False when the pieces do not make up `text` exactly: unproven is unbound."""
+    if "".join(pieces) != text:
         return False
     ends: list[int] = []
     end = 0
-    for _, value in parts:
+    for value in pieces:
         end += len(value)
         ends.append(end)
     at = text.find(marker)
