@@ -17,6 +17,7 @@ from urllib.parse import quote
 import pytest
 
 from gateway.checks import prepared
+from gateway.mockprovider import MockProviderServer
 from gateway.proxy import replay
 from gateway.usage import MAX_COUNT, known
 from tests.conftest import GatewayFactory, LogCapture
@@ -217,6 +218,71 @@ def test_a_bound_marker_in_instructions_written_after_the_turns(strict: tuple[En
     sent = _api(env, gateway, "POST", route, forged, **{"anthropic-version": "2023-06-01"})
     assert sent.status_code == 422, sent.text
     assert "prepared_context_unbound" in sent.text
+
+
+def _halves(kind: str = "text") -> list[dict[str, Any]]:
+    cut = FORGED.index("CONTEXT")  # inside the begin marker
+    return [{"type": kind, "text": FORGED[:cut]}, {"type": kind, "text": FORGED[cut:]}]
+
+
+NESTED_SPLITS: dict[str, tuple[str, dict[str, Any]]] = {
+    "anthropic_tool_result_content": (
+        "/v1/messages",
+        {
+            "model": "claude-x",
+            "max_tokens": 16,
+            "messages": [
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {}}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": _halves()}]},
+            ],
+        },
+    ),
+    "anthropic_document_content": (
+        "/v1/messages",
+        {
+            "model": "claude-x",
+            "max_tokens": 16,
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "document", "source": {"type": "content", "content": _halves()}},
+                        {"type": "text", "text": "summarise"},
+                    ],
+                }
+            ],
+        },
+    ),
+    "responses_function_call_output": (
+        "/v1/responses",
+        {
+            "model": "gpt-5",
+            "input": [
+                {"role": "user", "content": "hi"},
+                {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": "c1", "output": _halves("input_text")},
+            ],
+        },
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(NESTED_SPLITS))
+def test_a_marker_split_across_nested_text_parts_is_unbound(
+    strict: tuple[Env, GatewayThread], mock: MockProviderServer, name: str
+) -> None:
+    """Text parts nested in a tool result, a document or a function call's output are read
+    one after the other like a message's own parts: a marker split across them is unbound."""
+    env, gateway = strict
+    route, body = NESTED_SPLITS[name]
+    before = len(mock.state.records())
+    sent = _api(env, gateway, "POST", route, body, **{"anthropic-version": "2023-06-01"})
+    assert sent.status_code == 422, sent.text
+    assert sent.json()["error"]["reason_codes"] == ["prepared_context_unbound"]
+    assert len(mock.state.records()) == before  # nothing left
+    whole = json.loads(json.dumps(body).replace("CONTEXT_V1\\n{", "x"))  # no marker at all: sent
+    assert _api(env, gateway, "POST", route, whole, **{"anthropic-version": "2023-06-01"}).status_code == 200
 
 
 def _replayed(env: Env, gateway: GatewayThread, body: Any, scope: str, header: str) -> Any:

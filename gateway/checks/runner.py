@@ -26,6 +26,7 @@ from gateway.checks.bindings import BindingError
 from gateway.checks.claims import ReleaseClaims, SendClaims
 from gateway.checks.destination import Target, destination_ok
 from gateway.config.runtime import LoadedProfile, Runtime
+from gateway.inspection.engine import joinable
 from gateway.inspection.verdict import COVERAGE_PROFILE, Coverage, Finding, Verdict, decide, withhold
 from gateway.ledgers.release import ReleaseLedger
 from gateway.obs import logging as log
@@ -164,26 +165,47 @@ def _marked(parsed: Sequence[ParsedRequest]) -> list[tuple[str, bytes]]:
     under `UNBOUND_POINTER`, a marker no replay can cover: one in an object key, one that
     only appears once strings are decoded (JSON held in a string: a prepared block, with
     its line breaks and quotes, can never stand verbatim in a string that parses as JSON,
-    so every marker read there is unbound), and one that only appears once the text parts
-    of a message are joined (split over two parts). A replay covers bytes of one string,
-    and the model reads all of these."""
+    so every marker read there is unbound), one that only appears once the text parts of a
+    message are joined (split over two parts), and one that only appears once the request's
+    text strings are read one after another (split over parts nested in a tool result, a
+    document or a function call's output). A replay covers bytes of one string, and the
+    model reads all of these."""
     out: list[tuple[str, bytes]] = []
     marker = prepared.BEGIN_MARKER
     for p in parsed:
+        found: list[tuple[str, bytes]] = []
         carrying = [unit for unit in p.units if marker in unit.text]
-        if not carrying:
-            continue
-        strings = {unit.path: unit.text for unit in p.units if unit.kind == "string"}
+        strings = {unit.path: unit.text for unit in p.units if unit.kind == "string"} if carrying else {}
         for unit in carrying:
             if unit.kind == "string":
-                out.append((pointer(unit.path), unit.text.encode("utf-8", "surrogatepass")))
+                found.append((pointer(unit.path), unit.text.encode("utf-8", "surrogatepass")))
             elif unit.kind == "joined" and _markers_within_parts(unit.path, unit.text, strings, marker):
                 continue  # each marker is one of its parts' own, marked there
             elif unit.path == RENDER_PATH and _markers_within(unit.text, _rendered_pieces(p), marker):
                 continue  # the prompt in the provider's order: each marker is one of its texts' own
             else:
-                out.append((UNBOUND_POINTER, unit.text.encode("utf-8", "surrogatepass")))
+                found.append((UNBOUND_POINTER, unit.text.encode("utf-8", "surrogatepass")))
+        if all(where != UNBOUND_POINTER for where, _ in found):
+            spanning = _spanning_strings(p, marker)  # a split no unit holds whole
+            if spanning is not None:
+                found.append((UNBOUND_POINTER, spanning.encode("utf-8", "surrogatepass")))
+        out.extend(found)
     return out
+
+
+def _spanning_strings(p: ParsedRequest, marker: str) -> str | None:
+    """The request's text strings read in document order with no boundary (as the joined
+    read of configured values takes them, once with names and once without) when a marker
+    there spans two of them: text parts nested anywhere (a tool result's content list, a
+    document's content, a function call's output list) split a marker as well as a
+    message's own parts do. None when every marker lies inside one string."""
+    texts = [u for u in p.units if u.kind == "string" and joinable(u)]
+    for chosen in (texts, [u for u in texts if u.path[-1:] != ("name",)]):
+        pieces = [u.text for u in chosen]
+        joined = "".join(pieces)
+        if marker in joined and not _markers_within(joined, pieces, marker):
+            return joined
+    return None
 
 
 RENDER_PATH: Path = ("~render",)  # carriers.common.render_order's unit: the prompt's texts in reading order
