@@ -74,3 +74,56 @@ def test_a_value_configured_after_it_was_stored_is_never_read_back(
         assert gw.reload()
         r = _api(env, gw, "GET", f"{base}/{ids[0]}")
         assert r.status_code == 200 and LATE in r.text
+
+
+def test_changes_that_answer_with_records_read_them_first(gateways: GatewayFactory) -> None:
+    """Forget and merge answer with the records they change: a record holding a value
+    configured since is not returned that way either, and nothing changes."""
+    sensitive(LATE)
+    with gateways("context-read-boundary-changes", secrets_=[OTHER]) as (env, gw):
+        made = _api(env, gw, "POST", "/v1/scopes", {"title": "b", "summary": "b", "idempotency_key": uuid.uuid4().hex})
+        scope = made.json()["scope_id"]
+        refs = []
+        for text in (f"The ledger key is {LATE}.", "Invoices are due in 30 days."):
+            memory = {"family": "atomic-memory", "content": {"kind": "decision", "text": text}}
+            art = _api(env, gw, "POST", f"/v1/scopes/{scope}/artifacts", memory).json()
+            refs.append({"family": "atomic-memory", "artifact_id": art["artifact_id"], "revision": 1})
+        env.write_secrets([OTHER, LATE])
+        assert gw.reload()
+        state = _api(env, gw, "GET", f"/v1/scopes/{scope}/artifacts/atomic-memory/{refs[0]['artifact_id']}/state")
+        version = state.json()["state_version"]
+        target = {"artifact": refs[0], "state_version": version}
+        changes = [
+            ("/v1/atomic-memory/lifecycle", {"scope_id": scope, "target": target, "state": "forgotten"}),
+            (
+                "/v1/atomic-memory/merges",
+                {
+                    "scope_id": scope,
+                    "inputs": [target, {"artifact": refs[1], "state_version": 0}],
+                    "content": {"kind": "decision", "text": "Merged: invoices are due in 30 days."},
+                },
+            ),
+        ]
+        for path, body in changes:
+            r = _api(env, gw, "POST", path, body)
+            assert r.status_code == 403, (path, r.status_code, r.text[:200])
+            assert r.json()["error"]["code"] == "memory_read_withheld" and LATE not in r.text
+        after = _api(env, gw, "GET", f"/v1/scopes/{scope}/artifacts/atomic-memory/{refs[0]['artifact_id']}/state")
+        assert after.json()["state_version"] == version  # nothing changed
+
+
+def test_prepare_is_read_as_its_stored_items_not_its_cut_text(gateways: GatewayFactory) -> None:
+    """Prepare cuts a long item and appends an ellipsis: the read check takes the stored
+    items, so a cut that leaves a credential-shaped tail (37 hex digits alone) is no
+    refusal, while a value configured since in any item still is."""
+    with gateways("context-read-boundary-cut", secrets_=[OTHER]) as (env, gw):
+        made = _api(env, gw, "POST", "/v1/scopes", {"title": "b", "summary": "b", "idempotency_key": uuid.uuid4().hex})
+        scope = made.json()["scope_id"]
+        prose = ("Release notes: the billing service was rebuilt after review. " * 40)[:1959] + " "
+        digest = "9f2c4be1d07a3356c8e2f1a94b7d60e3c5a8f91b2d4e6c7a0b1c2d3e4f5a6b7c"
+        text = prose + digest + " is the checksum of the billing release build."
+        memory = {"family": "atomic-memory", "content": {"kind": "decision", "text": text}}
+        assert _api(env, gw, "POST", f"/v1/scopes/{scope}/artifacts", memory).status_code == 201
+        r = _api(env, gw, "POST", "/v1/context/prepare", {"scope_id": scope, "query": "billing release checksum"})
+        assert r.status_code == 200, r.text
+        assert "…" in r.json()["content"] and digest[:30] in r.json()["content"] and digest not in r.json()["content"]

@@ -473,7 +473,7 @@ def route(action: str, schema: type[BaseModel] | None = None) -> Callable[..., H
                     raw, dto = await _read(request, runtime, schema)
                     response = await fn(ctx, dto, raw)
                 if action == "context.read" and isinstance(response, web.Response) and response.status == 200:
-                    _read_check(ctx, body=response.body)
+                    _read_check(ctx, response.body)
                 return response
             except NotModified as nm:
                 return web.Response(status=304, headers={"ETag": nm.etag})
@@ -524,16 +524,28 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _read_check(ctx: Ctx, *, body: Any = None, texts: Sequence[str] = ()) -> None:
+def _read_check(ctx: Ctx, body: Any) -> None:
     """Every read boundary applies the current rules (RFC 2086): what a read returns (its
-    JSON `body`) or what a prepare renders (`texts`) is inspected as a write is, under the
-    runtime of this call, so a value configured after it was stored is never echoed: the
-    read is withheld whole."""
-    if not texts and not isinstance(body, bytes):
+    JSON `body`) is inspected as a write is, under the runtime of this call, so a value
+    configured after it was stored is never echoed: the read is withheld whole."""
+    if not isinstance(body, bytes):
         return
-    reasons = refusal_reasons(write_verdict(ctx.runtime, texts, body if isinstance(body, bytes) else None))
+    reasons = refusal_reasons(write_verdict(ctx.runtime, (), body))
     if reasons:
         raise cx.MemoryReadWithheld(reasons)
+
+
+async def _inputs_readable(ctx: Ctx, scope_id: str, inputs: Sequence[MemoryInput]) -> None:
+    """A change that answers with the records it changed (lifecycle, merge) reads them:
+    each input revision is checked as a read of it would be, before anything changes (an
+    input that cannot be read is left to the change itself to refuse, as it does)."""
+    for item in inputs:
+        ref = item.artifact
+        try:
+            revision = await ctx.service.get_artifact_revision(scope_id, ref.family, ref.artifact_id, ref.revision)
+        except cx.ContextError:
+            continue
+        _read_check(ctx, compact_json(revision.to_wire()))
 
 
 def _checked(ctx: Ctx, raw: bytes) -> None:
@@ -937,6 +949,7 @@ def _search_hits(result: SearchResult) -> dict[str, Any]:
 @route("context.write", Lifecycle)
 async def lifecycle(ctx: Ctx, dto: Lifecycle, raw: bytes) -> web.Response:
     await ctx.allow(dto.scope_id, "context.write")
+    await _inputs_readable(ctx, dto.scope_id, [dto.target])
     result = await ctx.service.change_lifecycle(dto.scope_id, dto.target.input(), dto.state)
     return _json(result.to_wire())
 
@@ -950,6 +963,7 @@ async def merge(ctx: Ctx, dto: Merge, raw: bytes) -> web.Response:
     if dto.source_refs or dto.artifact_refs:
         raise cx.CapabilityNotSupported("merge_references")
     _checked(ctx, raw)
+    await _inputs_readable(ctx, dto.scope_id, dto.inputs)
     result = await ctx.service.merge_atomic_memories(
         dto.scope_id, [i.input() for i in dto.inputs], dto.content.wire(), principal=ctx.principal.id
     )
@@ -1001,9 +1015,8 @@ async def prepare(ctx: Ctx, dto: Prepare, raw: bytes) -> web.Response:
         principal_may_read=ctx.may_read,
         rerank=ctx.runtime.rerank,
     )
-    content = result.context.get("content")
-    if isinstance(content, str) and content:  # stored text: never echoed past today's rules
-        _read_check(ctx, texts=[content])
+    if result.sources:  # stored text, never echoed past today's rules: read as whole items are
+        _read_check(ctx, compact_json(list(result.sources)))
     if dto.include_receipt and result.receipt is None:
         log.warning("receipt_omitted", request_id=call.request_id, diagnostic=result.receipt_diagnostic)
     log.info(

@@ -167,6 +167,9 @@ class PrepareResult:
     # when the request asked with `explain`; later rounds reuse round 0's outcome, so only
     # round 0 counts.
     degradation: str | None = None
+    # The stored content object of every selected item, in order (what its text was cut
+    # from): what the read check inspects, as a read of those items would be.
+    sources: tuple[Mapping[str, Any], ...] = ()
 
 
 @dataclass(slots=True)
@@ -937,7 +940,9 @@ class ContextService:
             made, diagnostic = self._receipt(
                 receipt_id or self.new_receipt_id(), text, max_bytes, built, deps, rounds, trace, reranks
             )
-        return PrepareResult(built.to_context(), made, diagnostic, deps, degradation)
+        stored = {c.address: c.content for g in groups for c in (*g.memory, *g.topic, *g.experience)}
+        sources = tuple(stored[a] for a in deps if a in stored)
+        return PrepareResult(built.to_context(), made, diagnostic, deps, degradation, sources)
 
     def _rerank(
         self,
