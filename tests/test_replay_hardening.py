@@ -254,6 +254,30 @@ NESTED_SPLITS: dict[str, tuple[str, dict[str, Any]]] = {
             ],
         },
     ),
+    "anthropic_tool_result_content_with_a_cache_marker": (
+        "/v1/messages",
+        {
+            "model": "claude-x",
+            "max_tokens": 16,
+            "messages": [
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {}}]},
+                {
+                    "role": "user",
+                    "content": [
+                        {
+                            "type": "tool_result",
+                            "tool_use_id": "t1",
+                            "content": [
+                                {**_halves()[0], "cache_control": {"type": "ephemeral", "ttl": "1h"}},
+                                _halves()[1],
+                            ],
+                        }
+                    ],
+                },
+            ],
+        },
+    ),
     "responses_function_call_output": (
         "/v1/responses",
         {

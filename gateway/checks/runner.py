@@ -198,10 +198,16 @@ def _spanning_strings(p: ParsedRequest, marker: str) -> str | None:
     read of configured values takes them, once with names and once without) when a marker
     there spans two of them: text parts nested anywhere (a tool result's content list, a
     document's content, a function call's output list) split a marker as well as a
-    message's own parts do. None when every marker lies inside one string."""
+    message's own parts do; and each list's text parts read one after another, whatever
+    sits between them in the document. None when every marker lies inside one string."""
     texts = [u for u in p.units if u.kind == "string" and joinable(u)]
-    for chosen in (texts, [u for u in texts if u.path[-1:] != ("name",)]):
-        pieces = [u.text for u in chosen]
+    lists: dict[Path, list[tuple[int, str]]] = {}  # text parts of one list, at any depth
+    for u in texts:
+        if len(u.path) >= 2 and u.path[-1] == "text" and type(u.path[-2]) is int:
+            lists.setdefault(u.path[:-2], []).append((u.path[-2], u.text))
+    readings = [[u.text for u in texts], [u.text for u in texts if u.path[-1:] != ("name",)]]
+    readings += [[text for _, text in sorted(parts)] for parts in lists.values() if len(parts) > 1]
+    for pieces in readings:
         joined = "".join(pieces)
         if marker in joined and not _markers_within(joined, pieces, marker):
             return joined
