@@ -146,6 +146,7 @@ STRUCTURAL_FIELDS: frozenset[str] = frozenset(
         "encoding_format",
         "detail",
         "format",
+        "ttl",  # a cache marker's lifetime ("5m", "1h"), between two text parts
     }
 )
 

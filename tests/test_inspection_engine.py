@@ -308,3 +308,17 @@ def test_a_bare_form_is_found_in_the_first_unit_of_a_buffer() -> None:
     for engine in (HS, PY):
         verdict = engine.inspect(Subject(raw=raw, units=parsed.units))
         assert "secret_format:aws-secret-access-key-bare" in verdict.reason_codes
+
+
+@pytest.mark.parametrize("engine", [HS, PY], ids=["hyperscan", "python"])
+def test_a_value_split_across_nested_parts_around_a_cache_marker_is_found(engine: Engine) -> None:
+    """A cache marker's `ttl` between two text parts of a tool result labels structure: the
+    text read in order skips it, so a configured value split across the parts reads whole."""
+    value = LITERALS[0]
+    first = {"type": "text", "text": "see " + value[:10], "cache_control": {"type": "ephemeral", "ttl": "1h"}}
+    result = {"type": "tool_result", "tool_use_id": "t1", "content": [first, {"type": "text", "text": value[10:]}]}
+    doc = {"model": "claude-x", "max_tokens": 5, "messages": [{"role": "user", "content": [result]}]}
+    raw = json.dumps(doc).encode()
+    parsed = CARRIERS["anthropic.messages"].parse_request(raw, LIMITS)
+    verdict = engine.inspect(Subject(raw=raw, units=parsed.units))
+    assert verdict.reason_codes == ("secret_value",)
