@@ -42,7 +42,8 @@ ASK_TIMEOUT_S = 10.0  # one ask, connect included
 MAX_BODY = 1024 * 1024  # a model list is a few kB; anything larger is not read
 MAX_MODELS = 1000  # per profile
 MAX_CACHED = 256  # profile versions remembered
-_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$")
+# A provider's model id: no spaces, no quotes, no control characters, a bounded length.
+MODEL_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}")
 _STAMP = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})$")
 _EPOCH = "1970-01-01T00:00:00Z"
 
@@ -90,7 +91,7 @@ def read_list(runtime: Runtime, loaded: LoadedProfile, raw: bytes) -> tuple[Mode
     out: dict[str, Model] = {}
     for entry in data[: MAX_MODELS * 4]:
         mid = entry.get("id") if isinstance(entry, dict) else None
-        if not isinstance(mid, str) or not _ID.match(mid) or not p.serves(mid) or mid in out:
+        if not isinstance(mid, str) or not MODEL_ID.fullmatch(mid) or not p.serves(mid) or mid in out:
             continue
         created, created_at = _when(entry.get("created"), entry.get("created_at"))
         name = entry.get("display_name")

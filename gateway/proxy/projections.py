@@ -16,7 +16,6 @@ import asyncio
 import functools
 import hmac
 import json
-import re
 import struct
 import time
 from collections.abc import Callable, Mapping
@@ -37,6 +36,7 @@ from gateway.ledgers.attribution import AttributionLedger
 from gateway.obs import logging as log
 from gateway.proxy import pacing
 from gateway.proxy.exchange import Admitted, Buffered, Decoded, Exchange, Planned, Refused, Released, Trail, Windowed
+from gateway.proxy.models import MODEL_ID
 from gateway.state import ATTRIBUTION, METRICS, TIMELINE, USAGE_LEDGER
 from gateway.vocab import Outcome
 
@@ -358,10 +358,6 @@ async def _record_off_loop(
         _failed(app, ex, exc)
 
 
-# What a provider's model id looks like: no spaces, no quotes, a bounded length.
-_MODEL_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/+-]{0,99}")
-
-
 def logged_model(ex: Exchange, trail: Trail) -> str | None:
     """The model name as the access line carries it. It is client text (a profile's pattern
     such as `claude-*` admits any text after its prefix): written out only when a send check
@@ -374,7 +370,7 @@ def logged_model(ex: Exchange, trail: Trail) -> str | None:
         return None
     attempts = trail.attempts
     status = attempts[-1].status if attempts else None
-    if status is not None and 200 <= status < 300 and _MODEL_ID.fullmatch(model):
+    if status is not None and 200 <= status < 300 and MODEL_ID.fullmatch(model):
         return model
     return ex.runtime.log_digest(model)
 
