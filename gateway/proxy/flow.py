@@ -395,7 +395,7 @@ async def respond(request: web.Request, ex: Exchange, trail: Trail, attempt: Att
     mode = runtime.policy.mode(Phase.BEFORE_RELEASE, profile=attempt.target.profile_id, route=ex.route)
     passed = release.released_headers(response.headers)
     # a stream only to a client that asked for one (an answer framed otherwise is refused in step 9)
-    is_stream = response.content_type == "text/event-stream" and ex.parsed.stream
+    is_stream = _is_stream(response) and ex.parsed.stream
     heartbeats: Heartbeats | None = None
     streaming = runtime.config.streaming
     stages = request.app[METRICS].stages
@@ -505,17 +505,18 @@ async def check_response(
     read, outcome = await read_and_check(app, ex, attempt, body, passed, Mode.ENFORCE, folded=folded)
     trail.add(Decoded(read.complete, read.usage, read.response_id, read.output_estimate))
     status = response.status
-    if (not 200 <= status < 300 and not read.complete) or not (200 <= status < 300 or 400 <= status < 600):
+    success = 200 <= status < 300
+    if (
+        (not success and not read.complete)
+        or not (success or 400 <= status < 600)
+        or (success and read.complete and _is_stream(response) != ex.parsed.stream)
+    ):
         # A provider error we cannot read (an HTML page from a proxy, say), a redirect (never
         # followed: the call and its credential stay with the profile's upstream, and a client
-        # must not be sent elsewhere either), or a status HTTP does not define (600 and up):
-        # say so, without it.
-        err = UpstreamError(502, "upstream_error", (ReasonCode.UPSTREAM_INVALID_RESPONSE,))
-        raise _refused(trail, err, Outcome.WITHHELD)
-    if 200 <= status < 300 and read.complete and _is_stream(response) != ex.parsed.stream:
-        # A whole success framed other than the client asked (an event stream to a call that
-        # did not ask for one, or a body to one that did): no client could read it as its
-        # answer. (One that cannot be read at all is withheld as such, below.)
+        # must not be sent elsewhere either), a status HTTP does not define (600 and up), or a
+        # whole success framed other than the client asked (an event stream to a call that
+        # did not ask for one, a body to one that did: no client could read it as its answer;
+        # one that cannot be read at all is withheld as such, below): say so, without it.
         err = UpstreamError(502, "upstream_error", (ReasonCode.UPSTREAM_INVALID_RESPONSE,))
         raise _refused(trail, err, Outcome.WITHHELD)
     trail.add(Checked(attempt.target.profile_id, outcome))
