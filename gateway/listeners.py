@@ -71,33 +71,33 @@ def set_socket_mode(path: Path, mode: int) -> None:
     """Give the socket just bound at `path` the mode `mode`, never following a link.
 
     Bound under `socket_umask(mode)`, it normally has that mode already. What is at `path`
-    now is opened without following a symlink (someone who can write the directory may have
-    swapped the socket for a link to a file between the bind and this call) and must be a
-    socket; only that inode's mode is changed (through its descriptor), else it refuses.
-    Without O_PATH (not Linux) the path is checked with lstat and changed without following
-    a link where the platform can (macOS and the BSDs)."""
-    if not hasattr(os, "O_PATH"):
-        try:
-            st = os.lstat(path)
-        except OSError as exc:
-            raise ListenerError(f"{path}: the socket just bound cannot be opened ({exc.strerror})") from None
-        if not stat.S_ISSOCK(st.st_mode):
-            raise ListenerError(f"{path} is no longer the socket just bound; refusing to change its mode")
-        if stat.S_IMODE(st.st_mode) != mode:
-            os.chmod(path, mode, follow_symlinks=os.chmod not in os.supports_follow_symlinks)
-        return
+    now is looked at without following a symlink (someone who can write the directory may
+    have swapped the socket for a link to a file between the bind and this call) and must be
+    a socket, else it refuses. On Linux it is opened as an O_PATH descriptor and that inode's
+    mode is changed; elsewhere (macOS, the BSDs) the path is changed without following a link
+    where the platform can."""
+    o_path = getattr(os, "O_PATH", None)
+    fd = None
     try:
-        fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+        if o_path is not None:
+            fd = os.open(path, o_path | os.O_NOFOLLOW | os.O_CLOEXEC)
+        st = os.lstat(path) if fd is None else os.fstat(fd)
     except OSError as exc:
+        if fd is not None:
+            os.close(fd)
         raise ListenerError(f"{path}: the socket just bound cannot be opened ({exc.strerror})") from None
     try:
-        st = os.fstat(fd)
         if not stat.S_ISSOCK(st.st_mode):
             raise ListenerError(f"{path} is no longer the socket just bound; refusing to change its mode")
-        if stat.S_IMODE(st.st_mode) != mode:
+        if stat.S_IMODE(st.st_mode) == mode:
+            return
+        if fd is not None:
             os.chmod(f"/proc/self/fd/{fd}", mode)  # the inode the descriptor holds, not a path lookup
+        else:
+            os.chmod(path, mode, follow_symlinks=os.chmod not in os.supports_follow_symlinks)
     finally:
-        os.close(fd)
+        if fd is not None:
+            os.close(fd)
 
 
 # --- dev certificates ----------------------------------------------------------------
