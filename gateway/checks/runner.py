@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from gateway.carriers import CARRIERS
 from gateway.carriers.base import FoldedResponse, ParsedRequest
 from gateway.checks import claims as claims_
 from gateway.checks import inspect, prepared
@@ -174,39 +175,44 @@ def _marked(parsed: Sequence[ParsedRequest]) -> list[tuple[str, bytes]]:
     marker = prepared.BEGIN_MARKER
     for p in parsed:
         found: list[tuple[str, bytes]] = []
-        carrying = [unit for unit in p.units if marker in unit.text]
-        strings = {unit.path: unit.text for unit in p.units if unit.kind == "string"} if carrying else {}
-        for unit in carrying:
+        lists = _text_parts(p)
+        for unit in (unit for unit in p.units if marker in unit.text):
             if unit.kind == "string":
                 found.append((pointer(unit.path), unit.text.encode("utf-8", "surrogatepass")))
-            elif unit.kind == "joined" and _markers_within_parts(unit.path, unit.text, strings, marker):
+            elif unit.kind == "joined" and _markers_within(unit.text, lists.get(unit.path, ()), marker):
                 continue  # each marker is one of its parts' own, marked there
             elif unit.path == RENDER_PATH and _markers_within(unit.text, _rendered_pieces(p), marker):
                 continue  # the prompt in the provider's order: each marker is one of its texts' own
             else:
                 found.append((UNBOUND_POINTER, unit.text.encode("utf-8", "surrogatepass")))
         if all(where != UNBOUND_POINTER for where, _ in found):
-            spanning = _spanning_strings(p, marker)  # a split no unit holds whole
+            spanning = _spanning_strings(p, lists, marker)  # a split no unit holds whole
             if spanning is not None:
                 found.append((UNBOUND_POINTER, spanning.encode("utf-8", "surrogatepass")))
         out.extend(found)
     return out
 
 
-def _spanning_strings(p: ParsedRequest, marker: str) -> str | None:
-    """The request's text strings read in document order with no boundary (as the joined
-    read of configured values takes them, once with names and once without) when a marker
-    there spans two of them: text parts nested anywhere (a tool result's content list, a
-    document's content, a function call's output list) split a marker as well as a
-    message's own parts do; and each list's text parts read one after another, whatever
-    sits between them in the document. None when every marker lies inside one string."""
-    texts = [u for u in p.units if u.kind == "string" and joinable(u)]
-    lists: dict[Path, list[tuple[int, str]]] = {}  # text parts of one list, at any depth
-    for u in texts:
-        if len(u.path) >= 2 and u.path[-1] == "text" and type(u.path[-2]) is int:
+def _text_parts(p: ParsedRequest) -> dict[Path, list[str]]:
+    """The text parts of every list in the request, at any depth (`path`/N/text strings), in
+    index order: what a message's joined unit, a tool result's content or a function call's
+    output reads one after another."""
+    lists: dict[Path, list[tuple[int, str]]] = {}
+    for u in p.units:
+        if u.kind == "string" and len(u.path) >= 2 and u.path[-1] == "text" and type(u.path[-2]) is int:
             lists.setdefault(u.path[:-2], []).append((u.path[-2], u.text))
+    return {path: [text for _, text in sorted(parts)] for path, parts in lists.items()}
+
+
+def _spanning_strings(p: ParsedRequest, lists: Mapping[Path, list[str]], marker: str) -> str | None:
+    """The text, when a marker spans two pieces of it, of a reading no unit holds whole: the
+    request's text strings in document order with no boundary (as the joined read of
+    configured values takes them, once with names and once without), and each list's text
+    parts one after another, whatever sits between them in the document. None when every
+    marker lies inside one string."""
+    texts = [u for u in p.units if u.kind == "string" and joinable(u)]
     readings = [[u.text for u in texts], [u.text for u in texts if u.path[-1:] != ("name",)]]
-    readings += [[text for _, text in sorted(parts)] for parts in lists.values() if len(parts) > 1]
+    readings += [parts for parts in lists.values() if len(parts) > 1]
     for pieces in readings:
         joined = "".join(pieces)
         if marker in joined and not _markers_within(joined, pieces, marker):
@@ -220,24 +226,10 @@ RENDER_PATH: Path = ("~render",)  # carriers.common.render_order's unit: the pro
 def _rendered_pieces(p: ParsedRequest) -> list[str]:
     """The texts `render_order` joined (the prompt's parts but the tool schemas, in the
     order the provider reads them), each a string or a part's own text."""
-    from gateway.carriers import CARRIERS  # the registry: only for a rare marked, reordered prompt
-
     carrier = CARRIERS.get(p.carrier)
     if carrier is None:
         return []
     return [part.text for part in carrier.prompt_layout(p.doc).parts if part.region != "tools"]
-
-
-def _markers_within_parts(path: Path, text: str, strings: Mapping[Path, str], marker: str) -> bool:
-    """Does every marker in a message's joined text lie wholly inside one of the text parts
-    it was joined from (`path`/N/text, in order; such a marker is that string's own, marked
-    there)? False when the parts do not make up `text` exactly: unproven is unbound."""
-    parts = sorted(
-        (sub[len(path)], value)
-        for sub, value in strings.items()
-        if len(sub) == len(path) + 2 and sub[: len(path)] == path and type(sub[-2]) is int and sub[-1] == "text"
-    )
-    return _markers_within(text, [value for _, value in parts], marker)
 
 
 def _markers_within(text: str, pieces: Sequence[str], marker: str) -> bool:
