@@ -225,58 +225,36 @@ def _halves(kind: str = "text") -> list[dict[str, Any]]:
     return [{"type": kind, "text": FORGED[:cut]}, {"type": kind, "text": FORGED[cut:]}]
 
 
+def _messages(*content: Any, after_call: bool = True) -> dict[str, Any]:
+    """A Messages body whose last user turn holds `content` (after a tool call, which a tool
+    result answers)."""
+    call = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {}}]},
+    ]
+    turns = [*(call if after_call else []), {"role": "user", "content": list(content)}]
+    return {"model": "claude-x", "max_tokens": 16, "messages": turns}
+
+
+def _tool_result(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"type": "tool_result", "tool_use_id": "t1", "content": parts}
+
+
+_CACHED_HALF = {**_halves()[0], "cache_control": {"type": "ephemeral", "ttl": "1h"}}
+
 NESTED_SPLITS: dict[str, tuple[str, dict[str, Any]]] = {
-    "anthropic_tool_result_content": (
-        "/v1/messages",
-        {
-            "model": "claude-x",
-            "max_tokens": 16,
-            "messages": [
-                {"role": "user", "content": "hi"},
-                {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {}}]},
-                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": _halves()}]},
-            ],
-        },
-    ),
+    "anthropic_tool_result_content": ("/v1/messages", _messages(_tool_result(_halves()))),
     "anthropic_document_content": (
         "/v1/messages",
-        {
-            "model": "claude-x",
-            "max_tokens": 16,
-            "messages": [
-                {
-                    "role": "user",
-                    "content": [
-                        {"type": "document", "source": {"type": "content", "content": _halves()}},
-                        {"type": "text", "text": "summarise"},
-                    ],
-                }
-            ],
-        },
+        _messages(
+            {"type": "document", "source": {"type": "content", "content": _halves()}},
+            {"type": "text", "text": "summarise"},
+            after_call=False,
+        ),
     ),
     "anthropic_tool_result_content_with_a_cache_marker": (
         "/v1/messages",
-        {
-            "model": "claude-x",
-            "max_tokens": 16,
-            "messages": [
-                {"role": "user", "content": "hi"},
-                {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {}}]},
-                {
-                    "role": "user",
-                    "content": [
-                        {
-                            "type": "tool_result",
-                            "tool_use_id": "t1",
-                            "content": [
-                                {**_halves()[0], "cache_control": {"type": "ephemeral", "ttl": "1h"}},
-                                _halves()[1],
-                            ],
-                        }
-                    ],
-                },
-            ],
-        },
+        _messages(_tool_result([_CACHED_HALF, _halves()[1]])),
     ),
     "responses_function_call_output": (
         "/v1/responses",

@@ -20,7 +20,7 @@ from gateway.mockprovider import MockProviderServer
 from gateway.startup import EARLY
 from gateway.workers import Supervisor
 from tests.deploy import procs
-from tests.harness import build_env
+from tests.harness import Env, build_env
 
 WIREGATE = Path(sys.executable).with_name("wiregate")
 
@@ -34,12 +34,43 @@ def _chat(client: httpx.Client, key: str) -> int:
     return r.status_code
 
 
-def _served_by(proc: procs.Proc) -> Counter[int]:
+def _served_by(proc: procs.Proc, since: int = 0) -> Counter[int]:
+    """Chat calls per worker, in the records from `since` on."""
     return Counter(
         int(r["worker"])
-        for r in proc.records()
+        for r in proc.records()[since:]
         if r.get("event") == "request" and r.get("route") == "/v1/chat/completions"
     )
+
+
+def _count(proc: procs.Proc, event: str) -> int:
+    return sum(1 for r in proc.records() if r.get("event") == event)
+
+
+def _two_workers(env: Env, tmp_path: Path) -> procs.Proc:
+    """`wiregate serve --workers 2` on `env`, once both workers have started."""
+    proc = procs.Proc(
+        [str(WIREGATE), "serve", "--config", str(env.config), "--workers", "2"], dict(os.environ), tmp_path / "log"
+    )
+    try:
+        _wait(lambda: _count(proc, "started") == 2)
+    except BaseException:
+        proc.close()
+        raise
+    return proc
+
+
+def _one_call_each_way(proc: procs.Proc, env: Env, key: str) -> list[int]:
+    """One chat call over HTTPS and one over the Unix socket, each on a new connection (the
+    kernel picks the worker)."""
+    tls = ssl.create_default_context(cafile=str(env.ca))
+    statuses = []
+    with httpx.Client(base_url=f"https://127.0.0.1:{proc.https_port()}", verify=tls, timeout=30) as client:
+        statuses.append(_chat(client, key))
+    uds = httpx.HTTPTransport(uds=str(env.dir / "run" / "gw.sock"))
+    with httpx.Client(transport=uds, base_url="http://localhost", timeout=30) as client:
+        statuses.append(_chat(client, key))
+    return statuses
 
 
 def _parent(pid: int) -> int:
@@ -78,24 +109,13 @@ def test_two_workers_share_both_listeners_reload_restart_and_stop_together(
 ) -> None:
     env = build_env(tmp_path / "gw", mock.url)
     sock = env.dir / "run" / "gw.sock"
-    proc = procs.Proc(
-        [str(WIREGATE), "serve", "--config", str(env.config), "--workers", "2"], dict(os.environ), tmp_path / "log"
-    )
+    proc = _two_workers(env, tmp_path)
     try:
-        _wait(lambda: sum(1 for r in proc.records() if r.get("event") == "started") == 2)
-        port = proc.https_port()
-        tls = ssl.create_default_context(cafile=str(env.ca))
         pids = {int(r["pid"]) for r in proc.records() if r.get("event") == "worker_started"}
         assert len(pids) == 2 and proc.pid not in pids
 
         def one_call_each_way(key: str) -> list[int]:
-            statuses = []
-            with httpx.Client(base_url=f"https://127.0.0.1:{port}", verify=tls, timeout=30) as client:
-                statuses.append(_chat(client, key))  # a new connection each time: the kernel picks a worker
-            uds = httpx.HTTPTransport(uds=str(sock))
-            with httpx.Client(transport=uds, base_url="http://localhost", timeout=30) as client:
-                statuses.append(_chat(client, key))
-            return statuses
+            return _one_call_each_way(proc, env, key)
 
         for _ in range(30):
             assert one_call_each_way(env.gateway_key) == [200, 200]
@@ -297,36 +317,20 @@ def test_a_restarted_worker_and_the_others_serve_the_same_files(mock: MockProvid
     its replacement loads the files as they are now, and the others reload with it, so no
     worker keeps serving what the others no longer do (or the reverse)."""
     env = build_env(tmp_path / "gw", mock.url)
-    sock = env.dir / "run" / "gw.sock"
-    proc = procs.Proc(
-        [str(WIREGATE), "serve", "--config", str(env.config), "--workers", "2"], dict(os.environ), tmp_path / "log"
-    )
+    proc = _two_workers(env, tmp_path)
     try:
-        _wait(lambda: sum(1 for r in proc.records() if r.get("event") == "started") == 2)
-        port = proc.https_port()
-        tls = ssl.create_default_context(cafile=str(env.ca))
         pids = [int(r["pid"]) for r in proc.records() if r.get("event") == "worker_started"]
         key, digest = devsetup.new_gateway_key()
         with (env.dir / "principals.toml").open("a") as fh:
             fh.write(devsetup.principal_block("late", [digest], ["proxy"], ["mock-openai"], None))
         os.kill(pids[0], signal.SIGKILL)
-        _wait(lambda: sum(1 for r in proc.records() if r.get("event") == "started") == 3)
-        _wait(lambda: sum(1 for r in proc.records() if r.get("event") == "config_reloaded") == 1)
-        assert any(r.get("event") == "workers_reloading" for r in proc.records())
+        _wait(lambda: _count(proc, "started") == 3)
+        _wait(lambda: _count(proc, "config_reloaded") == 1)
+        assert _count(proc, "workers_reloading") == 1
         mark = len(proc.records())
-        statuses = []
-        for _ in range(20):  # a new connection each time: the kernel picks a worker
-            with httpx.Client(base_url=f"https://127.0.0.1:{port}", verify=tls, timeout=30) as client:
-                statuses.append(_chat(client, key))
-            uds = httpx.HTTPTransport(uds=str(sock))
-            with httpx.Client(transport=uds, base_url="http://localhost", timeout=30) as client:
-                statuses.append(_chat(client, key))
+        statuses = [status for _ in range(20) for status in _one_call_each_way(proc, env, key)]
         assert statuses == [200] * 40
-        served = Counter(
-            int(r["worker"])
-            for r in proc.records()[mark:]
-            if r.get("event") == "request" and r.get("route") == "/v1/chat/completions"
-        )
+        served = _served_by(proc, since=mark)
         assert set(served) == {0, 1}, served  # both workers answered, and both knew the key
         assert proc.terminate(120) == 0
     finally:
