@@ -45,6 +45,7 @@ SCHEMA = "wiregate.attribution-report.v1"
 USAGE_KINDS = ("input_total", "output", "cache_read", "cache_write")
 TOP_N = 12  # the opportunity view's ceiling
 MAX_ENTRIES = 256  # ledger entries a report holds; more makes it `limited`
+MAX_CARRIED = 4096  # blocks one session carries across its calls; more makes a report `limited`
 _COMPACT = json.JSONEncoder(separators=(",", ":"))
 
 
@@ -142,6 +143,40 @@ class _Entry:
 Key = tuple[str, str]  # (block id, instance digest)
 
 
+class _Carried:
+    """The blocks a session carries across its calls, each with the copies of it the
+    context holds and its spec, with running totals per spec id ([tokens of every copy,
+    blocks]) and the indexes a compaction and a replacement read."""
+
+    __slots__ = ("blocks", "by_id", "compactable", "totals")
+
+    def __init__(self) -> None:
+        self.blocks: dict[Key, tuple[Block, int, BlockSpec]] = {}
+        self.totals: dict[str, list[int]] = {}
+        self.by_id: dict[str, set[Key]] = {}
+        self.compactable: set[Key] = set()
+
+    def put(self, key: Key, block: Block, copies: int, spec: BlockSpec) -> None:
+        if key in self.blocks:
+            self.drop([key])
+        self.blocks[key] = (block, copies, spec)
+        total = self.totals.setdefault(spec.id, [0, 0])
+        total[0] += block.estimate * copies
+        total[1] += 1
+        self.by_id.setdefault(key[0], set()).add(key)
+        if spec.compactable:
+            self.compactable.add(key)
+
+    def drop(self, keys: Iterable[Key]) -> None:
+        for key in keys:
+            block, copies, spec = self.blocks.pop(key)
+            total = self.totals[spec.id]
+            total[0] -= block.estimate * copies
+            total[1] -= 1
+            self.by_id[key[0]].discard(key)
+            self.compactable.discard(key)
+
+
 class Aggregator:
     """Feed records in time order (`add`), then `report()`. Records before `since` only
     build session state; they are not counted."""
@@ -151,8 +186,9 @@ class Aggregator:
         self.since = since
         self.max_entries = max_entries
         self.entries: dict[str, _Entry] = {}
-        # session → its carried blocks, each with the copies of it the context holds
-        self.sessions: dict[str, dict[Key, tuple[Block, int]]] = {}
+        self.sessions: dict[str, _Carried] = {}  # session → the blocks it carries across its calls
+        self.specs: dict[str, BlockSpec] = {}  # block id → its resolved spec, for this pass
+        self.carry_dropped = 0  # blocks a session could not carry (MAX_CARRIED)
         self.chains: dict[str, _Chain] = {}  # session → what its carried blocks stand for
         self.seen: dict[str, set[Key]] = {}  # invocation → block identities already counted
         self.counted: set[str] = set()  # invocations whose first sighting in the window was counted
@@ -176,32 +212,54 @@ class Aggregator:
             entry = self.entries[spec.id] = _Entry(spec)
         return entry
 
-    def _carry(self, record: Record, specs: list[BlockSpec], chained: bool) -> dict[Key, tuple[Block, int]]:
-        """The session's active blocks before this record, after this record's
-        compaction and replacements; then updated with what it materialises (with the
-        copies of each it holds). Returns the carried set as it stood for this invocation.
-        A continuation of another state than the session's (`chained` false) carries
-        nothing in: the session then holds only what it materialised."""
-        carried = dict(self.sessions.get(record.session, {})) if record.session is not None and chained else {}
+    def _spec(self, block_id: str) -> BlockSpec:
+        """`registry.resolve`, once per block id a pass meets."""
+        spec = self.specs.get(block_id)
+        if spec is None:
+            spec = self.specs[block_id] = self.registry.resolve(block_id)
+        return spec
+
+    def _carry(self, record: Record, specs: list[BlockSpec], chained: bool) -> dict[str, list[int]]:
+        """The session's active blocks before this record, after this record's compaction
+        and replacements; then updated, in place, with what it materialises (with the copies
+        of each it holds). Returns what the carried set held for this invocation beyond the
+        blocks the request repeats: per spec id, [tokens of every copy, blocks]. A
+        continuation of another state than the session's (`chained` false) carries nothing
+        in: the session then holds only what it materialised. A call costs its own blocks and
+        the compactable or replaced ones it ends, never a pass over all its session carries."""
+        carried = self.sessions.get(record.session) if record.session is not None and chained else None
+        if carried is None:
+            carried = _Carried()
+            if record.session is not None:
+                self.sessions[record.session] = carried
         here = Counter((b.block_id, b.instance) for b in record.blocks)
-        if any(
-            s.compacts and (b.block_id, b.instance) not in carried for s, b in zip(specs, record.blocks, strict=True)
-        ):
-            carried = {k: v for k, v in carried.items() if not self.registry.resolve(k[0]).compactable}
-        elif record.full_context:
-            # The request shows the whole context: compactable material it no longer holds was compacted away.
-            carried = {k: v for k, v in carried.items() if k in here or not self.registry.resolve(k[0]).compactable}
-        for spec, block in zip(specs, record.blocks, strict=True):
-            if spec.singleton and spec.lifetime == "until_replaced":
-                carried = {k: v for k, v in carried.items() if k[0] != block.block_id or k[1] == block.instance}
-        before = dict(carried)
+        if carried.blocks:
+            if any(
+                s.compacts and (b.block_id, b.instance) not in carried.blocks
+                for s, b in zip(specs, record.blocks, strict=True)
+            ):
+                carried.drop(list(carried.compactable))
+            elif record.full_context:
+                # The request shows the whole context: compactable material it no longer holds was compacted away.
+                carried.drop([k for k in carried.compactable if k not in here])
+            for spec, block in zip(specs, record.blocks, strict=True):
+                if spec.singleton and spec.lifetime == "until_replaced":
+                    carried.drop([k for k in carried.by_id.get(block.block_id, ()) if k[1] != block.instance])
+        view = {spec_id: list(total) for spec_id, total in carried.totals.items()}
+        for key in here:
+            held = carried.blocks.get(key)
+            if held is not None:
+                got = view[held[2].id]
+                got[0] -= held[0].estimate * held[1]
+                got[1] -= 1
         for spec, block in zip(specs, record.blocks, strict=True):
             if spec.lifetime in ("session_persistent", "until_replaced"):
                 key = (block.block_id, block.instance)
-                carried[key] = (block, here[key])
-        if record.session is not None:
-            self.sessions[record.session] = carried
-        return before
+                if key not in carried.blocks and len(carried.blocks) >= MAX_CARRIED:
+                    self.carry_dropped += 1
+                else:
+                    carried.put(key, block, here[key], spec)
+        return view
 
     def _evidence(self, record: Record, specs: list[BlockSpec], repeat: bool) -> tuple[bool, bool]:
         """(chained, complete) for this record, and its session's chain moved on. Chained:
@@ -239,7 +297,6 @@ class Aggregator:
     def add(self, record: Record) -> None:
         counted = record.ts >= self.since
         fresh = list(record.blocks)
-        here = {(b.block_id, b.instance) for b in record.blocks}
         replay = repeat = False
         if record.invocation is not None:
             seen = self.seen.get(record.invocation)
@@ -261,9 +318,9 @@ class Aggregator:
                 self.counted.add(record.invocation)
             else:
                 self.seen.setdefault(record.invocation, set()).update((b.block_id, b.instance) for b in fresh)
-        specs = [self.registry.resolve(b.block_id) for b in record.blocks]
+        specs = [self._spec(b.block_id) for b in record.blocks]
         chained, complete = self._evidence(record, specs, repeat)
-        carried = self._carry(record, specs, chained)
+        carried = self._carry(record, specs, chained)  # per spec id: [tokens, blocks] it carries in
         if not counted:
             return
         if record.truncated:
@@ -298,12 +355,11 @@ class Aggregator:
         # The invocation's active blocks, every copy: the request's own (two identical tool
         # results are two), and what its session carries that it does not repeat. On a
         # replay only what the first sighting lacked: the rest was counted then.
-        active = list(fresh)
-        if not replay:
-            active += [block for key, (block, n) in carried.items() if key not in here for _ in range(n)]
         per_block: dict[str, int] = {}
-        for block in active:
-            spec_id = self.registry.resolve(block.block_id).id
+        if not replay:
+            per_block = {spec_id: tokens for spec_id, (tokens, blocks) in carried.items() if blocks}
+        for block in fresh:
+            spec_id = self._spec(block.block_id).id
             per_block[spec_id] = per_block.get(spec_id, 0) + block.estimate
         for spec_id, tokens in per_block.items():
             entry = self._entry(spec_id)
@@ -320,7 +376,7 @@ class Aggregator:
         if invocation is None:
             return False
         fresh_keys = {(b.block_id, b.instance) for b in fresh}
-        return any(self.registry.resolve(k[0]).id == spec_id for k in self.seen[invocation] - fresh_keys)
+        return any(self._spec(k[0]).id == spec_id for k in self.seen[invocation] - fresh_keys)
 
     # --- the report -----------------------------------------------------------------------
 
@@ -336,7 +392,7 @@ class Aggregator:
         records before they were written. Either leaves calls out of the pass, and a call
         past the blocks-per-call bound was not seen whole: exposure is then not `supported`."""
         status = self.exposure_status()
-        if status == "supported" and (limited_scan or self.truncated or dropped):
+        if status == "supported" and (limited_scan or self.truncated or dropped or self.carry_dropped):
             status = "limited"
         exposure_known = status != "unsupported"
         ledger = [self._row(e, exposure_known) for e in self.entries.values()]
@@ -356,6 +412,8 @@ class Aggregator:
             reasons.append("blocks_per_call_bound")
         if dropped:  # this process dropped queued records (the database was away too long)
             reasons.append("records_dropped")
+        if self.carry_dropped:  # a session carried MAX_CARRIED blocks: later ones were not carried
+            reasons.append("carry_bound")
         return {
             "schema": SCHEMA,
             "estimator": {"name": ESTIMATOR, "kind": "relative_attribution_only"},

@@ -364,3 +364,83 @@ def test_a_repeat_of_an_invocation_first_seen_before_the_window_is_a_boundary_in
         entry = row(report, block_id)
         assert entry["injectionCount"] == 1 and entry["injectionCoverage"] == 1.0, entry
         assert entry["cumulativeMaterializedEstimate"] == tokens
+
+
+WORKSPACE = "host.workspace_configuration"  # session_persistent, never compacted
+
+
+def _growing_session(calls: int) -> list[Record]:
+    """One session whose every call brings a new workspace block: the set it carries grows by one a call."""
+    return [
+        Record(
+            float(n), (b(SYS, "A", 100), b(WORKSPACE, f"W{n}", 10), b(CUR, f"U{n}", 5)), invocation=f"i{n}", session="s"
+        )
+        for n in range(calls)
+    ]
+
+
+def test_a_session_carries_every_persistent_block_with_exact_exposure() -> None:
+    report = aggregate(_growing_session(300), REG)
+    assert report["exposure"]["status"] == "supported" and report["limited"] is False
+    workspace = row(report, WORKSPACE)
+    # call n holds its own block and the n carried before it: 10 * (1 + 2 + ... + 300)
+    assert workspace["cumulativeExposureEstimate"] == 10 * 300 * 301 // 2
+    assert workspace["cumulativeMaterializedEstimate"] == 3000 and workspace["activeInvocations"] == 300
+
+
+class _CountingDict(dict):  # type: ignore[type-arg]
+    """A dict that counts the entries read by iterating over it."""
+
+    read = 0
+
+    def __iter__(self) -> Any:
+        for key in super().__iter__():
+            _CountingDict.read += 1
+            yield key
+
+    def items(self) -> Any:
+        for item in super().items():
+            _CountingDict.read += 1
+            yield item
+
+    def values(self) -> Any:
+        for value in super().values():
+            _CountingDict.read += 1
+            yield value
+
+    def __copy__(self) -> Any:
+        raise AssertionError("a session's carried set is never copied")
+
+
+def test_a_call_costs_its_own_blocks_not_everything_its_session_carries(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A report pass over one long session stays linear: no call copies or walks the whole
+    carried set (a session of n calls used to cost n² / 2 entries read)."""
+    from gateway.attribution import ledger
+
+    made: list[_CountingDict] = []
+    init = ledger._Carried.__init__
+
+    def counting(self: Any) -> None:
+        init(self)
+        self.blocks = _CountingDict()
+        made.append(self.blocks)
+
+    monkeypatch.setattr(ledger._Carried, "__init__", counting)
+    _CountingDict.read = 0
+    calls = 2000
+    report = aggregate(_growing_session(calls), REG)
+    assert made and len(made[0]) == calls + 2  # the workspace blocks, the system prompt and the last user turn
+    assert row(report, WORKSPACE)["cumulativeExposureEstimate"] == 10 * calls * (calls + 1) // 2
+    assert _CountingDict.read < 5 * calls, _CountingDict.read
+
+
+def test_a_session_past_the_carried_bound_makes_the_report_limited(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gateway.attribution import ledger
+
+    monkeypatch.setattr(ledger, "MAX_CARRIED", 50)
+    report = aggregate(_growing_session(60), REG)
+    assert report["limited"] is True and report["limitReasons"] == ["carry_bound"]
+    assert report["exposure"]["status"] == "limited"
+    # the system prompt and 49 workspace blocks are carried; each later call holds its own block only
+    exposure = row(report, WORKSPACE)["cumulativeExposureEstimate"]
+    assert exposure == 10 * (49 * 50 // 2) + 10 * (49 + 1) * (60 - 49)
