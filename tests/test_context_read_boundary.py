@@ -9,7 +9,9 @@ import uuid
 from typing import Any
 
 import httpx2
+import pytest
 
+from gateway.context.service import ContextService
 from tests.conftest import GatewayFactory, LogCapture
 from tests.harness import Env, GatewayThread, raw_client, sensitive
 
@@ -127,3 +129,64 @@ def test_prepare_is_read_as_its_stored_items_not_its_cut_text(gateways: GatewayF
         r = _api(env, gw, "POST", "/v1/context/prepare", {"scope_id": scope, "query": "billing release checksum"})
         assert r.status_code == 200, r.text
         assert "…" in r.json()["content"] and digest[:30] in r.json()["content"] and digest not in r.json()["content"]
+
+
+def test_the_read_before_a_change_costs_the_inputs_it_names(
+    gateways: GatewayFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A merge that repeats one input is refused before any is read (409, as the change
+    itself refuses it); inputs that do not exist, or name a revision past the head (one no
+    store can hold included), are not read one by one, and never fail the change with a 500."""
+    reads: list[int] = []
+    read = ContextService.get_artifact_revision
+
+    async def counted(self: ContextService, *args: Any, **kwargs: Any) -> Any:
+        reads.append(1)
+        return await read(self, *args, **kwargs)
+
+    monkeypatch.setattr(ContextService, "get_artifact_revision", counted)
+    with gateways("context-read-boundary-cost") as (env, gw):
+        made = _api(env, gw, "POST", "/v1/scopes", {"title": "c", "summary": "c", "idempotency_key": uuid.uuid4().hex})
+        scope = made.json()["scope_id"]
+        memory = {"family": "atomic-memory", "content": {"kind": "decision", "text": "Invoices are due in 30 days."}}
+        art = _api(env, gw, "POST", f"/v1/scopes/{scope}/artifacts", memory).json()["artifact_id"]
+        ref: dict[str, Any] = {"family": "atomic-memory", "artifact_id": art, "revision": 1}
+        given = {"artifact": ref, "state_version": 0}
+        content = {"kind": "decision", "text": "Merged."}
+        repeated = _api(
+            env,
+            gw,
+            "POST",
+            "/v1/atomic-memory/merges",
+            {"scope_id": scope, "inputs": [given] * 500, "content": content},
+        )
+        assert repeated.status_code == 409 and repeated.json()["error"]["code"] == "invalid_memory_relation"
+        assert reads == []
+        invented = [
+            {
+                "artifact": {"family": "atomic-memory", "artifact_id": uuid.uuid4().hex, "revision": 1},
+                "state_version": 0,
+            }
+            for _ in range(200)
+        ]
+        missing = _api(
+            env,
+            gw,
+            "POST",
+            "/v1/atomic-memory/merges",
+            {"scope_id": scope, "inputs": [given, *invented], "content": content},
+        )
+        assert missing.status_code == 404, missing.text[:200]
+        assert len(reads) == 1  # the one input that exists
+        for revision in (2**62, 2**63, 2**64 + 1):
+            past = {"artifact": {**ref, "revision": revision}, "state_version": 0}
+            changes = [
+                ("/v1/atomic-memory/lifecycle", {"scope_id": scope, "target": past, "state": "forgotten"}),
+                ("/v1/atomic-memory/merges", {"scope_id": scope, "inputs": [past, invented[0]], "content": content}),
+            ]
+            for path, body in changes:
+                r = _api(env, gw, "POST", path, body)
+                assert r.status_code in (404, 409), (path, revision, r.status_code, r.text[:200])
+        assert len(reads) == 1
+        state = _api(env, gw, "GET", f"/v1/scopes/{scope}/artifacts/atomic-memory/{art}/state").json()
+        assert state["state"] == "active" and state["state_version"] == 0  # nothing changed

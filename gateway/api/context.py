@@ -538,9 +538,20 @@ def _read_check(ctx: Ctx, body: Any) -> None:
 async def _inputs_readable(ctx: Ctx, scope_id: str, inputs: Sequence[MemoryInput]) -> None:
     """A change that answers with the records it changed (lifecycle, merge) reads them:
     each input revision is checked as a read of it would be, before anything changes (an
-    input that cannot be read is left to the change itself to refuse, as it does)."""
+    input that cannot be read is left to the change itself to refuse, as it does). Repeated
+    inputs are refused first (409 invalid_memory_relation, as the change refuses them before
+    it reads any), and one read of the heads leaves out the revisions that do not exist, so
+    a change costs a read of each input it really names, whatever its body repeats or
+    invents (and a revision past any a store can hold is never bound to a query)."""
+    ids = [item.artifact.artifact_id for item in inputs]
+    if len(set(ids)) != len(ids):
+        raise cx.InvalidMemoryRelation()
+    heads = await ctx.service.atomic_heads(scope_id, ids)
     for item in inputs:
         ref = item.artifact
+        head = heads.get(ref.artifact_id)
+        if head is None or ref.revision > head.artifact.revision:
+            continue
         try:
             revision = await ctx.service.get_artifact_revision(scope_id, ref.family, ref.artifact_id, ref.revision)
         except cx.ContextError:

@@ -608,6 +608,10 @@ class ContextService:
             raise ArtifactNotFound()
         return [found[aid] for aid in artifact_ids]
 
+    async def atomic_heads(self, scope_id: str, artifact_ids: Sequence[str]) -> dict[str, AtomicMemoryState]:
+        """The states of those of these atomic memories of the scope that exist (one read)."""
+        return await self._store.get_states(scope_id, artifact_ids)
+
     async def list_atomic_memories(
         self,
         scope_id: str,
