@@ -16,6 +16,7 @@ or hold state outside AppKeys.
 from __future__ import annotations
 
 import asyncio
+import functools
 import re
 import secrets
 import time
@@ -164,7 +165,10 @@ def _account(request: web.Request, call: Call, status: int) -> None:
         "reason_codes": call.reason_codes,
     }
     if call.exchange is not None and call.trail is not None:
-        fields.update({k: v for k, v in projections.access_fields(call.exchange, call.trail).items() if v is not None})
+        runtime, catalogue = call.exchange.runtime, request.app[MODEL_CATALOGUE]
+        vouched = functools.partial(catalogue.vouches, runtime)
+        facts = projections.access_fields(call.exchange, call.trail, vouched)
+        fields.update({k: v for k, v in facts.items() if v is not None})
     metrics = request.app[METRICS]
     metrics.requests.labels(call.route, call.carrier or "none", fields["profile"] or "none", fields["outcome"]).inc()
     metrics.request_seconds.labels(call.route).observe(seconds)

@@ -203,7 +203,8 @@ def test_the_model_name_is_logged_only_once_a_send_check_inspected_it(
         "/v1/chat/completions", json=_chat(), headers={"authorization": f"Bearer {env.gateway_key}"}
     )
     assert r.status_code == 200
-    assert [line["model"] for line in _lines(captured_logs, mark) if line["event"] == "request"] == ["gpt-4.1"]
+    logged = [line.get("model") for line in _lines(captured_logs, mark) if line["event"] == "request"]
+    assert len(logged) == 1 and isinstance(logged[0], str) and logged[0]  # as written or as its digest
     with gateways("logs-send-off", secrets_=[VALUE_SECRET], policy_extra='[modes]\nbefore_send = "off"\n') as (
         off_env,
         off_gw,
@@ -223,24 +224,33 @@ def test_the_model_name_is_logged_only_once_a_send_check_inspected_it(
 def test_a_model_name_is_logged_only_when_it_is_a_model_id_the_upstream_served(
     gw: tuple[Env, GatewayThread, str], mock: MockProviderServer, captured_logs: LogCapture
 ) -> None:
-    """A profile's pattern admits any text after its prefix, so a model name is logged as
-    written only in a model id's shape and once the upstream answered it with a success;
-    otherwise as a keyed digest (the same name, the same digest)."""
+    """A profile's pattern admits any text after its prefix, and an upstream may answer any
+    name (the mock does), so a model name is logged as written only in a model id's shape,
+    once the upstream answered it with a success, and when the gateway can vouch for the
+    name: its upstream listed it (or the signed profile names it exactly). Otherwise as a
+    keyed digest (the same name, the same digest)."""
     env, gateway, _ = gw
     client = raw_client(gateway, env)
     headers = {"authorization": f"Bearer {env.gateway_key}"}
     prose = "gpt-patient Jane Roe diagnosis Wombat"
+    words = "gpt-patient-JaneRoe-diagnosis-Wombat"  # a model id's shape, answered 200, never listed
     sid = "logmodel" + uuid.uuid4().hex[:8]
     mock.state.add_scenario(sid, [{"status": 404, "error_message": "no such model"}])
+    listing = client.get("/v1/models", headers=headers)
+    assert listing.status_code == 200 and "gpt-4.1-mini" in {m["id"] for m in listing.json()["data"]}
     mark = captured_logs.mark()
-    for model, extra in ((prose, {}), (prose, {}), ("gpt-4.1-mini", {"user": f"mock-scenario:{sid}"})):
+    calls = ((prose, {}), (prose, {}), ("gpt-4.1-mini", {"user": f"mock-scenario:{sid}"}), (words, {}))
+    for model, extra in calls:
         r = client.post("/v1/chat/completions", json=_chat(model=model, **extra), headers=headers)
         assert r.status_code == (404 if extra else 200), r.text
+    r = client.post("/v1/chat/completions", json=_chat(model="gpt-4.1-mini"), headers=headers)
+    assert r.status_code == 200, r.text
     models = [line.get("model") for line in _lines(captured_logs, mark) if line["event"] == "request"]
-    assert len(models) == 3 and all(isinstance(m, str) and m.startswith("h:") for m in models), models
-    assert models[0] == models[1] != models[2]
+    assert len(models) == 5 and all(isinstance(m, str) and m.startswith("h:") for m in models[:4]), models
+    assert models[0] == models[1] != models[2] and models[3] not in models[:3]
+    assert models[4] == "gpt-4.1-mini"  # listed by the upstream and answered: written as is
     logged = captured_logs.since(mark)
-    assert "Jane Roe" not in logged and "gpt-4.1-mini" not in logged
+    assert "Jane Roe" not in logged and "JaneRoe" not in logged
 
 
 def test_the_log_digest_is_hmac_sha256_for_every_key_length() -> None:

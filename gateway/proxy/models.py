@@ -147,6 +147,17 @@ class ModelCatalogue:
             self._listed.popitem(last=False)
         return listed.models
 
+    def vouches(self, runtime: Runtime, profile_id: str, model: str) -> bool:
+        """Did this profile's upstream list `model` in its last answer under this runtime
+        (checked as every listing is), or does the signed profile name it exactly? Never asks."""
+        loaded = runtime.profiles.get(profile_id)
+        if loaded is None:
+            return False
+        if any(m.id == model for m in exact_models(loaded)):
+            return True
+        listed = self._listed.get((profile_id, loaded.digest, runtime.generation))
+        return listed is not None and any(m.id == model for m in listed.models)
+
     async def _ask(self, upstream: Upstream, runtime: Runtime, loaded: LoadedProfile) -> _Listed:
         fallback = _Listed(exact_models(loaded), time.monotonic() + FALLBACK_S)
         try:

@@ -358,24 +358,26 @@ async def _record_off_loop(
         _failed(app, ex, exc)
 
 
-def logged_model(ex: Exchange, trail: Trail) -> str | None:
+def logged_model(ex: Exchange, trail: Trail, vouched: Callable[[str, str], bool] | None = None) -> str | None:
     """The model name as the access line carries it. It is client text (a profile's pattern
-    such as `claude-*` admits any text after its prefix): written out only when a send check
-    inspected and allowed it, it has a model id's shape, and the upstream answered the call
-    with a success (a provider refuses a model it does not serve, so such a name is one it
-    vouched for); a keyed digest otherwise (the same name, the same digest), and nothing
-    when no send check inspected it."""
+    such as `claude-*` admits any text after its prefix, and an upstream may answer any
+    name): written out only when a send check inspected and allowed it, it has a model id's
+    shape, the upstream answered the call with a success, and the name is one the gateway
+    can vouch for — `vouched(profile id, name)`: the signed profile names it exactly, or its
+    upstream listed it (`ModelCatalogue.vouches`); a keyed digest otherwise (the same name,
+    the same digest), and nothing when no send check inspected it."""
     model = ex.parsed.model
     if not model or not trail.send_allowed:
         return None
     attempts = trail.attempts
     status = attempts[-1].status if attempts else None
-    if status is not None and 200 <= status < 300 and MODEL_ID.fullmatch(model):
+    served = status is not None and 200 <= status < 300 and MODEL_ID.fullmatch(model) is not None
+    if served and vouched is not None and trail.profile_id and vouched(trail.profile_id, model):
         return model
     return ex.runtime.log_digest(model)
 
 
-def access_fields(ex: Exchange, trail: Trail) -> dict[str, Any]:
+def access_fields(ex: Exchange, trail: Trail, vouched: Callable[[str, str], bool] | None = None) -> dict[str, Any]:
     """The access-line facts of a provider call (the model name as `logged_model` says)."""
     final = trail.final
     released = trail.last(Released)
@@ -386,7 +388,7 @@ def access_fields(ex: Exchange, trail: Trail) -> dict[str, Any]:
         outcome = Outcome.REFUSED_IN_STREAM.value if in_stream else final.outcome.value
     return {
         "profile": trail.profile_id,
-        "model": logged_model(ex, trail),
+        "model": logged_model(ex, trail, vouched),
         "stream": ex.parsed.stream,
         "outcome": outcome,
         "reason_codes": final.reason_codes if isinstance(final, Refused) else None,
