@@ -13,7 +13,7 @@ import pytest
 
 from gateway.mockprovider import MockProviderServer
 from tests.conftest import GatewayFactory
-from tests.harness import Env, GatewayThread, raw_client
+from tests.harness import Env, GatewayThread, raw_client, raw_socket, read_response, read_until_closed
 
 LIMITS = """
 [limits]
@@ -145,3 +145,35 @@ def test_unknown_route_and_method(gw: tuple[Env, GatewayThread]) -> None:
     assert r.status_code == 405 and r.headers["allow"] == "GET, HEAD"
     r = client.post("/v1/unknown", headers=_headers(env), content=b"{}")
     assert r.status_code == 404 and r.json()["error"]["details"]["reason_codes"] == ["not_found"]
+
+
+def test_a_relayed_413_keeps_the_connection_and_the_gateways_own_closes_it(
+    gw: tuple[Env, GatewayThread], mock: MockProviderServer
+) -> None:
+    """A provider's 413, relayed after the whole request was read, leaves the keep-alive
+    connection open (the next request on it is answered); the gateway's own 413 to a body it
+    did not read says `Connection: close` and closes it."""
+    env, gateway = gw
+    sid = "limits413" + uuid.uuid4().hex[:8]
+    mock.state.add_scenario(sid, [{"status": 413, "error_message": "too large upstream"}])
+
+    def request(body: bytes) -> bytes:
+        head = (
+            f"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer {env.gateway_key}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        )
+        return head.encode() + body
+
+    with raw_socket(gateway) as sock:
+        sock.sendall(request(json.dumps(_chat(f"mock-scenario:{sid}")).encode()))
+        status, headers, _, rest = read_response(sock)
+        assert status.split()[1] == "413" and headers.get("connection", "").lower() != "close"
+        assert rest == b""
+        sock.sendall(request(json.dumps(_chat("hello again")).encode()))
+        status, _, _, _ = read_response(sock)
+        assert status.split()[1] == "200", status
+    with raw_socket(gateway) as sock:
+        sock.sendall(request(json.dumps(_chat("x" * 5000)).encode()))
+        status, headers, _, rest = read_response(sock)
+        assert status.split()[1] == "413" and headers.get("connection", "").lower() == "close"
+        assert rest + read_until_closed(sock) == b""

@@ -183,9 +183,10 @@ class GuardedHandler(RequestHandler):
             resp.force_close()  # says `Connection: close`
         result = await super().finish_response(request, resp, start_time)
         self._awaiting_head = True  # the next bytes start the next head
-        if resp.status in (408, 413) or unsent_body:
+        if unsent_body or (resp.status in (408, 413) and not request.content.at_eof()):
             # A body that stalled or was too large is not waited for or drained (aiohttp
-            # would linger reading it): the answer is out, close the connection now.
+            # would linger reading it): the answer is out, close the connection now. (A
+            # provider's 408 or 413, relayed after the whole body was read, keeps it open.)
             self.force_close()
         return result
 
