@@ -230,6 +230,17 @@ def test_significant_characters_are_what_normalising_keeps() -> None:
     assert significant("\uff76\uff9e") == 1  # a half-width voiced mark joins the kana before it
     assert significant("\u0b47\u0b3e") == 1  # a vowel sign that composes with the one before it
     assert significant("abc def\u200b") == 7
+    assert significant("a\u2028b\u2029c") == 3  # squeeze removes the line and paragraph separators
+
+
+def test_nothing_the_literal_copy_removes_counts_towards_the_window() -> None:
+    """Every character `squeeze` (the copy configured values are matched in) removes counts
+    nothing: a value interleaved with such characters never stretches past the window
+    (planes 0, 1 and 14, where every invisible, control and format character lies)."""
+    code_points = [*range(0x0000, 0xD800), *range(0xE000, 0x20000), *range(0xE0000, 0xE1000)]
+    removed = [cp for cp in code_points if decoders.squeeze(f"wg{chr(cp)}xy") == "wgxy"]
+    assert len(removed) > 400  # the controls, format and ignorable characters
+    assert [hex(cp) for cp in removed if significant(chr(cp))] == []
 
 
 # --- the words the window is counted in agree with the decoders ---------------------------

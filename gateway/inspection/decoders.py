@@ -80,9 +80,9 @@ _ASCII_INVISIBLE = re.compile("[\x00-\x08\x0e-\x1f\x7f]")  # the ASCII part of _
 _DELETE_WHITESPACE_CONTROLS = str.maketrans("", "", "\t\n\x0b\x0c\r\u2028\u2029")
 _TAG = re.compile("[\U000e0020-\U000e007e]")
 # What does not count towards a stream's release window: everything `squeeze` removes
-# (ignorable, control and format characters, whitespace controls), but not tag characters,
-# which normalise to the ASCII they stand for.
-INSIGNIFICANT = re.compile(_class(_IGNORABLE_RANGES[:-1] + ((0xE0000, 0xE001F), (0xE007F, 0xE0FFF))))
+# (ignorable, control and format characters, whitespace controls, the line and paragraph
+# separators), but not tag characters, which normalise to the ASCII they stand for.
+INSIGNIFICANT = re.compile(_class(_IGNORABLE_RANGES[:-1] + ((0x2028, 0x2029), (0xE0000, 0xE001F), (0xE007F, 0xE0FFF))))
 
 
 def _mark_ranges() -> tuple[tuple[int, int], ...]:
