@@ -139,12 +139,40 @@ def _anthropic_name_split() -> list[str]:
     ]
 
 
-def _send(gw: tuple[Env, GatewayThread], mock: MockProviderServer, events: list[str], anthropic: bool) -> Any:
+def _responses_label_family() -> list[str]:
+    """A delta family no one has named, under a structural field's name: its text is held
+    like any delta's, never sent whole as a label."""
+    created = {"response": {"id": "r1", "object": "response", "status": "in_progress", "output": []}}
+    done = {
+        "response": {
+            "id": "r1",
+            "object": "response",
+            "status": "completed",
+            "output": [],
+            "usage": {"input_tokens": 1, "output_tokens": 1, "total_tokens": 2},
+        }
+    }
+
+    def delta(kind: str, n: int, text: str) -> str:  # no content index: the family's name ends the path
+        return _event(kind, {"sequence_number": n, "item_id": "m", "output_index": 0, "delta": text})
+
+    return [
+        _event("response.created", created),
+        delta("response.status.delta", 1, FILL[:100] + " " + HEAD),
+        delta("response.status.delta", 2, TAIL + " " + FILL[:300]),
+        _event("response.completed", done),
+    ]
+
+
+def _send(gw: tuple[Env, GatewayThread], mock: MockProviderServer, events: list[str], anthropic: bool | str) -> Any:
+    """`anthropic`: True for Messages, "responses" for the Responses API, else chat."""
     env, gateway = gw
     sid = "wf" + uuid.uuid4().hex[:10]
     mock.state.add_scenario(sid, [{"raw_events": events, "drip_ms": 60}])
     prompt = [{"role": "user", "content": f"mock-scenario:{sid}"}]
-    if anthropic:
+    if anthropic == "responses":
+        path, body = "/v1/responses", {"model": "gpt-4.1", "stream": True, "input": f"mock-scenario:{sid}"}
+    elif anthropic:
         path, body = "/v1/messages", {"model": "claude-x", "max_tokens": 99, "stream": True, "messages": prompt}
     else:
         path, body = "/v1/chat/completions", {"model": "gpt-4.1", "stream": True, "messages": prompt}
@@ -160,10 +188,16 @@ def _released_text(raw: bytes) -> str:
 
 
 @pytest.mark.parametrize(
-    ("shape", "anthropic"), [(_tool_name_split, False), (_choice_resumes, False), (_anthropic_name_split, True)]
+    ("shape", "anthropic"),
+    [
+        (_tool_name_split, False),
+        (_choice_resumes, False),
+        (_anthropic_name_split, True),
+        (_responses_label_family, "responses"),
+    ],
 )
 def test_no_piece_of_a_split_value_leaves(
-    gw: tuple[Env, GatewayThread], mock: MockProviderServer, shape: Any, anthropic: bool
+    gw: tuple[Env, GatewayThread], mock: MockProviderServer, shape: Any, anthropic: bool | str
 ) -> None:
     answer = _send(gw, mock, shape(), anthropic)
     assert HEAD not in answer.text and TAIL not in answer.text, answer.text[:400]

@@ -24,7 +24,7 @@ from gateway.carriers.base import CarrierLimits, FoldedResponse, ParsedRequest, 
 from gateway.carriers.jsonraw import JsonError
 from gateway.carriers.jsonspan import Edit
 from gateway.carriers.sse import SSEEvent
-from gateway.units import Path
+from gateway.units import STRUCTURAL_FIELDS, Path
 from gateway.usage import Count
 from gateway.vocab import Dialect, ReasonCode
 
@@ -168,11 +168,16 @@ class OpenAIResponses(base.NoEdits):
 
 def _delta_path(kind: str, obj: dict[str, Any]) -> Path:
     """Where a delta's reassembled text lives in the final response object (an event type
-    no one has named yet folds under its own family name, by its ids)."""
+    no one has named yet folds under its own family name, by its ids). A delta is text: a
+    family that bears a structural field's name (`response.status.delta`) folds under
+    `<family>_delta`, so nothing reads the text as a label (which a windowed release would
+    send whole, unheld)."""
     index = common.get_int(obj, "output_index")
     out_i: int | str = index if index is not None else (common.get_str(obj, "item_id") or 0)
     part_i = common.get_int(obj, "content_index")
     family = kind.removesuffix(".delta").removeprefix("response.") or "delta"
+    if family in STRUCTURAL_FIELDS or family == "name":
+        family += "_delta"
     if family == "function_call_arguments":
         return ("output", out_i, "arguments")
     if family == "output_text" and part_i is not None:
