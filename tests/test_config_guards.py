@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from gateway import devsetup
-from gateway.config.load import ConfigError, load_runtime
+from gateway.config.load import ConfigError, load_runtime, read_secret_values
 from tests.conftest import GatewayFactory
 from tests.harness import Env, GatewayThread
 
@@ -254,3 +254,26 @@ def test_a_directory_on_a_read_only_mount_is_not_judged(work: Path, monkeypatch:
 
     monkeypatch.setattr(os, "statvfs", lambda p: ReadOnly(real_statvfs(p)))
     load_runtime(work / "wiregate.toml")
+
+
+# --- secret values: matched exactly as written -----------------------------------------------
+
+VALUE = "sk-guards-Platypus-77413"
+
+
+@pytest.mark.parametrize("line", [VALUE + " ", VALUE + "\t", " " + VALUE, VALUE + "\u00a0"])
+def test_a_secret_value_line_with_whitespace_at_an_end_refuses_the_load(tmp_path: Path, line: str) -> None:
+    """Loaded as written, the value would never match the real one: a secret nothing
+    blocks. The refusal names the file and the line, never the value."""
+    (tmp_path / "values.txt").write_text(f"another-value-5532\n{line}\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as refused:
+        read_secret_values(("file:values.txt",), tmp_path, 8)
+    message = str(refused.value)
+    assert "values.txt line 2" in message and "whitespace" in message
+    assert VALUE not in message and "another-value" not in message
+
+
+def test_a_byte_order_mark_is_not_part_of_the_first_secret_value(tmp_path: Path) -> None:
+    (tmp_path / "values.txt").write_bytes(b"\xef\xbb\xbf" + f"{VALUE}\r\nanother-value-5532\r\n".encode())
+    values = read_secret_values(("file:values.txt",), tmp_path, 8)
+    assert [v.value for v in values] == [VALUE, "another-value-5532"]

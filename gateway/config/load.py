@@ -250,6 +250,23 @@ def _json_secret(item: Any) -> str | literals.SecretValue | None:
     return None
 
 
+def _value_lines(ref: str, text: str) -> list[str]:
+    """The values of a line source, one per non-empty line, each matched exactly as written:
+    a line that begins or ends with whitespace (an editor's trailing space or tab) would name
+    a value that never matches the real one, so it is refused, never loaded as a secret
+    nothing blocks; a leading byte-order mark is not part of the first value."""
+    values = []
+    for n, line in enumerate(text.removeprefix("\ufeff").splitlines(), 1):
+        if line != line.strip():
+            raise ConfigError(
+                f"policy secret_values: {ref.partition(':')[2]} line {n} begins or ends with whitespace "
+                "(values are matched exactly as written; a JSON source holds a value that needs it)"
+            )
+        if line:
+            values.append(line)
+    return values
+
+
 def read_secret_values(
     sources: tuple[str, ...], base: Path, min_length: int, private: Private | None = None
 ) -> tuple[literals.SecretValue, ...]:
@@ -269,7 +286,7 @@ def read_secret_values(
                 )
             values.extend(e for e in entries if e is not None)
         else:
-            values.extend(line for line in text.splitlines() if line)
+            values.extend(_value_lines(ref, text))
     try:
         return literals.validate(values, min_length=min_length)
     except literals.LiteralError as exc:
