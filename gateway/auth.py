@@ -34,6 +34,9 @@ class Identity:
         return self.scope if self.scope in self.principal.scopes else runtime.log_digest(self.scope)
 
 
+_OWS = " \t"  # HTTP's optional whitespace: a key is never read through any other (U+00A0, U+3000...)
+
+
 def presented_key(headers: Mapping[str, str]) -> str | None:
     """The key a request presents: `Authorization: Bearer`, else `x-api-key`. A header
     given twice is ambiguous (intermediaries disagree on which one counts): no key."""
@@ -42,12 +45,13 @@ def presented_key(headers: Mapping[str, str]) -> str | None:
         return None
     auth = headers.get("authorization")
     if auth is not None:
-        scheme, _, token = auth.strip().partition(" ")
-        if scheme.lower() == "bearer" and token.strip():
-            return token.strip()
+        scheme, _, token = auth.strip(_OWS).partition(" ")
+        token = token.strip(_OWS)
+        if scheme.lower() == "bearer" and token:
+            return token
         return None
-    key = headers.get("x-api-key")
-    return key.strip() if key and key.strip() else None
+    key = (headers.get("x-api-key") or "").strip(_OWS)
+    return key or None
 
 
 def authenticate(runtime: Runtime, headers: Mapping[str, str]) -> Principal:

@@ -9,6 +9,7 @@ import anthropic
 import openai
 import pytest
 
+from gateway.auth import presented_key
 from gateway.mockprovider import MockProviderServer
 from tests.harness import (
     UPSTREAM_KEY,
@@ -19,6 +20,8 @@ from tests.harness import (
     mock_profile,
     openai_client,
     raw_client,
+    raw_socket,
+    read_response,
 )
 
 
@@ -164,3 +167,22 @@ def test_a_key_header_given_twice_is_refused(
     assert refused.json()["error"]["reason_codes"] == ["unauthenticated"]
     once = client.post("/v1/chat/completions", json=body, headers=given[:1] if "KEY" in headers[0][1] else given[1:])
     assert once.status_code == 200, once.text
+
+
+@pytest.mark.parametrize("space", ["\u00a0", "\u3000", "\u2003", "\u0085"])
+@pytest.mark.parametrize("header", ["authorization", "x-api-key"])
+def test_a_key_is_read_through_http_whitespace_only(
+    gw: tuple[Env, GatewayThread, dict[str, str]], header: str, space: str
+) -> None:
+    """Spaces and tabs around a key are HTTP's own; any other whitespace is part of what was
+    presented, which is then not the key."""
+    env, gateway, _ = gw
+    value = ("Bearer " if header == "authorization" else "") + env.gateway_key
+    assert presented_key({header: f" {value}\t"}) == env.gateway_key
+    assert presented_key({header: value + space}) == env.gateway_key + space
+    with raw_socket(gateway) as sock:
+        sock.sendall(
+            f"GET /v1/models HTTP/1.1\r\nHost: gw\r\n{header}: {value}{space}\r\nConnection: close\r\n\r\n".encode()
+        )
+        status, _, body, _ = read_response(sock)
+    assert status.split()[1] == "401", (status, body[:200])
