@@ -61,13 +61,14 @@ def test_the_dev_ca_is_name_constrained_and_its_key_discarded(initialised: tuple
     server.verify_directly_issued_by(ca)
 
 
-@pytest.mark.parametrize("which", ["keyring", "credential", "secret_values"])
+@pytest.mark.parametrize("which", ["keyring", "credential", "secret_values", "tls_key"])
 def test_secret_files_others_can_read_refuse_the_load(initialised: tuple[Path, dict[str, Any]], which: str) -> None:
     work, _ = initialised
     path = {
         "keyring": work / "keys" / "bindings-keyring.json",
         "credential": work / "secrets" / "mock-upstream.key",
         "secret_values": work / "secrets" / "secret-values.txt",
+        "tls_key": work / "tls" / "server.key",  # whoever reads it can be the gateway
     }[which]
     os.chmod(path, 0o644)
     with pytest.raises(ConfigError, match="readable by others"):
@@ -87,7 +88,17 @@ def test_a_principals_file_others_can_read_is_a_warning(initialised: tuple[Path,
 
 
 @pytest.mark.parametrize(
-    "which", ["configuration", "policy", "principals", "trusted profile key", "binding key ring", "secret values"]
+    "which",
+    [
+        "configuration",
+        "policy",
+        "principals",
+        "trusted profile key",
+        "binding key ring",
+        "secret values",
+        "TLS private key",
+        "TLS certificate",
+    ],
 )
 def test_files_that_decide_enforcement_writable_by_others_refuse_the_load(
     initialised: tuple[Path, dict[str, Any]], which: str
@@ -102,6 +113,8 @@ def test_files_that_decide_enforcement_writable_by_others_refuse_the_load(
         "trusted profile key": work / "keys" / "profile-signing.pub.json",
         "binding key ring": work / "keys" / "bindings-keyring.json",
         "secret values": work / "secrets" / "secret-values.txt",
+        "TLS private key": work / "tls" / "server.key",
+        "TLS certificate": work / "tls" / "server.pem",
     }[which]
     assert path.is_file()
     private = (path.stat().st_mode & 0o777) == 0o600

@@ -537,6 +537,10 @@ def load_runtime(config_path: Path, *, now: datetime | None = None, generation: 
         keyring = load_keyring(keyring_path)
     except KeyRingError as exc:
         raise ConfigError(f"binding key ring: {exc}") from None
+    https = config.server.https
+    if https is not None:  # the serving key is a secret; the pair decides who clients trust
+        private.secret(resolve(base, https.key), "TLS private key")
+        private.guarded(resolve(base, https.cert), "TLS certificate")
     store_dsn = None
     if config.store.dsn is not None:
         store_dsn = read_reference(config.store.dsn, base, "store.dsn", private).strip()
