@@ -5,11 +5,13 @@ usage; a client's `"stream_options": null` is a value to fill, never a second me
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import httpx2
 import pytest
 
 from gateway.carriers import sse
@@ -17,7 +19,10 @@ from gateway.mockprovider import MockProviderServer
 from tests.conftest import GatewayFactory
 from tests.harness import Env, GatewayThread, mock_profile, post_json, raw_client
 
-POLICY = '[profile_modes.obs-openai]\nbefore_release = "observe"\n[profile_modes.off-openai]\nbefore_release = "off"\n'
+POLICY = (
+    '[profile_modes.obs-openai]\nbefore_release = "observe"\n[profile_modes.off-openai]\nbefore_release = "off"\n'
+    '[profile_modes.off-anthropic]\nbefore_release = "off"\n'
+)
 
 
 @pytest.fixture(scope="module")
@@ -28,6 +33,7 @@ def gw(mock: MockProviderServer, gateways: GatewayFactory) -> Iterator[tuple[Env
         mock_profile("est-anthropic", "anthropic", mock.url, estimator={"name": "runes/4", "fill_missing": True}),
         mock_profile("obs-openai", "openai", mock.url),
         mock_profile("off-openai", "openai", mock.url),
+        mock_profile("off-anthropic", "anthropic", mock.url),
     ]
     with gateways("usage-edges", profiles=profiles, policy_extra=POLICY) as started:
         yield started
@@ -84,6 +90,32 @@ def test_a_stream_cut_before_its_closing_usage_has_no_known_output(
     record = _record(env, gateway, answer.headers["x-powercontext-request-id"])
     assert record["cache_read"] == {"value": 500, "provenance": "known"}
     assert record["output"]["provenance"] == ("estimated" if profile == "est-anthropic" else "unknown")
+
+
+@pytest.mark.parametrize("profile", ["mock-anthropic", "off-anthropic"])
+def test_a_stream_the_upstream_cuts_keeps_the_usage_it_reported(
+    gw: tuple[Env, GatewayThread], mock: MockProviderServer, profile: str
+) -> None:
+    """Buffered strict (refused as incomplete) and off (passed through, cut): the input and
+    cache figures of the first event are usage the provider bills, recorded as known."""
+    env, gateway = gw
+    sid = _sid(mock, {"text": "a fairly long answer " * 20, "chunk_size": 10, "fault": "reset_mid_stream"})
+    body = {
+        "model": "claude-x",
+        "max_tokens": 50,
+        "stream": True,
+        "messages": [{"role": "user", "content": f"mock-scenario:{sid}"}],
+    }
+    headers = {"authorization": f"Bearer {env.gateway_key}", "x-wiregate-profile": profile}
+    with raw_client(gateway, env).stream("POST", "/v1/messages", json=body, headers=headers) as answer:
+        with contextlib.suppress(httpx2.RemoteProtocolError):  # off mode: the client sees the stream cut
+            answer.read()
+        if profile == "mock-anthropic":
+            assert answer.status_code == 503 and "response_incomplete" in answer.text
+        request_id = answer.headers["x-powercontext-request-id"]
+    record = _record(env, gateway, request_id)
+    assert record["input_uncached"]["provenance"] == "known" and record["input_uncached"]["value"] > 0
+    assert record["output"]["provenance"] == "unknown"
 
 
 @pytest.mark.parametrize("profile", ["obs-openai", "off-openai"])

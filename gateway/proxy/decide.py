@@ -178,6 +178,20 @@ def decode(
     return folded, release.reframe(released)
 
 
+def reported_so_far(carrier: Carrier, body: bytes, runtime: Runtime) -> tuple[dict[str, Any] | None, str | None]:
+    """What a stream cut short had reported by then, from the bytes buffered: the usage the
+    provider bills so far (Anthropic's input and cache figures come in its first event) and
+    the response's id; (None, None) when they do not read as a stream."""
+    try:
+        events, _ = sse.parse_all(body)
+    except JsonError:
+        return None, None
+    folder = carrier.stream_folder(runtime.carrier_limits)
+    for n, event in enumerate(events):
+        folder.add(n, event)
+    return (dict(folder.usage) if folder.usage else None), folder.response_id
+
+
 @dataclass(frozen=True, slots=True)
 class Read:
     """Step 9's work on the response, before the send binding and the ledger: what the

@@ -481,6 +481,14 @@ async def buffer(
                     raise _TooLarge
                 gauge.inc(len(chunk))
                 chunks.append(chunk)
+    except BaseException:
+        # Ended before the whole response was read (cut, too slow, too large, the client
+        # gone): what a stream reported so far is usage the provider bills, as on a windowed
+        # release (the input and cache figures of Anthropic's first event).
+        if chunks and _is_stream(response):
+            usage, response_id = decide.reported_so_far(ex.carrier, b"".join(chunks), ex.runtime)
+            trail.add(Decoded(False, usage, response_id, None))
+        raise
     finally:
         gauge.dec(sum(len(c) for c in chunks))
     body = b"".join(chunks)
@@ -739,10 +747,10 @@ async def pass_through(
         )
         trail.add(Decoded(read.complete, read.usage, read.response_id, None))
         trail.add(Checked(attempt.target.profile_id, outcome))
-    elif not broken and size <= limit:  # off: nothing is checked, but the provider's usage is still recorded
+    elif size <= limit:  # off: nothing is checked, but the provider's usage is still recorded (a cut stream's so far)
         folded, _ = decide.decode(ex.carrier, b"".join(copy), _is_stream(response), ex.runtime)
         usage = dict(folded.usage.fields) if folded.usage else None
-        trail.add(Decoded(folded.complete, usage, folded.response_id, None))
+        trail.add(Decoded(folded.complete and not broken, usage, folded.response_id, None))
     trail.add(Released(response.status, size, Outcome.INCOMPLETE if broken else Outcome.OBSERVED))
     if broken:
         # Do not end the stream cleanly: the client must see that it was cut.
