@@ -461,3 +461,20 @@ def test_usage_given_to_a_release_check_is_counted_like_the_proxys(gw: tuple[Env
     assert tokens.labels("output", "mock-openai", "known")._value.get() == before + 7
     unknown = gateway.running.app[METRICS].usage_unknown.labels("cache_write_5m", "mock-openai")._value.get()
     assert unknown >= 1
+
+
+def test_a_repeated_release_check_counts_its_usage_once(gw: tuple[Env, GatewayThread]) -> None:
+    """One send binding is one provider call: a host that repeats its release check (the
+    first answer lost) gets the same answer, and the call's usage is counted once."""
+    env, gateway = gw
+    assert gateway.running is not None
+    tokens = gateway.running.app[METRICS].usage_tokens
+    before = tokens.labels("output", "mock-openai", "known")._value.get()
+    binding = _allowed_send(env, gateway)
+    body = _release(binding, usage={"input_tokens": 11, "output_tokens": 7})
+    answers = [_check(env, gateway, body) for _ in range(3)]
+    assert all(a.status_code == 200 and a.json()["decision"] == "allow" for a in answers), answers[-1].text
+    assert tokens.labels("output", "mock-openai", "known")._value.get() == before + 7
+    another = _allowed_send(env, gateway)  # another call: counted on its own
+    assert _check(env, gateway, _release(another, usage={"output_tokens": 5})).json()["decision"] == "allow"
+    assert tokens.labels("output", "mock-openai", "known")._value.get() == before + 12

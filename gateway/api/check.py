@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
@@ -392,11 +393,21 @@ async def _before_release(
         now=now,
         send_claims=claims,
     )
-    if dto.usage is not None:
+    if dto.usage is not None and await _first_report(request, claims, now):
         await _record_usage(request, party, claims, dto.usage, outcome.verdict)
     return _result(
         Phase.BEFORE_RELEASE, outcome.verdict, outcome.valid_until or now + cfg.release_valid_s, binding=outcome.binding
     )
+
+
+async def _first_report(request: web.Request, claims: SendClaims, now: float) -> bool:
+    """Is this the first release check to report usage for the provider call its send
+    binding stands for? A host that repeats the check (its first answer lost) gets the same
+    answer, and the call's usage is counted once — by any replica sharing the release
+    ledger: the ledger admits one payload per key, and a fresh token is that payload only
+    for the check that stored it."""
+    key = "usage:" + claims.id
+    return await request.app[RELEASE_LEDGER].admit(key, secrets.token_hex(16), float(claims.correlate_until), now)
 
 
 async def _record_usage(
