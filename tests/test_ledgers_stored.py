@@ -167,6 +167,30 @@ async def test_the_queue_is_bounded_while_the_database_is_away(tmp_path: Path) -
     await db.close()
 
 
+async def test_a_stop_while_the_database_is_away_counts_what_it_could_not_write(
+    databases: tuple[Database, Database], monkeypatch: pytest.MonkeyPatch, captured_logs: Any
+) -> None:
+    """The stop's last write fails: the queued records are never written, and they are
+    counted (and logged) as dropped, never lost without a count."""
+    db, other = databases
+    ledger = StoredUsageLedger(db, flush_after_s=3600)
+    for n in range(1, 6):
+        await ledger.add(_record(n, "p"))
+    store: Any = db.sqlite if db.sqlite is not None else db.postgres
+
+    async def away(fn: Any) -> Any:
+        raise ConnectionError("the database is away")
+
+    monkeypatch.setattr(store, "write", away)
+    mark = captured_logs.mark()
+    with pytest.raises(ConnectionError):
+        await ledger.close()
+    assert ledger.dropped == 5 and len(ledger._pending) == 0
+    assert '"event":"usage_dropped"' in captured_logs.since(mark).replace(" ", "")
+    monkeypatch.undo()
+    assert (await StoredUsageLedger(other).report())["profiles"] == {}
+
+
 async def test_replicas_starting_together_on_an_empty_database_all_open() -> None:
     """Four replicas open one fresh PostgreSQL schema at the same moment: every one opens
     (the schema is created under the migrations' lock, not raced)."""

@@ -98,6 +98,14 @@ class BatchQueue(Generic[T]):
             if not taken.committed:
                 self._requeue(taken.items)
 
+    def drop_all(self) -> None:
+        """Give up on every queued record (the last write before a stop failed): counted as
+        dropped, never lost without a count."""
+        if self._queue:
+            n = len(self._queue)
+            self._queue.clear()
+            self._count_drops(n)
+
     def _requeue(self, items: list[T]) -> None:
         self._queue.extendleft(reversed(items))
         excess = len(self._queue) - self.max_pending

@@ -277,14 +277,19 @@ class StoredUsageLedger:
         await to_the_end(write())  # a stop mid-COMMIT never leaves the batch queued to be added again
 
     async def close(self) -> None:
-        """Flush what is queued (a stop loses nothing, and adds nothing twice)."""
+        """Flush what is queued (a stop loses nothing, and adds nothing twice); when that last
+        write fails (the database away), what it held is counted as dropped (`usage_dropped`)."""
         if self._flusher is not None and not self._flusher.done():
             self._flusher.cancel()
             try:
                 await self._flusher
             except asyncio.CancelledError:
                 pass
-        await self.flush()
+        try:
+            await self.flush()
+        except BaseException:
+            self._pending.drop_all()
+            raise
 
     async def recent(self) -> list[UsageRecord]:
         await self.flush()
