@@ -30,6 +30,15 @@ from gateway.vocab import ReasonCode
 
 BEGIN_MARKER = "BEGIN_POWERCONTEXT_PREPARED_CONTEXT_V1"
 END_MARKER = "END_POWERCONTEXT_PREPARED_CONTEXT_V1"
+# Every marker a model reads as the edge of a prepared block (COMPAT §1: the JSON render's and
+# the text render's): with bindings required, each must lie inside a verified block. A forged
+# END after a genuine block would otherwise pass what precedes it off as part of that block.
+MARKERS = (
+    BEGIN_MARKER,
+    END_MARKER,
+    "BEGIN_POWERCONTEXT_PREPARED_TEXT_V1",
+    "END_POWERCONTEXT_PREPARED_TEXT_V1",
+)
 
 
 def dependency_key(dep: Mapping[str, Any]) -> str:
@@ -127,8 +136,8 @@ def verify(
 ) -> list[str]:
     """Reason codes for every replay that fails (empty: all verified). `eligible`: the
     store's answer per `dependency_key`; `marked`: (pointer, UTF-8 text) of every request
-    string carrying the begin marker, checked against the verified ranges when bindings are
-    required."""
+    string carrying a marker (`MARKERS`), each of whose markers must lie inside a verified
+    range when bindings are required."""
     reasons: list[str] = []
     spans: dict[str, list[tuple[int, int]]] = {}
     if replays:
@@ -148,11 +157,12 @@ def verify(
     if require_binding and not reasons:
         for pointer, data in marked:
             covered = spans.get(pointer, [])
-            at = data.find(BEGIN_MARKER.encode())
-            while at != -1:
-                if not any(s <= at < e for s, e in covered):
-                    return [ReasonCode.PREPARED_CONTEXT_UNBOUND]
-                at = data.find(BEGIN_MARKER.encode(), at + 1)
+            for marker in (m.encode() for m in MARKERS):
+                at = data.find(marker)
+                while at != -1:
+                    if not any(s <= at and at + len(marker) <= e for s, e in covered):
+                        return [ReasonCode.PREPARED_CONTEXT_UNBOUND]
+                    at = data.find(marker, at + 1)
     return reasons
 
 

@@ -162,7 +162,8 @@ UNBOUND_POINTER = "~unbound"  # resolves to nothing: no replay can ever cover wh
 
 
 def _marked(parsed: Sequence[ParsedRequest]) -> list[tuple[str, bytes]]:
-    """Every request string that carries the prepared-context begin marker, by pointer; and
+    """Every request string that carries a prepared-context marker (`prepared.MARKERS`: the
+    begin and end markers of both renders), by pointer; and
     under `UNBOUND_POINTER`, a marker no replay can cover: one in an object key, one that
     only appears once strings are decoded (JSON held in a string: a prepared block, with
     its line breaks and quotes, can never stand verbatim in a string that parses as JSON,
@@ -172,25 +173,30 @@ def _marked(parsed: Sequence[ParsedRequest]) -> list[tuple[str, bytes]]:
     document or a function call's output). A replay covers bytes of one string, and the
     model reads all of these."""
     out: list[tuple[str, bytes]] = []
-    marker = prepared.BEGIN_MARKER
     for p in parsed:
-        found: list[tuple[str, bytes]] = []
         lists = _text_parts(p)
-        for unit in (unit for unit in p.units if marker in unit.text):
-            if unit.kind == "string":
-                found.append((pointer(unit.path), unit.text.encode("utf-8", "surrogatepass")))
-            elif unit.kind == "joined" and _markers_within(unit.text, lists.get(unit.path, ()), marker):
-                continue  # each marker is one of its parts' own, marked there
-            elif unit.path == RENDER_PATH and _markers_within(unit.text, _rendered_pieces(p), marker):
-                continue  # the prompt in the provider's order: each marker is one of its texts' own
-            else:
-                found.append((UNBOUND_POINTER, unit.text.encode("utf-8", "surrogatepass")))
-        if all(where != UNBOUND_POINTER for where, _ in found):
-            spanning = _spanning_strings(p, lists, marker)  # a split no unit holds whole
-            if spanning is not None:
-                found.append((UNBOUND_POINTER, spanning.encode("utf-8", "surrogatepass")))
-        out.extend(found)
+        for marker in prepared.MARKERS:
+            out.extend(_marked_in(p, lists, marker))
     return out
+
+
+def _marked_in(p: ParsedRequest, lists: Mapping[Path, list[str]], marker: str) -> list[tuple[str, bytes]]:
+    """`_marked` for one request and one marker (`lists`: its `_text_parts`)."""
+    found: list[tuple[str, bytes]] = []
+    for unit in (unit for unit in p.units if marker in unit.text):
+        if unit.kind == "string":
+            found.append((pointer(unit.path), unit.text.encode("utf-8", "surrogatepass")))
+        elif unit.kind == "joined" and _markers_within(unit.text, lists.get(unit.path, ()), marker):
+            continue  # each marker is one of its parts' own, marked there
+        elif unit.path == RENDER_PATH and _markers_within(unit.text, _rendered_pieces(p), marker):
+            continue  # the prompt in the provider's order: each marker is one of its texts' own
+        else:
+            found.append((UNBOUND_POINTER, unit.text.encode("utf-8", "surrogatepass")))
+    if all(where != UNBOUND_POINTER for where, _ in found):
+        spanning = _spanning_strings(p, lists, marker)  # a split no unit holds whole
+        if spanning is not None:
+            found.append((UNBOUND_POINTER, spanning.encode("utf-8", "surrogatepass")))
+    return found
 
 
 def _text_parts(p: ParsedRequest) -> dict[Path, list[str]]:
