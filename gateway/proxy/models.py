@@ -153,7 +153,7 @@ class ModelCatalogue:
         loaded = runtime.profiles.get(profile_id)
         if loaded is None:
             return False
-        if any(m.id == model for m in exact_models(loaded)):
+        if model in loaded.profile.models and not is_pattern(model):
             return True
         listed = self._listed.get((profile_id, loaded.digest, runtime.generation))
         return listed is not None and any(m.id == model for m in listed.models)
