@@ -149,6 +149,9 @@ STRUCTURAL_FIELDS: frozenset[str] = frozenset(
         "ttl",  # a cache marker's lifetime ("5m", "1h"), between two text parts
     }
 )
+# Folded stream fields that label structure (a role, a type, an id, a tool's name): a windowed
+# release sends them whole, unheld. A field of model text never takes one of these names.
+LABEL_FIELDS: frozenset[str] = STRUCTURAL_FIELDS | {"name"}
 
 
 def location(path: Path) -> str:

@@ -24,7 +24,7 @@ from gateway.carriers.base import CarrierLimits, FoldedResponse, ParsedRequest, 
 from gateway.carriers.jsonraw import JsonError
 from gateway.carriers.jsonspan import Edit
 from gateway.carriers.sse import SSEEvent
-from gateway.units import STRUCTURAL_FIELDS, Path
+from gateway.units import LABEL_FIELDS, Path
 from gateway.usage import Count
 from gateway.vocab import Dialect, ReasonCode
 
@@ -176,7 +176,7 @@ def _delta_path(kind: str, obj: dict[str, Any]) -> Path:
     out_i: int | str = index if index is not None else (common.get_str(obj, "item_id") or 0)
     part_i = common.get_int(obj, "content_index")
     family = kind.removesuffix(".delta").removeprefix("response.") or "delta"
-    if family in STRUCTURAL_FIELDS or family == "name":
+    if family in LABEL_FIELDS:
         family += "_delta"
     if family == "function_call_arguments":
         return ("output", out_i, "arguments")

@@ -80,11 +80,9 @@ from gateway.config.runtime import Runtime
 from gateway.inspection import decoders
 from gateway.inspection.engine import Subject, joinable
 from gateway.inspection.verdict import Verdict, withhold
-from gateway.units import STRUCTURAL_FIELDS, Path, TextUnit
+from gateway.units import LABEL_FIELDS, Path, TextUnit
 from gateway.vocab import ReasonCode
 
-# Folded fields that label structure: sent whole by a provider, never held.
-LABELS: frozenset[str] = STRUCTURAL_FIELDS | {"name"}
 _JSON_STRING_ESCAPE = re.compile(r'\\(["\\/bfnrt]|u[0-9a-fA-F]{4})')
 _SIMPLE_ESCAPES = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
 
@@ -422,7 +420,7 @@ class WindowedRelease:
                 self.lane_sig[lane] = self.lane_sig.get(lane, 0) + sig
             field.last_growth = self.lane_sig[field.lane]
             field.last_event = n
-            held = not (path and path[-1] in LABELS)
+            held = not (path and path[-1] in LABEL_FIELDS)
             followed_from = None if field.open_word is not None else field.settled
             contribution = _Contribution(path, field.length, held, followed_from)
             if contribution.followed_from is None:
