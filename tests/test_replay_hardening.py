@@ -15,6 +15,8 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from gateway.checks import prepared
 from gateway.mockprovider import MockProviderServer
@@ -392,7 +394,9 @@ def _marked_of(carrier: str, body: dict[str, Any], marker: str = prepared.BEGIN_
     from gateway.checks import runner
 
     parsed = CARRIERS[carrier].parse_request(json.dumps(body).encode(), CarrierLimits())
-    return [where for where, _ in runner._marked_in(parsed, runner._text_parts(parsed), marker)]  # noqa: SLF001
+    lists = runner._text_parts(parsed)  # noqa: SLF001
+    readings = runner._readings(parsed, lists)  # noqa: SLF001
+    return [where for where, _ in runner._marked_in(parsed, parsed.units, lists, readings, marker)]  # noqa: SLF001
 
 
 GENUINE_LIKE = prepared.BEGIN_MARKER + "\n{}\n" + prepared.END_MARKER
@@ -562,3 +566,48 @@ def test_usage_past_any_real_call_is_refused(gw: tuple[Env, GatewayThread]) -> N
         }
         assert _api(env, gateway, "POST", "/v1/context/check", release).status_code == status, value
     assert _api(env, gateway, "GET", "/v1/usage/report").status_code == 200
+
+
+def _messages(cut: tuple[str, int]) -> st.SearchStrategy[list[dict[str, Any]]]:
+    """Messages whose texts are made of marker pieces, among them the two halves of one
+    marker cut at one place (so a marker split over two strings is common)."""
+    marker, at = cut
+    pieces = st.sampled_from(prepared.MARKERS).flatmap(
+        lambda m: st.tuples(st.integers(0, len(m)), st.integers(0, len(m))).map(lambda ij: m[min(ij) : max(ij)])
+    )
+    halves = st.sampled_from([marker[:at], marker[at:], "x" + marker[:at], marker[at:] + "\n"])
+    text = st.lists(st.one_of(halves, pieces, st.sampled_from(["x", "_", "P", "\n", "é"])), max_size=3).map("".join)
+    part = st.one_of(
+        text.map(lambda t: {"type": "text", "text": t}),
+        st.tuples(text, text).map(lambda tt: {"type": "tool_result", "tool_use_id": tt[0], "content": tt[1]}),
+    )
+    content = st.one_of(text, st.lists(part, min_size=1, max_size=3))
+    message = st.tuples(st.sampled_from(["user", "assistant"]), content, st.one_of(st.none(), text)).map(
+        lambda m: {"role": m[0], "content": m[1]} | ({} if m[2] is None else {"name": m[2]})
+    )
+    return st.lists(message, min_size=1, max_size=4)
+
+
+_CUT = st.sampled_from(prepared.MARKERS).flatmap(lambda m: st.tuples(st.just(m), st.integers(1, len(m) - 1)))
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_CUT.flatmap(_messages), st.sampled_from(["openai.chat", "anthropic.messages"]))
+def test_the_one_pass_marker_filter_misses_no_marker(messages: list[dict[str, Any]], carrier: str) -> None:
+    """`_marked` looks for the markers only in texts that hold their common core, and for a
+    marker split over strings only when a string ends in the core's start: whatever the
+    split, it marks something exactly when some marker is in a unit's text or in one of the
+    joined readings (every reading, unfiltered)."""
+    from gateway.carriers import CARRIERS
+    from gateway.carriers.base import CarrierLimits
+    from gateway.checks import runner
+    from gateway.inspection.engine import joinable
+
+    body = {"model": "m", "max_tokens": 5, "messages": messages}
+    parsed = CARRIERS[carrier].parse_request(json.dumps(body).encode(), CarrierLimits())
+    texts = [u for u in parsed.units if u.kind == "string" and joinable(u)]
+    readings = [[u.text for u in texts], [u.text for u in texts if u.path[-1:] != ("name",)]]
+    readings += list(runner._text_parts(parsed).values())  # noqa: SLF001
+    seen = [u.text for u in parsed.units] + ["".join(pieces) for pieces in readings]
+    anywhere = any(marker in text for marker in prepared.MARKERS for text in seen)
+    assert bool(runner._marked([parsed])) == anywhere  # noqa: SLF001

@@ -39,6 +39,7 @@ MARKERS = (
     "BEGIN_POWERCONTEXT_PREPARED_TEXT_V1",
     "END_POWERCONTEXT_PREPARED_TEXT_V1",
 )
+MARKER_CORE = "_POWERCONTEXT_PREPARED_"  # in every marker: a text without it holds none of them
 
 
 def dependency_key(dep: Mapping[str, Any]) -> str:

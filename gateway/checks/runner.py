@@ -31,7 +31,7 @@ from gateway.inspection.engine import joinable
 from gateway.inspection.verdict import COVERAGE_PROFILE, Coverage, Finding, Verdict, decide, withhold
 from gateway.ledgers.release import ReleaseLedger
 from gateway.obs import logging as log
-from gateway.units import Path, pointer
+from gateway.units import Path, TextUnit, pointer
 from gateway.vocab import Decision, Mode, Phase, ReasonCode
 
 # Re-exported for callers that assemble check inputs.
@@ -171,19 +171,52 @@ def _marked(parsed: Sequence[ParsedRequest]) -> list[tuple[str, bytes]]:
     message are joined (split over two parts), and one that only appears once the request's
     text strings are read one after another (split over parts nested in a tool result, a
     document or a function call's output). A replay covers bytes of one string, and the
-    model reads all of these."""
+    model reads all of these.
+
+    One pass per request for all the markers: a text none of them is in does not hold
+    `prepared.MARKER_CORE` (each marker's own part), so the markers are looked for only in
+    the texts that do, and each joined reading is made once."""
     out: list[tuple[str, bytes]] = []
     for p in parsed:
+        units = [unit for unit in p.units if prepared.MARKER_CORE in unit.text]
+        if not units and not _may_span(p):
+            continue
         lists = _text_parts(p)
+        readings = _readings(p, lists)
         for marker in prepared.MARKERS:
-            out.extend(_marked_in(p, lists, marker))
+            out.extend(_marked_in(p, units, lists, readings, marker))
     return out
 
 
-def _marked_in(p: ParsedRequest, lists: Mapping[Path, list[str]], marker: str) -> list[tuple[str, bytes]]:
-    """`_marked` for one request and one marker (`lists`: its `_text_parts`)."""
+def _may_span(p: ParsedRequest) -> bool:
+    """Could a marker be split over two of the request's strings? Only when one string ends
+    in the start of `prepared.MARKER_CORE`: the string where the core begins holds it whole
+    (found by `_marked`'s filter) or ends in a proper prefix of it."""
+    return any(u.kind == "string" and _ends_in_core_start(u.text) for u in p.units)
+
+
+def _ends_in_core_start(text: str) -> bool:
+    core = prepared.MARKER_CORE
+    tail = text[1 - len(core) :]
+    at = tail.find(core[0])
+    while at != -1:
+        if core.startswith(tail[at:]):
+            return True
+        at = tail.find(core[0], at + 1)
+    return False
+
+
+def _marked_in(
+    p: ParsedRequest,
+    units: Sequence[TextUnit],
+    lists: Mapping[Path, list[str]],
+    readings: Sequence[tuple[str, list[str]]],
+    marker: str,
+) -> list[tuple[str, bytes]]:
+    """`_marked` for one request and one marker (`units`: its units that may hold a marker;
+    `lists`: its `_text_parts`; `readings`: its `_readings`)."""
     found: list[tuple[str, bytes]] = []
-    for unit in (unit for unit in p.units if marker in unit.text):
+    for unit in (unit for unit in units if marker in unit.text):
         if unit.kind == "string":
             found.append((pointer(unit.path), unit.text.encode("utf-8", "surrogatepass")))
         elif unit.kind == "joined" and _markers_within(unit.text, lists.get(unit.path, ()), marker):
@@ -193,9 +226,10 @@ def _marked_in(p: ParsedRequest, lists: Mapping[Path, list[str]], marker: str) -
         else:
             found.append((UNBOUND_POINTER, unit.text.encode("utf-8", "surrogatepass")))
     if all(where != UNBOUND_POINTER for where, _ in found):
-        spanning = _spanning_strings(p, lists, marker)  # a split no unit holds whole
-        if spanning is not None:
-            found.append((UNBOUND_POINTER, spanning.encode("utf-8", "surrogatepass")))
+        for joined, pieces in readings:  # a split no unit holds whole
+            if marker in joined and not _markers_within(joined, pieces, marker):
+                found.append((UNBOUND_POINTER, joined.encode("utf-8", "surrogatepass")))
+                break
     return found
 
 
@@ -210,20 +244,17 @@ def _text_parts(p: ParsedRequest) -> dict[Path, list[str]]:
     return {path: [text for _, text in sorted(parts)] for path, parts in lists.items()}
 
 
-def _spanning_strings(p: ParsedRequest, lists: Mapping[Path, list[str]], marker: str) -> str | None:
-    """The text, when a marker spans two pieces of it, of a reading no unit holds whole: the
-    request's text strings in document order with no boundary (as the joined read of
-    configured values takes them, once with names and once without), and each list's text
-    parts one after another, whatever sits between them in the document. None when every
-    marker lies inside one string."""
+def _readings(p: ParsedRequest, lists: Mapping[Path, list[str]]) -> list[tuple[str, list[str]]]:
+    """The readings of a request no unit holds whole, each as (joined text, its pieces), for
+    a marker split over two pieces: the request's text strings in document order with no
+    boundary (as the joined read of configured values takes them, once with names and once
+    without), and each list's text parts one after another, whatever sits between them in
+    the document. Only those that hold `prepared.MARKER_CORE` (no marker is in the others)."""
     texts = [u for u in p.units if u.kind == "string" and joinable(u)]
     readings = [[u.text for u in texts], [u.text for u in texts if u.path[-1:] != ("name",)]]
     readings += [parts for parts in lists.values() if len(parts) > 1]
-    for pieces in readings:
-        joined = "".join(pieces)
-        if marker in joined and not _markers_within(joined, pieces, marker):
-            return joined
-    return None
+    joined = (("".join(pieces), pieces) for pieces in readings)
+    return [(text, pieces) for text, pieces in joined if prepared.MARKER_CORE in text]
 
 
 RENDER_PATH: Path = ("~render",)  # carriers.common.render_order's unit: the prompt's texts in reading order
