@@ -34,6 +34,10 @@ _DELTA_EVENT = frozenset({"type", "index", "delta"})
 _FOLDED_DELTA = frozenset({"type", "text", "thinking", "signature", "partial_json"})
 _DELTA_TYPES = frozenset({"text_delta", "thinking_delta", "signature_delta", "input_json_delta"})
 _BARE_EVENTS = frozenset({"ping", "content_block_stop", "message_stop"})
+# Every delta type the SDK's accumulator extends a block with; it ignores any other type, so
+# the text of one is read as the block's by some clients and dropped by others.
+_KNOWN_DELTAS = _DELTA_TYPES | {"citations_delta"}
+_FOLDING_EVENTS = frozenset({"message_start", "content_block_start", "content_block_delta"})
 _BARE_MEMBERS = frozenset({"type", "index"})
 _DATA_MEMBERS = frozenset({"input"})  # a tool call's input: what the model wrote, not content it reads
 
@@ -288,6 +292,25 @@ class _Folder(common.StreamFolder):
             self.open = None
         return True
 
+    @staticmethod
+    def _one_reading(kind: str | None, named: str | None, obj: dict[str, Any]) -> bool:
+        """Does every client fold this event the same way the fold does? The SDK skips an
+        event with no `event:` name and a delta of a type it does not know (a raw reader
+        takes both). The content `message_start` holds (the API sends it empty) must be a
+        list: the SDK starts the message with its blocks, so the fold reads them as blocks
+        0.. and the first `content_block_start` must come next (`_in_order`)."""
+        if kind not in _FOLDING_EVENTS:
+            return True
+        if not named:
+            return False
+        if kind == "message_start":
+            msg = obj.get("message")
+            return not (isinstance(msg, dict) and "content" in msg and not isinstance(msg["content"], list))
+        if kind == "content_block_delta":
+            delta = obj.get("delta")
+            return not isinstance(delta, dict) or delta.get("type") in _KNOWN_DELTAS
+        return True
+
     def _event(self, event: SSEEvent, obj: dict[str, Any]) -> None:
         kind = common.get_str(obj, "type") or event.event
         named = event.event
@@ -296,12 +319,16 @@ class _Folder(common.StreamFolder):
         if named and named != kind:  # the SDK would act on the name, we on the data: neither
             self.broken = ReasonCode.UPSTREAM_INVALID_RESPONSE  # reading can be vouched for
             return
-        if not self._in_order(kind, obj):
+        if not self._in_order(kind, obj) or not self._one_reading(kind, named, obj):
             self.broken = ReasonCode.UPSTREAM_INVALID_RESPONSE
             return
         if kind == "message_start":
             msg = obj.get("message")
             self.response_id = common.get_str(msg, "id")
+            held = msg.get("content") if isinstance(msg, dict) else None
+            for index, block in enumerate(held if isinstance(held, list) else ()):  # blocks the SDK starts with
+                common.string_leaves(block, ("content", index), self.pieces, skip=_NOT_TEXT)
+                self.started += 1
             start = msg.get("usage") if isinstance(msg, dict) else None
             # Its output figure is a starting value: the count is known only once message_delta says it.
             _merge_usage(

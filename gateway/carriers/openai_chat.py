@@ -256,29 +256,84 @@ def _counts(usage: Any) -> bool:
     return True
 
 
+def _indexed_list(value: Any, top: bool = True) -> bool:
+    """Does `value` hold a list of objects with an `index` (other than a delta's own
+    `tool_calls`)? The SDK merges such a list's entries by their `index`, the fold files
+    them by position: the two would read different text."""
+    if isinstance(value, dict):
+        return any(_indexed_list(v, False) for k, v in value.items() if not (top and k == "tool_calls"))
+    if isinstance(value, list):
+        return any(isinstance(v, dict) and ("index" in v or _indexed_list(v, False)) for v in value)
+    return False
+
+
+SDK_CALLS = "tool_calls~sdk"  # where a message's tool calls fold as the SDK places them
+
+
 class _Folder(common.StreamFolder):
+    """Chunks folded by their choices' and tool calls' `index`. The SDK files them by their
+    place in its lists instead: the first chunk's choice at its `index`, then an index it
+    has not seen goes to the end. For choices the two must agree (each new index the next
+    one, `_positions`): past that a stream is not one anyone can vouch for. Tool calls that
+    start past the next index (some providers number them from 1) are read both ways: by
+    index, and, once the two differ, as the SDK places them (under `SDK_CALLS`)."""
+
+    def __init__(self, limits: CarrierLimits) -> None:
+        super().__init__(limits)
+        self.choices: dict[int, int] = {}  # per choice seen, the tool calls the SDK has placed
+        self.first = True  # no chunk the SDK reads has come yet
+        self.placed: list[tuple[int, int]] = []  # this chunk's tool calls: (choice, SDK place)
+        self.sdk: dict[Path, list[str]] = {}  # tool calls as the SDK places them: `pieces` once they differ
+
     def _done(self) -> None:
         self.terminal = True
 
-    def _delta_only(self, obj: Any) -> common.Labels | None:
-        """A chunk of labels and choices whose only text is their `delta` (folded whole),
-        every member one the chunk format names, no logprobs (tokens of their own)."""
-        if not common.keys_within(obj, _CHUNK_MEMBERS) or not common.ints_within(obj, ("created",)):
-            return None
-        choices = obj.get("choices")
-        if not isinstance(choices, list) or not _counts(obj.get("usage")):
-            return None
+    def _positions(self, chunk: dict[str, Any], choices: list[Any]) -> bool:
+        """Are this chunk's new choices each the next index (the first chunk's in order), so
+        that index and place in the SDK's list agree? Notes where the SDK places each tool
+        call (`placed`). A chunk the SDK skips (its `object` another than a chunk's, as
+        Azure's filter events are) carries no text, or it is read one way by the SDK and
+        another by the rest."""
+        self.placed = []
+        if "object" in chunk and chunk["object"] != "chat.completion.chunk":
+            return not any(isinstance(c, dict) and c.get("delta") for c in choices)
+        for place, choice in enumerate(choices):
+            ci = choice.get("index") if isinstance(choice, dict) else None
+            if type(ci) is not int or (self.first and ci != place):
+                return False
+            if ci not in self.choices:
+                if ci != len(self.choices):
+                    return False
+                self.choices[ci] = 0
+            delta = choice.get("delta")
+            if not isinstance(delta, dict):
+                continue
+            if _indexed_list(delta):
+                return False
+            calls = delta.get("tool_calls")
+            for call in calls if isinstance(calls, list) else ():
+                ti = call.get("index") if isinstance(call, dict) else None
+                if type(ti) is not int:
+                    return False
+                placed = ti if ti < self.choices[ci] else self.choices[ci]
+                if placed == self.choices[ci]:
+                    self.choices[ci] += 1
+                if placed != ti and self.sdk is not self.pieces:  # from now on, read both ways
+                    self.pieces.update(self.sdk)
+                    self.sdk = self.pieces
+                self.placed.append((ci, placed))
+        self.first = False
+        return True
+
+    def _fold_as_placed(self, choices: list[Any]) -> None:
+        """This chunk's tool calls as the SDK places them (see `_positions`)."""
+        places = iter(self.placed)
         for choice in choices:
-            if not (
-                common.keys_within(choice, _CHOICE_MEMBERS)
-                and type(choice.get("index")) is int
-                and choice.get("logprobs") is None
-                and (choice.get("finish_reason") is None or _named(choice.get("finish_reason"), _FINISH))
-                and _known_delta(choice.get("delta"))
-            ):
-                return None
-        labels: common.Labels = []
-        return labels if common.labels_of(obj, _CHUNK_LABELS, labels) else None
+            delta = choice.get("delta") if isinstance(choice, dict) else None
+            calls = delta.get("tool_calls") if isinstance(delta, dict) else None
+            for call in calls if isinstance(calls, list) else ():
+                ci, placed = next(places)
+                common.string_leaves(call, ("choices", ci, "message", SDK_CALLS, placed), self.sdk, skip=_INDEX)
 
     def _event(self, event: SSEEvent, chunk: dict[str, Any]) -> None:
         if "error" in chunk:
@@ -290,9 +345,11 @@ class _Folder(common.StreamFolder):
         if choices is not None and not isinstance(choices, list):
             self.broken = ReasonCode.JSON_INVALID  # not a chat chunk: nothing of the stream folds
             return
-        if not all(_indexes_valid(choice) for choice in choices or ()):
+        if not all(_indexes_valid(choice) for choice in choices or ()) or not self._positions(chunk, choices or []):
             self.broken = ReasonCode.UPSTREAM_INVALID_RESPONSE
             return
+        if self.placed:
+            self._fold_as_placed(choices or [])
         for choice in choices or ():
             _fold_choice(choice, self.pieces)
             delta = choice.get("delta") if isinstance(choice, dict) else None

@@ -216,6 +216,34 @@ _OPAQUE_EVENTS = {
 }
 
 
+_STARTS = frozenset({"response.created", "response.queued", "response.in_progress"})
+
+
+def _seeded(item: Any) -> bool:
+    """Does an output item, as a stream starts it, already hold text its deltas extend?"""
+    if not isinstance(item, dict):
+        return False
+    return any(item.get(name) not in (None, "", []) for name in ("content", "arguments", "input", "summary", "text"))
+
+
+def _one_reading(kind: str, obj: dict[str, Any]) -> bool:
+    """Does every client fold this event the way the fold does? The SDK extends the text an
+    item or a part starts with (`content_part.added`, `output_item.added`, the output of the
+    response a stream starts with), which the API always sends empty: the fold starts a
+    field at its first delta. And it extends a field only by a `*.delta` event: a `delta` in
+    any other event is text a raw reader may join to the field and the SDK drops."""
+    if "delta" in obj and not kind.endswith(".delta") and kind not in _TERMINAL:
+        return False
+    if kind in _STARTS:
+        resp = obj.get("response")
+        return not (isinstance(resp, dict) and resp.get("output") not in (None, []))
+    if kind == "response.output_item.added":
+        return not _seeded(obj.get("item"))
+    if kind == "response.content_part.added":
+        return not _seeded(obj.get("part"))
+    return True
+
+
 class _Folder(common.StreamFolder):
     # `[DONE]` is tolerated (the SDK stops on it); completion needs a terminal event.
 
@@ -247,7 +275,7 @@ class _Folder(common.StreamFolder):
             self.terminal = True
             # A later terminal event never takes back an error the stream already carried.
             self.is_error = self.is_error or kind in ("error", "response.failed")
-        if not all(common.valid_index(obj, key) for key in _FOLD_INDEXES):
+        if not all(common.valid_index(obj, key) for key in _FOLD_INDEXES) or not _one_reading(kind, obj):
             self.broken = ReasonCode.UPSTREAM_INVALID_RESPONSE
             return
         resp = obj.get("response")
