@@ -181,3 +181,84 @@ def test_a_slow_session_with_a_client_five_minute_marker_bills_as_direct_once_pa
     assert via[2:] == direct[2:]
     assert [plans[i] for i in ids[2:]] == [["client_markers", "skipped_unprofitable"]] * 8
     assert sum(via) <= 1.01 * sum(direct)  # the two early turns' writes: 108.9 % before the fix
+
+
+# --- client markers nested where a block holds an object, not a block list ---------------------
+
+
+def _all_markers(doc: dict[str, Any]) -> list[str]:
+    """Every `cache_control` TTL in the prompt, in prompt order, at any depth."""
+    found: list[str] = []
+
+    def walk(value: Any) -> None:
+        if isinstance(value, dict):
+            for key, inner in value.items():
+                if key == "cache_control" and isinstance(inner, dict):
+                    found.append(str(inner.get("ttl", "5m")))
+                else:
+                    walk(inner)
+        elif isinstance(value, list):
+            for inner in value:
+                walk(inner)
+
+    for key in ("tools", "system", "messages"):
+        walk(doc.get(key))
+    return found
+
+
+NESTED = {
+    "a web fetch result's document": {
+        "type": "web_fetch_tool_result",
+        "tool_use_id": "srvtoolu_1",
+        "content": {
+            "type": "web_fetch_result",
+            "url": "https://example.com/",
+            "content": {
+                "type": "document",
+                "source": {"type": "text", "media_type": "text/plain", "data": LONG},
+                "cache_control": FIVE_MIN,
+            },
+        },
+    },
+    "a tool search result's reference": {
+        "type": "tool_search_tool_result",
+        "tool_use_id": "srvtoolu_1",
+        "content": {
+            "type": "tool_search_tool_search_result",
+            "tool_references": [{"type": "tool_reference", "tool_name": "t", "cache_control": FIVE_MIN}],
+        },
+    },
+    "a tool added mid-conversation": {
+        "type": "tool_addition",
+        "tool": {"name": "late", "description": "d", "input_schema": {"type": "object"}, "cache_control": FIVE_MIN},
+    },
+}
+
+
+@pytest.mark.parametrize("where", sorted(NESTED))
+def test_a_client_marker_nested_in_an_object_counts(where: str) -> None:
+    """A client's 5 min marker inside a block's object member (not a block list) counts
+    toward the four and keeps every later breakpoint from 1 h: the body never carries five
+    breakpoints or a 1 h one after a 5 min one (each a 400 from the provider). (The planner
+    once read only block lists and `source.content`.)"""
+    doc = {
+        "model": "claude-x",
+        "max_tokens": 10,
+        "system": LONG,
+        "tools": [{"name": "t", "description": LONG, "input_schema": {"type": "object"}}],
+        "messages": [
+            {"role": "user", "content": "q1 " + LONG},
+            {
+                "role": "assistant",
+                "content": [{"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_fetch", "input": {}}]
+                + [NESTED[where]],
+            },
+            {"role": "user", "content": "q2 " + LONG},
+        ],
+    }
+    after, plan = _plan(doc, SLOW)
+    ttls = _all_markers(after)
+    assert len(ttls) <= 4 and "5m" in ttls, ttls
+    assert "1h" not in ttls[ttls.index("5m") :], ttls
+    assert "client_markers" in plan.evidence
+    assert plan.breakpoints  # it still plans around the client's marker

@@ -188,16 +188,20 @@ def _block_text(block: Any) -> str:
     return json.dumps(stripped, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
+_DATA_MEMBERS_OF_BLOCKS = frozenset({"input", "input_schema"})  # what a model or a tool wrote: data
+
+
 def _inner_markers(block: dict[str, Any], out: list[str]) -> list[str]:
-    """TTLs of the client's markers on the blocks a block holds, in prompt order: a tool
-    result's or search result's `content` blocks, a document's `source.content` blocks (and
-    theirs in turn). Only block lists are read: a tool's `input` or a schema is data, even
-    where it has a member named `cache_control`."""
-    source = block.get("source")
-    for inner in (block.get("content"), source.get("content") if isinstance(source, dict) else None):
-        if not isinstance(inner, list):
+    """TTLs of the client's markers on everything a block holds, in prompt order, at any
+    depth: a tool result's `content` blocks, a web fetch result's document, a tool search
+    result's references, a document's `source.content`, a tool added mid-conversation (the
+    API takes a marker on each, and each counts toward its four). Only a tool call's
+    `input` and a schema are skipped: data, even where it has a member named
+    `cache_control`."""
+    for key, value in block.items():
+        if key in _DATA_MEMBERS_OF_BLOCKS or key == "cache_control":
             continue
-        for item in inner:
+        for item in value if isinstance(value, list) else (value,):
             if isinstance(item, dict):
                 _inner_markers(item, out)
                 ttl = _ttl_of(item.get("cache_control"))
