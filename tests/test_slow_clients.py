@@ -4,9 +4,11 @@ connections than one client (or all clients) may hold."""
 
 from __future__ import annotations
 
+import json
 import socket
 import ssl
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,7 +16,7 @@ import pytest
 
 from gateway.mockprovider import MockProviderServer
 from tests.conftest import GatewayFactory
-from tests.harness import Env, GatewayThread, raw_socket, read_until_closed
+from tests.harness import Env, GatewayThread, raw_socket, read_response, read_until_closed
 
 LIMITS = (
     "[limits]\nrequest_head_s = 0.5\nbody_idle_s = 0.5\nbody_total_s = 1.5\n"
@@ -129,3 +131,76 @@ def test_a_closed_tls_connection_frees_its_slot_though_the_client_never_answers(
     finally:
         for sock in held:
             sock.close()
+
+
+def _chat_request(env: Env, body: bytes, key: str | None = None) -> bytes:
+    return (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key or env.gateway_key}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode()
+
+
+def _scenario_body(mock: MockProviderServer, step: dict[str, Any]) -> bytes:
+    sid = "hd" + uuid.uuid4().hex[:10]
+    mock.state.add_scenario(sid, [step])
+    return json.dumps({"model": "gpt-4.1", "messages": [{"role": "user", "content": f"mock-scenario:{sid}"}]}).encode()
+
+
+@pytest.mark.parametrize("listener", ["tls", "uds"])
+def test_a_pipelined_request_is_not_cut_by_a_head_deadline(
+    gw: tuple[Env, GatewayThread], mock: MockProviderServer, listener: str
+) -> None:
+    """Request 2's head arrives (pipelined) while request 1 runs; its body comes after
+    answer 1. Those body bytes are not a head: no head deadline starts, and request 2's
+    answer, slower than `request_head_s`, arrives whole (it was once cut by a raw 408
+    `request_head_s` after its body came, and logged as a client that left)."""
+    env, gateway = gw
+    first = _scenario_body(mock, {"text": "first", "delay_ms": 200})
+    second = _scenario_body(mock, {"text": "second answer", "delay_ms": 1200})
+    sock = raw_socket(gateway, env, listener)
+    sock.settimeout(15)
+    sock.sendall(_chat_request(env, first) + first + _chat_request(env, second))
+    status, _, body, rest = read_response(sock)
+    assert " 200 " in status and b"first" in body
+    time.sleep(0.1)
+    sock.sendall(second)
+    status, _, body, _ = _after(sock, rest)
+    assert " 200 " in status and b"second answer" in body, (status, body)
+    sock.close()
+
+
+@pytest.mark.parametrize("listener", ["tls", "uds"])
+def test_the_rest_of_a_refused_body_starts_no_head_deadline(gw: tuple[Env, GatewayThread], listener: str) -> None:
+    """A request refused before its body was read (a wrong key) whose body's last bytes
+    come after the answer: the connection stays open for the next request past
+    `request_head_s` (it was once closed with an unasked-for raw 408)."""
+    env, gateway = gw
+    body = b'{"model":"gpt-4.1","messages":[{"role":"user","content":"hello there"}]}'
+    sock = raw_socket(gateway, env, listener)
+    sock.settimeout(15)
+    sock.sendall(_chat_request(env, body, key="wrong-key") + body[:10])
+    status, _, _, rest = read_response(sock)
+    assert " 401 " in status
+    time.sleep(0.1)
+    sock.sendall(body[10:])
+    time.sleep(1.0)  # twice `request_head_s`
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    status, _, _, _ = _after(sock, rest)
+    assert " 200 " in status, status
+    sock.close()
+
+
+def _after(sock: socket.socket, rest: bytes) -> tuple[str, dict[str, str], bytes, bytes]:
+    """The next response on `sock`, whose first bytes may already be in `rest`."""
+
+    class Prefixed:
+        def __init__(self) -> None:
+            self.pending = rest
+
+        def recv(self, n: int) -> bytes:
+            if self.pending:
+                data, self.pending = self.pending, b""
+                return data
+            return sock.recv(n)
+
+    return read_response(Prefixed())  # type: ignore[arg-type]

@@ -134,6 +134,7 @@ class GuardedHandler(RequestHandler):
         self._client: str | None = None
         self._refused = False
         self._awaiting_head = True
+        self._unread: Any = None  # the body of an answered request that is still arriving
         self._head_timer: asyncio.TimerHandle | None = None
         self._write_timer: asyncio.TimerHandle | None = None
         self._write_backlog: tuple[int, int | None] = (0, None)  # when the stall clock last started
@@ -167,10 +168,15 @@ class GuardedHandler(RequestHandler):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        if self._awaiting_head and self._head_timer is None and data:
+        """The head deadline starts with the first bytes of a head: never with the rest of
+        the body of a request already answered (refused before it was read), which aiohttp
+        reads and drops."""
+        if self._awaiting_head and self._head_timer is None and data and self._unread is None:
             self._head_timer = self._loop.call_later(self._guard.limits.request_head_s, self._head_expired)
         heads = self._request_count
         super().data_received(data)
+        if self._unread is not None and self._unread.at_eof():
+            self._unread = None
         if self._request_count != heads:  # a whole head arrived
             self._cancel_head_timer()
             self._awaiting_head = False
@@ -182,7 +188,10 @@ class GuardedHandler(RequestHandler):
         if unsent_body and not resp.prepared:
             resp.force_close()  # says `Connection: close`
         result = await super().finish_response(request, resp, start_time)
-        self._awaiting_head = True  # the next bytes start the next head
+        # The next bytes start the next head, unless one already came (pipelined: its
+        # request waits in aiohttp's queue, and the bytes after it are its body).
+        self._awaiting_head = not self._messages
+        self._unread = None if request.content.at_eof() else request.content
         if unsent_body or (resp.status in (408, 413) and not request.content.at_eof()):
             # A body that stalled or was too large is not waited for or drained (aiohttp
             # would linger reading it): the answer is out, close the connection now. (A
