@@ -451,3 +451,91 @@ def test_smaller_points_answer_as_1_4_1(gw: tuple[Env, GatewayThread]) -> None:
     for body, field in (({"states": []}, "states"), ({"tag_match": "any"}, "tag_match")):
         refused = _post(env, gateway, "/v1/atomic-memory/list", {"scope_id": sid, **body})
         assert refused.status_code == 422 and refused.json()["error"]["details"]["field"] == field
+
+
+def _get(env: Env, gateway: GatewayThread, path: str) -> Any:
+    return raw_client(gateway, env).get(path, headers={"authorization": f"Bearer {env.gateway_key}"})
+
+
+def test_scope_listing_filters_are_served_or_refused(gw: tuple[Env, GatewayThread]) -> None:
+    """`parent_scope_id` and `external_reference_kind` filter the listing as 1.4.1's do (the
+    official client sends them); the discovery 1.4.1 offers beside them (text queries,
+    bindings) is refused by name, never ignored (every scope came back once, whatever the
+    filter)."""
+    env, gateway = gw
+    tag = uuid.uuid4().hex[:8]
+    parent = _scope(env, gateway)
+    child = _post(
+        env,
+        gateway,
+        "/v1/scopes",
+        {"title": "child", "summary": "s", "idempotency_key": uuid.uuid4().hex, "parent_scope_id": parent},
+    ).json()["scope_id"]
+    linked = _post(
+        env,
+        gateway,
+        "/v1/scopes",
+        {
+            "title": "linked",
+            "summary": "s",
+            "idempotency_key": uuid.uuid4().hex,
+            "external_references": [{"kind": f"gh{tag}", "value": "org/repo"}],
+        },
+    ).json()["scope_id"]
+
+    async def listed() -> tuple[list[str], list[str], list[str]]:
+        client, http = _client(env, gateway, False, Validating())
+        async with http:
+            children = await client.list_scopes(parent_scope_id=parent, limit=100)
+            kinds = await client.list_scopes(external_reference_kind=f"gh{tag}", limit=100)
+            none = await client.list_scopes(parent_scope_id="no-such-scope", limit=100)
+            await _expect(422, "capability_not_supported", client.list_scopes(query="child", query_field="title"))
+        return (
+            [s.scope_id for s in children.items],
+            [s.scope_id for s in kinds.items],
+            [s.scope_id for s in none.items],
+        )
+
+    children, kinds, none = asyncio.run(listed())
+    assert children == [child] and kinds == [linked] and none == []
+    for query in ("binding_kind=x", "binding_integration=x"):
+        r = _get(env, gateway, f"/v1/scopes?{query}")
+        assert r.status_code == 422 and r.json()["error"]["code"] == "capability_not_supported", r.text
+
+
+def test_artifact_listing_refuses_tags_and_search_refuses_what_it_does_not_serve(
+    gw: tuple[Env, GatewayThread],
+) -> None:
+    """Tags on a listing, and search's fusion, admission and rerank options, are refused
+    (422) as tags are elsewhere, never dropped; `fts` is not one of 1.4.1's search modes."""
+    env, gateway = gw
+    sid = _scope(env, gateway)
+    _memory(env, gateway, sid, "the deploy runs on fridays")
+    r = _get(env, gateway, f"/v1/scopes/{sid}/artifacts/atomic-memory?tag=team")
+    assert r.status_code == 422 and r.json()["error"]["code"] == "capability_not_supported", r.text
+    r = _get(env, gateway, f"/v1/scopes/{sid}/artifacts/atomic-memory?tag_match=any")
+    assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_request", r.text
+    search = f"/v1/scopes/{sid}/artifacts/atomic-memory/search"
+    for extra, code in (
+        ({"fusion": {"method": "rrf"}}, "capability_not_supported"),
+        ({"admission": {}}, "capability_not_supported"),
+        ({"rerank": {"enabled": True}}, "capability_not_supported"),
+        ({"mode": "fts"}, "invalid_request"),
+    ):
+        r = _post(env, gateway, search, {"query": "deploy", **extra})
+        assert r.status_code == 422 and r.json()["error"]["code"] == code, (extra, r.text)
+    r = _post(env, gateway, search, {"query": "deploy", "mode": "text"})
+    assert r.status_code == 200 and len(r.json()["results"]) == 1
+
+
+def test_a_search_returns_up_to_its_limit_past_a_page(gw: tuple[Env, GatewayThread]) -> None:
+    """An experience search takes `limit` up to 200 and returns that many hits (it once
+    stopped at 100 without a word)."""
+    env, gateway = gw
+    sid = _scope(env, gateway)
+    for n in range(105):
+        content = {"situation": f"deploy case {n}", "action": "a", "outcome": "o", "lesson": "deploy"}
+        r = _post(env, gateway, f"/v1/scopes/{sid}/artifacts", {"family": "experience", "content": content})
+        assert r.status_code == 201, r.text
+    r = _post(env, gateway, f"/v1/scopes/{sid}/artifacts/experience/search", {"query": "deploy", "limit": 150})
+    assert r.status_code == 200 and len(r.json()["results"]) == 105, r.text[:300]

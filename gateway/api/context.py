@@ -688,16 +688,32 @@ async def create_scope(ctx: Ctx, dto: CreateScope, raw: bytes) -> web.Response:
     return _json(scope.to_wire(), 201)
 
 
+# Scope discovery 1.4.1 offers beside its two plain filters (`parent_scope_id`,
+# `external_reference_kind`, served): text queries and integration bindings.
+_UNSERVED_SCOPE_FILTERS = ("query", "query_field", "binding_integration", "binding_kind")
+
+
 @route("context.read")
 async def list_scopes(ctx: Ctx) -> web.Response:
     """Scopes this principal may read, `limit` to a page (fewer only when the page stopped
     after reading `SCOPE_SCAN_ROWS` scopes); the cursor is sealed and names nothing."""
     request = ctx.request
     limit = _int_query(request, "limit", None, 1, 100)
+    for name in _UNSERVED_SCOPE_FILTERS:  # taken by 1.4.1, not served here: refused, never ignored
+        if _query(request, name) is not None:
+            raise cx.CapabilityNotSupported(name)
+    parent = _query(request, "parent_scope_id")
+    kind = _query(request, "external_reference_kind")
+
+    def wanted(s: Any) -> bool:
+        if parent is not None and s.parent_scope_id != parent:
+            return False
+        if kind is not None and not any(ref.get("kind") == kind for ref in s.external_references):
+            return False
+        return may(ctx.principal, s.scope_id, "context.read", s)
+
     page = await ctx.service.list_scopes(
-        limit=limit,
-        cursor=_open_cursor(ctx.runtime, _cursor(request)),
-        visible=lambda s: may(ctx.principal, s.scope_id, "context.read", s),
+        limit=limit, cursor=_open_cursor(ctx.runtime, _cursor(request)), visible=wanted
     )
     items = [s.to_wire() for s in page.items]
     return _json({"items": items, "next_cursor": _seal_cursor(ctx.runtime, page.next_cursor)})
@@ -748,6 +764,8 @@ async def list_artifacts(ctx: Ctx) -> web.Response:
     scope_id = request.match_info["scope_id"]
     await ctx.allow(scope_id, "context.read")
     limit = _int_query(request, "limit", None, 1, 100)
+    tags = request.query.getall("tag", None)
+    _no_tags(tags, _query(request, "tag_match"))
     page = await ctx.service.list_artifacts(scope_id, _family(request), limit=limit, cursor=_cursor(request))
     return _json({"items": [r.to_collection_item() for r in page.items], "next_cursor": page.next_cursor})
 
@@ -832,14 +850,17 @@ async def search_artifacts(ctx: Ctx, dto: SearchArtifacts, raw: bytes) -> web.Re
         if family in ("profile", "handoff", "prompt"):
             raise cx.ArtifactSearchNotSupported("family")
         raise cx.ArtifactFamilyNotFound()
-    mode = {None: "fts", "text": "fts"}.get(dto.mode, dto.mode)
-    if mode not in ("fts", "vector", "hybrid"):
+    mode = {None: "fts", "text": "fts", "vector": "vector", "hybrid": "hybrid"}.get(dto.mode)
+    if mode is None:
         raise cx.InvalidRequest("mode", "is not a search mode")
+    for name, value in (("admission", dto.admission), ("fusion", dto.fusion), ("rerank", dto.rerank)):
+        if value is not None:  # taken by 1.4.1, not served here: refused, never ignored
+            raise cx.CapabilityNotSupported(name)
     top = _SEARCH_LIMITS.get(family)
     if top is not None and dto.limit > top:
         raise ContractViolation(_violation("less_than_equal", ["body", "limit"], _MESSAGES["less_than_equal"]))
     kind = _filter_kind(dto.filters)
-    result = await ctx.service.search(scope_id, family, dto.query, mode=mode, limit=min(dto.limit, 100), kind=kind)
+    result = await ctx.service.search(scope_id, family, dto.query, mode=mode, limit=dto.limit, kind=kind)
     items = []
     for hit in result.hits:
         head = hit.head
@@ -870,7 +891,7 @@ async def search_artifacts(ctx: Ctx, dto: SearchArtifacts, raw: bytes) -> web.Re
 
 
 # The largest `limit` 1.4.1's search request of a family takes, where it is below the
-# generic 200 (which is then capped to the page ceiling, 100).
+# generic 200.
 _SEARCH_LIMITS = {"atomic-memory": 100, "topic-memory": 20}
 
 

@@ -106,6 +106,11 @@ _FAMILY_STAGE = {
 _PREPARE_FAMILIES = (Family.ATOMIC_MEMORY, Family.TOPIC_MEMORY, Family.EXPERIENCE)
 
 
+# The most hits one search returns (1.4.1's search request takes `limit` up to 200; a
+# family's own request may take fewer, which the route checks).
+MAX_SEARCH_RESULTS = 200
+
+
 @dataclass(frozen=True, slots=True)
 class ContextSettings:
     max_page: int = 100  # list/search page ceiling (1.4.1: limit 1..100)
@@ -709,7 +714,9 @@ class ContextService:
             wanted = SearchMode(mode)
         except ValueError:
             raise InvalidRequest("mode", "is not a search mode") from None
-        n = 20 if limit is None else self._limit(limit)
+        if limit is not None and not (type(limit) is int and 1 <= limit <= MAX_SEARCH_RESULTS):
+            raise InvalidRequest("limit", "is out of range")
+        n = 20 if limit is None else limit
         text = normalize_text(query)
         if not text:
             raise InvalidRequest("query", "is blank")
