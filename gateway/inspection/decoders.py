@@ -490,6 +490,47 @@ def _run_decodings(data: bytes) -> Iterator[tuple[int, bytes]]:
                 yield start + skip, _b64(body[skip:])
 
 
+# Base64 wrapped in lines (MIME's 76 columns, PEM's 64, `base64` without `-w 0`): a line
+# break between two lines of the alphabet, the first at least 16 characters long. Its lines
+# are runs of their own, each decoded alone: a value whose encoding crosses a break, or sits
+# in a last line shorter than `MIN_B64_RUN`, reads whole only once the lines are joined. The
+# pattern starts at the break (a literal), so a text of prose is passed over fast.
+_WRAP = re.compile(rb"\n(?:(?<=[A-Za-z0-9+/]{16}\n)|(?<=[A-Za-z0-9+/]{16}\r\n))[A-Za-z0-9+/]")
+_LINE = re.compile(rb"[A-Za-z0-9+/]+={0,2}")
+_LINE_END = re.compile(rb"[A-Za-z0-9+/]+$")
+_BREAK = re.compile(rb"\r?\n(?=[A-Za-z0-9+/])")
+MAX_WRAPPED_LINE = 4096  # how far back a wrapped block's first line is read
+
+
+def wrapped_blocks(data: bytes) -> list[tuple[int, bytes]]:
+    """(offset in `data`, the lines joined) for every block of base64 wrapped in lines (see
+    `_WRAP`): lines of the alphabet, each but the last at least 16 characters and a whole
+    number of groups of four, joined at their line breaks. The joined copy's own runs are
+    then decoded as any text's are (`run_decodings`)."""
+    blocks: list[tuple[int, bytes]] = []
+    taken = 0
+    for m in _WRAP.finditer(data):
+        brk = m.start()
+        if brk < taken:
+            continue  # a break inside a block already read
+        end = brk - 1 if data[brk - 1 : brk] == b"\r" else brk
+        first = _LINE_END.search(data, max(taken, end - MAX_WRAPPED_LINE), end)
+        if first is None:
+            continue
+        lines = [first.group()]
+        at = brk + 1
+        while (line := _LINE.match(data, at)) is not None:
+            lines.append(line.group())
+            at = line.end()
+            more = _BREAK.match(data, at)
+            if more is None or len(lines[-1]) < 16 or len(lines[-1]) % 4 or lines[-1].endswith(b"="):
+                break
+            at = more.end()
+        taken = at
+        blocks.append((first.start(), b"".join(lines)))
+    return blocks
+
+
 def text_decodings(text: bytes) -> Iterator[bytes]:
     """The whole text with its percent-encoding, HTML character references or backslash
     escapes decoded (each kind on its own), and, where it mixes kinds, all of them at once

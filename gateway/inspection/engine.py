@@ -339,6 +339,12 @@ def _decoded(
         if used > budget:
             return batch, True
         batch.add(decoded, offset)
+    for start, joined in decoders.wrapped_blocks(buf):  # base64 wrapped in lines, read whole
+        for _, decoded in decoders.run_decodings(joined):
+            used += len(decoded)
+            if used > budget:
+                return batch, True
+            batch.add(decoded, start)
     for start, end in decoders.trigger_segments(buf):
         for decoded in decoders.text_decodings(buf[start:end]):
             used += len(decoded)
