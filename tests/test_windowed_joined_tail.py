@@ -66,17 +66,18 @@ MESSAGE = {"id": "m1", "type": "message", "role": "assistant", "model": "claude-
 STREAMS = {
     "logprobs tokens": ("/v1/chat/completions", [_chunk(_token(A)), _chunk(_token(B)), *CHAT_END]),
     "unnamed member": ("/v1/chat/completions", [_chunk(note=A), _chunk(note=B), *CHAT_END]),
+    # The SDK starts the message with message_start's block (0); the next one is block 1.
     "message_start text": (
         "/v1/messages",
         [
             _event("message_start", {"message": {**MESSAGE, "content": [{"type": "text", "text": A}]}}),
-            _event("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}}),
-            _event("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": B + " "}}),
+            _event("content_block_start", {"index": 1, "content_block": {"type": "text", "text": ""}}),
+            _event("content_block_delta", {"index": 1, "delta": {"type": "text_delta", "text": B + " "}}),
             *[
-                _event("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": FILL[i : i + 40]}})
+                _event("content_block_delta", {"index": 1, "delta": {"type": "text_delta", "text": FILL[i : i + 40]}})
                 for i in range(0, len(FILL), 40)
             ],
-            _event("content_block_stop", {"index": 0}),
+            _event("content_block_stop", {"index": 1}),
             _event("message_delta", {"delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 5}}),
             _event("message_stop", {}),
         ],
