@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -116,3 +117,35 @@ def test_a_refusal_before_100_continue_closes_the_connection(gw: tuple[Env, Gate
         answer = read_until_closed(sock)  # closed by the server, not by our 10 s timeout
     assert answer.startswith(b"HTTP/1.1 401"), answer[:200]
     assert b"connection: close" in answer.lower()
+
+
+@pytest.mark.parametrize(
+    "rest",
+    [
+        b"ZZ\r\n" + b'"messages":[]}' + b"\r\n0\r\n\r\n",  # a size that is not hex
+        b"5\r\n" + b'"mess' + b"XX" + b"0\r\n\r\n",  # no CRLF after a chunk
+        b"5\r\n" + b'"messages":[]}' + b"\r\n0\r\n\r\n",  # a chunk longer than it said
+    ],
+)
+@pytest.mark.parametrize("listener", ["uds", "tls"])
+def test_framing_that_breaks_in_the_middle_of_a_body_gets_400_at_once(
+    gw: tuple[Env, GatewayThread], rest: bytes, listener: str
+) -> None:
+    """Chunks that break after the body started to be read get the provider-shaped 400
+    (`invalid_request`) then and there, one answer, and the connection closes: the body's
+    reader once waited `body_idle_s` (30 s) for bytes that could never come and answered a
+    retryable 408, which SDKs resend."""
+    env, gateway = gw
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {env.gateway_key}\r\n"
+        "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+    ).encode()
+    first = b'a\r\n{"model":"\r\n'
+    with raw_socket(gateway, env, listener) as sock:
+        sock.sendall(head + first)
+        time.sleep(0.3)  # the handler is reading the body by now
+        sock.sendall(rest)
+        sock.settimeout(5)  # far below `body_idle_s`
+        reply = read_until_closed(sock)
+    assert reply.count(b"HTTP/1.1 ") == 1 and reply.startswith(b"HTTP/1.1 400"), reply[:200]
+    assert json.loads(reply.split(b"\r\n\r\n", 1)[1])["error"]["code"] == "invalid_request"

@@ -18,7 +18,7 @@ from aiohttp import web
 
 from gateway.config.model import Limits
 from gateway.errors import ClientError
-from gateway.http.connections import CONTINUE, CONTINUED, EXPECT
+from gateway.http.connections import CONTINUE, CONTINUED, EXPECT, BodyFramingError
 from gateway.vocab import ReasonCode
 
 
@@ -77,6 +77,8 @@ async def read_body(
                 chunk = await request.content.readany()
         except TimeoutError:
             raise _timeout() from None
+        except BodyFramingError:
+            raise ClientError(400, "invalid_request", (ReasonCode.INVALID_REQUEST,)) from None
         if not chunk:
             break
         total += len(chunk)

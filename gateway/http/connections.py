@@ -132,6 +132,10 @@ def client_of(transport: asyncio.BaseTransport) -> str:
     return "unix"
 
 
+class BodyFramingError(Exception):
+    """A request body's framing (its chunks) broke while the body was being read."""
+
+
 class GuardedHandler(RequestHandler):
     """aiohttp's request handler with the caps and the head deadline in front of it."""
 
@@ -184,6 +188,13 @@ class GuardedHandler(RequestHandler):
         super().data_received(data)
         if self._unread is not None and self._unread.at_eof():
             self._unread = None
+        if self._request_count != heads and not isinstance(self._messages[-1][0], RawRequestMessage):
+            # The parser refused what came: framing broken in the middle of a body being read
+            # leaves that body waiting for bytes that will never come (aiohttp queues its 400
+            # behind the request): the body's reader is told now.
+            current = self._current_request
+            if current is not None and not current.content.at_eof():
+                current.content.set_exception(BodyFramingError())
         if self._request_count != heads:  # a whole head arrived
             self._cancel_head_timer()
             self._awaiting_head = False
@@ -200,6 +211,8 @@ class GuardedHandler(RequestHandler):
         self._awaiting_head = not self._messages
         self._unread = None if request.content.at_eof() else request.content
         self._watch_backlog()
+        if isinstance(request.content.exception(), BodyFramingError):
+            self.force_close()  # nothing after broken framing can be read as a request
         if unsent_body or (resp.status in (408, 413) and not request.content.at_eof()):
             # A body that stalled or was too large is not waited for or drained (aiohttp
             # would linger reading it): the answer is out, close the connection now. (A
