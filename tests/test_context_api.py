@@ -520,7 +520,7 @@ def test_artifact_listing_refuses_tags_and_search_refuses_what_it_does_not_serve
         ({"fusion": {"method": "rrf"}}, "capability_not_supported"),
         ({"admission": {}}, "capability_not_supported"),
         ({"rerank": {"enabled": True}}, "capability_not_supported"),
-        ({"mode": "fts"}, "invalid_request"),
+        ({"mode": "fts"}, "invalid_request"),  # not one of 1.4.1's modes (its schema's error)
     ):
         r = _post(env, gateway, search, {"query": "deploy", **extra})
         assert r.status_code == 422 and r.json()["error"]["code"] == code, (extra, r.text)

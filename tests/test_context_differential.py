@@ -88,6 +88,22 @@ DELIBERATE: dict[str, tuple[frozenset[str], str]] = {
             "the connection)",
         ),
     ),
+    "list_scopes_by_query": (
+        frozenset({"status 422/200"}),
+        "wiregate does not serve scope discovery by text query (nor by integration binding): 422 "
+        "capability_not_supported names it; PowerContext searches titles. It was once ignored (every scope listed)",
+    ),
+    "list_memories_by_tag": (
+        frozenset({"status 422/200"}),
+        "wiregate serves no tags (refused wherever they are given, 422 capability_not_supported); PowerContext "
+        "filters by them. A listing once ignored the tag",
+    ),
+    "search_fusion": (
+        frozenset({"error.code", "error.details"}),
+        "wiregate serves no fusion, admission or rerank options of artifact search: 422 capability_not_supported "
+        "whatever they say; PowerContext validates them (this one's method is not one: 422 invalid_request) and "
+        "uses a valid one. They were once accepted and ignored",
+    ),
 }
 
 # Found by this test, not in the README: each needs a decision (document it as deliberate, or
@@ -321,6 +337,30 @@ async def _steps(
     everything = am.ListAtomicMemoryRequest(scope_id=sid, states=["active", "forgotten", "merged"])
     await run("list_atomic_all_states", lambda: client.list_atomic_memories(everything))
     await run("list_atomic_active", lambda: client.list_atomic_memories(am.ListAtomicMemoryRequest(scope_id=sid)))
+
+    # scope discovery, listing and search options
+    await run(
+        "create_child_scope",
+        lambda: client.create_scope(
+            CreateScopeRequest(
+                title="child", summary="a child scope", idempotency_key=uuid.uuid4().hex, parent_scope_id=sid
+            )
+        ),
+    )
+    await run("list_scopes_by_parent", lambda: client.list_scopes(parent_scope_id=sid))
+    await run("list_scopes_by_unknown_parent", lambda: client.list_scopes(parent_scope_id="scp_" + "0" * 26))
+    await run("list_scopes_by_reference_kind", lambda: client.list_scopes(external_reference_kind="github"))
+    await run("list_scopes_by_query", lambda: client.list_scopes("billing", query_field="title"))
+    await run(
+        "list_memories_by_tag",
+        lambda: http.get(f"{base}/v1/scopes/{sid}/artifacts/atomic-memory?tag=team", headers=auth),
+    )
+    search = f"{base}/v1/scopes/{sid}/artifacts/atomic-memory/search"
+    await run(
+        "search_fusion",
+        lambda: http.post(search, json={"query": "billing", "fusion": {"method": "nope"}}, headers=auth),
+    )
+    await run("search_mode_fts", lambda: http.post(search, json={"query": "billing", "mode": "fts"}, headers=auth))
 
     # error cases
     await run("unknown_scope", lambda: client.get_scope("scp_" + "0" * 26))

@@ -851,8 +851,8 @@ async def search_artifacts(ctx: Ctx, dto: SearchArtifacts, raw: bytes) -> web.Re
             raise cx.ArtifactSearchNotSupported("family")
         raise cx.ArtifactFamilyNotFound()
     mode = {None: "fts", "text": "fts", "vector": "vector", "hybrid": "hybrid"}.get(dto.mode)
-    if mode is None:
-        raise cx.InvalidRequest("mode", "is not a search mode")
+    if mode is None:  # 1.4.1's schema: one of its three modes
+        raise ContractViolation(_violation("literal_error", ["body", "mode"], _MESSAGES["literal_error"]))
     for name, value in (("admission", dto.admission), ("fusion", dto.fusion), ("rerank", dto.rerank)):
         if value is not None:  # taken by 1.4.1, not served here: refused, never ignored
             raise cx.CapabilityNotSupported(name)
