@@ -110,13 +110,6 @@ def _send_queue(transport: asyncio.BaseTransport) -> int | None:
     return int(struct.unpack("i", answer)[0])
 
 
-def _below_tls(transport: asyncio.BaseTransport) -> int:
-    """Bytes a TLS transport has handed, encrypted, to the socket transport below it and
-    that wait there (its own buffer size leaves them out); 0 for any other transport."""
-    inner = getattr(getattr(transport, "_ssl_protocol", None), "_transport", None)
-    return inner.get_write_buffer_size() if isinstance(inner, asyncio.WriteTransport) else 0
-
-
 def client_of(transport: asyncio.BaseTransport) -> str:
     """Who a connection belongs to: the TCP peer address, or the Unix-socket peer's uid."""
     peer = transport.get_extra_info("peername")
@@ -210,7 +203,6 @@ class GuardedHandler(RequestHandler):
         # request waits in aiohttp's queue, and the bytes after it are its body).
         self._awaiting_head = not self._messages
         self._unread = None if request.content.at_eof() else request.content
-        self._watch_backlog()
         if isinstance(request.content.exception(), BodyFramingError):
             self.force_close()  # nothing after broken framing can be read as a request
         if unsent_body or (resp.status in (408, 413) and not request.content.at_eof()):
@@ -226,14 +218,6 @@ class GuardedHandler(RequestHandler):
         this, so one deadline here covers them all)."""
         super().pause_writing()
         if self._write_timer is None:
-            self._write_backlog = self._backlog()
-            self._write_timer = self._loop.call_later(self._guard.limits.write_stall_s, self._write_stalled)
-
-    def _watch_backlog(self) -> None:
-        """An answer written whole may still wait to reach the client with the writer never
-        paused: over TLS the encrypted bytes go to the socket's own buffer, which the TLS
-        transport does not count. The same `write_stall_s` clock runs on what is left."""
-        if self._write_timer is None and self.transport is not None and any(self._backlog()):
             self._write_backlog = self._backlog()
             self._write_timer = self._loop.call_later(self._guard.limits.write_stall_s, self._write_stalled)
 
@@ -254,7 +238,7 @@ class GuardedHandler(RequestHandler):
         transport = self.transport
         if not isinstance(transport, asyncio.WriteTransport):
             return 0, None
-        return transport.get_write_buffer_size() + _below_tls(transport), _send_queue(transport)
+        return transport.get_write_buffer_size(), _send_queue(transport)
 
     def _write_stalled(self) -> None:
         """`write_stall_s` after the buffer filled: a client that read anything since keeps
@@ -262,8 +246,6 @@ class GuardedHandler(RequestHandler):
         gone — every write waiting on it fails, the call ends and gives back what it held."""
         self._write_timer = None
         (buffered, queued), (was_buffered, was_queued) = self._backlog(), self._write_backlog
-        if not buffered and not queued:
-            return  # all of it reached the client
         read = buffered < was_buffered or (queued is not None and was_queued is not None and queued < was_queued)
         if read:  # some of it reached the client: slow, not stalled
             self._write_backlog = (buffered, queued)
