@@ -339,3 +339,16 @@ def test_the_sdks_read_the_refused_streams_as_errors(gw: tuple[Env, GatewayThrea
         ) as chat:
             chat.get_final_completion()
     assert SECRET not in str(o_err.value.body)
+
+
+def test_a_plain_chat_chunk_is_still_read_as_its_delta_and_labels() -> None:
+    """The chat folder still knows a plain chunk whole (`_delta_only`: its delta folded, its
+    ids labels), so the windowed release holds only the text (the method was once dropped by
+    a rewrite of the folder, and every chunk read in full)."""
+    from gateway.carriers import CARRIERS
+    from gateway.carriers.base import CarrierLimits
+
+    folder = CARRIERS["openai.chat"].stream_folder(CarrierLimits())
+    chunk = json.loads(_chunk(_choice(0, content="hello")).removeprefix("data: "))
+    labels = folder._delta_only(chunk)  # noqa: SLF001
+    assert labels is not None and (("id",), "chatcmpl-1") in labels

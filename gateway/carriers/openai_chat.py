@@ -288,6 +288,26 @@ class _Folder(common.StreamFolder):
     def _done(self) -> None:
         self.terminal = True
 
+    def _delta_only(self, obj: Any) -> common.Labels | None:
+        """A chunk of labels and choices whose only text is their `delta` (folded whole),
+        every member one the chunk format names, no logprobs (tokens of their own)."""
+        if not common.keys_within(obj, _CHUNK_MEMBERS) or not common.ints_within(obj, ("created",)):
+            return None
+        choices = obj.get("choices")
+        if not isinstance(choices, list) or not _counts(obj.get("usage")):
+            return None
+        for choice in choices:
+            if not (
+                common.keys_within(choice, _CHOICE_MEMBERS)
+                and type(choice.get("index")) is int
+                and choice.get("logprobs") is None
+                and (choice.get("finish_reason") is None or _named(choice.get("finish_reason"), _FINISH))
+                and _known_delta(choice.get("delta"))
+            ):
+                return None
+        labels: common.Labels = []
+        return labels if common.labels_of(obj, _CHUNK_LABELS, labels) else None
+
     def _positions(self, chunk: dict[str, Any], choices: list[Any]) -> bool:
         """Are this chunk's new choices each the next index (the first chunk's in order), so
         that index and place in the SDK's list agree? Notes where the SDK places each tool
